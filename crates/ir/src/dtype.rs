@@ -1,0 +1,133 @@
+//! Element types and tensor types.
+
+use std::fmt;
+
+/// The element type of a tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DType {
+    /// IEEE 754 single precision.
+    F32,
+    /// IEEE 754 half precision.
+    F16,
+    /// bfloat16: f32's exponent with a 7-bit mantissa.
+    BF16,
+    /// 64-bit signed integer (shapes and indices).
+    I64,
+    /// 32-bit signed integer.
+    I32,
+    /// Boolean, one byte per element.
+    Bool,
+}
+
+impl DType {
+    /// Every dtype, in the order the text format lists them.
+    pub const ALL: [DType; 6] = [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::I64,
+        DType::I32,
+        DType::Bool,
+    ];
+
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 | DType::I32 => 4,
+            DType::F16 | DType::BF16 => 2,
+            DType::I64 => 8,
+            DType::Bool => 1,
+        }
+    }
+
+    /// Whether this is a floating-point type.
+    pub fn is_float(self) -> bool {
+        matches!(self, DType::F32 | DType::F16 | DType::BF16)
+    }
+
+    /// The name used by the text format (`f32`, `bf16`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+            DType::I64 => "i64",
+            DType::I32 => "i32",
+            DType::Bool => "bool",
+        }
+    }
+
+    /// Parses a text-format name.
+    pub fn from_name(s: &str) -> Option<DType> {
+        DType::ALL.into_iter().find(|d| d.name() == s)
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A static shape: one extent per dimension, outermost first.
+pub type Shape = Vec<usize>;
+
+/// The largest tensor smelt accepts, in bytes (1 TiB). Anything larger is an
+/// absurd size, almost always a corrupt file, and is refused before any
+/// allocation.
+pub const MAX_TENSOR_BYTES: u128 = 1 << 40;
+
+/// Dtype and static shape of one value.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TensorType {
+    /// Element type.
+    pub dtype: DType,
+    /// Static shape.
+    pub shape: Shape,
+}
+
+impl TensorType {
+    /// A new tensor type.
+    pub fn new(dtype: DType, shape: impl Into<Shape>) -> Self {
+        TensorType {
+            dtype,
+            shape: shape.into(),
+        }
+    }
+
+    /// Number of elements (1 for a scalar).
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Size in bytes.
+    pub fn bytes(&self) -> usize {
+        self.numel() * self.dtype.size()
+    }
+
+    /// The size in bytes without overflow, or `None` when it exceeds
+    /// [`MAX_TENSOR_BYTES`].
+    pub fn checked_bytes(&self) -> Option<usize> {
+        let mut n: u128 = self.dtype.size() as u128;
+        for &d in &self.shape {
+            n = n.checked_mul(d as u128)?;
+            if n > MAX_TENSOR_BYTES {
+                return None;
+            }
+        }
+        usize::try_from(n).ok()
+    }
+}
+
+impl fmt::Display for TensorType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}[", self.dtype)?;
+        for (i, d) in self.shape.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{d}")?;
+        }
+        f.write_str("]")
+    }
+}

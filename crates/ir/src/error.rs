@@ -1,0 +1,59 @@
+//! Errors of the IR crate.
+
+/// Everything that can go wrong building, parsing, importing or verifying a graph.
+#[derive(Debug, thiserror::Error)]
+pub enum IrError {
+    /// An op's inputs do not fit it (shape, dtype or arity).
+    #[error("node {node}: {msg}")]
+    Shape {
+        /// The node, by name and op.
+        node: String,
+        /// What is wrong.
+        msg: String,
+    },
+    /// The verifier found an inconsistent graph: always a compiler bug when it
+    /// follows a pass, a user error when it follows parsing a text file.
+    #[error("invalid graph: {0}")]
+    Verify(String),
+    /// The text format could not be parsed.
+    #[error("line {line}: {msg}")]
+    Parse {
+        /// 1-based line number.
+        line: usize,
+        /// What is wrong.
+        msg: String,
+    },
+    /// The ONNX file is malformed, truncated or inconsistent.
+    #[error("malformed ONNX model: {0}")]
+    Malformed(String),
+    /// The ONNX model uses an op smelt does not support.
+    #[error("unsupported op {op_type} (opset {opset}) in node \"{node}\"")]
+    UnsupportedOp {
+        /// The ONNX op type.
+        op_type: String,
+        /// The node's name (or its first output when unnamed).
+        node: String,
+        /// The model's opset for the op's domain.
+        opset: i64,
+    },
+    /// The ONNX node uses an attribute or attribute value smelt does not support.
+    #[error("node \"{node}\" ({op_type}, opset {opset}): {msg}")]
+    Unsupported {
+        /// The ONNX op type.
+        op_type: String,
+        /// The node's name.
+        node: String,
+        /// The model's opset.
+        opset: i64,
+        /// What is not supported.
+        msg: String,
+    },
+    /// Reading a file failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}

@@ -1,0 +1,380 @@
+//! The graph: a private petgraph `StableGraph` behind typed ids.
+
+use crate::dtype::TensorType;
+use crate::error::IrError;
+use crate::infer::infer;
+use crate::op::Op;
+use crate::tensor::Tensor;
+use petgraph::stable_graph::{NodeIndex, StableGraph};
+use petgraph::visit::{EdgeRef, IntoEdgeReferences};
+use petgraph::Direction;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::fmt;
+use std::sync::Arc;
+
+/// A node of the graph. Its `Display` (`%3`) is the text format's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NodeId(pub(crate) NodeIndex<u32>);
+
+impl NodeId {
+    /// The node's number, as printed in the text format.
+    pub fn index(self) -> usize {
+        self.0.index()
+    }
+}
+
+impl fmt::Display for NodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "%{}", self.0.index())
+    }
+}
+
+/// One output of a node: `%3` for slot 0, `%3:1` for slot 1.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ValueId {
+    /// The producing node.
+    pub node: NodeId,
+    /// Which of its outputs.
+    pub slot: u32,
+}
+
+impl fmt::Display for ValueId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.slot == 0 {
+            write!(f, "{}", self.node)
+        } else {
+            write!(f, "{}:{}", self.node, self.slot)
+        }
+    }
+}
+
+/// A node: its op, its name (from ONNX or the builder; may be empty) and the
+/// type of each output, stored once here.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Node {
+    /// The operation.
+    pub op: Op,
+    /// A human name, used in errors and reports.
+    pub name: String,
+    /// One type per output slot.
+    pub outputs: Vec<TensorType>,
+}
+
+/// An edge: output `slot` of the source feeds input `port` of the target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Port {
+    pub slot: u32,
+    pub port: u32,
+}
+
+/// A tensor graph with static shapes.
+#[derive(Clone, Debug, Default)]
+pub struct Graph {
+    pub(crate) g: StableGraph<Node, Port>,
+    inputs: Vec<NodeId>,
+    outputs: Vec<(String, ValueId)>,
+    weights: BTreeMap<String, Arc<Tensor>>,
+}
+
+impl Graph {
+    /// An empty graph.
+    pub fn new() -> Self {
+        Graph::default()
+    }
+
+    /// Adds a node applying `op` to `inputs`, inferring its output types.
+    pub fn add(
+        &mut self,
+        op: Op,
+        name: impl Into<String>,
+        inputs: &[ValueId],
+    ) -> Result<NodeId, IrError> {
+        let name = name.into();
+        let types: Vec<&TensorType> = inputs
+            .iter()
+            .map(|&v| self.try_ty(v))
+            .collect::<Result<_, _>>()?;
+        let outputs = infer(&op, &types).map_err(|msg| IrError::Shape {
+            node: display_name(&name, op.name()),
+            msg,
+        })?;
+        Ok(self.add_typed(op, name, inputs, outputs))
+    }
+
+    /// Adds a node with given output types, unchecked (the verifier checks).
+    pub(crate) fn add_typed(
+        &mut self,
+        op: Op,
+        name: String,
+        inputs: &[ValueId],
+        outputs: Vec<TensorType>,
+    ) -> NodeId {
+        let id = NodeId(self.g.add_node(Node { op, name, outputs }));
+        for (port, v) in inputs.iter().enumerate() {
+            self.g.add_edge(
+                v.node.0,
+                id.0,
+                Port {
+                    slot: v.slot,
+                    port: port as u32,
+                },
+            );
+        }
+        id
+    }
+
+    pub(crate) fn add_raw(&mut self, node: Node) -> NodeId {
+        NodeId(self.g.add_node(node))
+    }
+
+    pub(crate) fn connect(&mut self, v: ValueId, to: NodeId, port: u32) {
+        self.g.add_edge(v.node.0, to.0, Port { slot: v.slot, port });
+    }
+
+    pub(crate) fn remove_raw(&mut self, id: NodeId) {
+        self.g.remove_node(id.0);
+    }
+
+    pub(crate) fn push_input(&mut self, id: NodeId) {
+        self.inputs.push(id);
+    }
+
+    /// Adds a graph input named `name`.
+    pub fn add_input(
+        &mut self,
+        name: impl Into<String>,
+        ty: TensorType,
+    ) -> Result<ValueId, IrError> {
+        let name = name.into();
+        if ty.checked_bytes().is_none() {
+            return Err(IrError::Shape {
+                node: name,
+                msg: format!("input shape {:?} is absurdly large", ty.shape),
+            });
+        }
+        let id = self.add_typed(Op::Input, name, &[], vec![ty]);
+        self.inputs.push(id);
+        Ok(ValueId { node: id, slot: 0 })
+    }
+
+    /// Adds a constant named `name` (unique among constants) holding `data`.
+    pub fn add_constant(&mut self, name: impl Into<String>, data: Tensor) -> ValueId {
+        let name = self.unique_weight_name(name.into());
+        let id = self.add_typed(Op::Constant, name.clone(), &[], vec![data.ty().clone()]);
+        self.weights.insert(name, Arc::new(data));
+        ValueId { node: id, slot: 0 }
+    }
+
+    /// Adds a constant whose data is not (yet) known: a weight referenced by
+    /// name in a text file. [`Graph::weight`] returns `None` for it.
+    pub fn add_weight_ref(&mut self, name: impl Into<String>, ty: TensorType) -> ValueId {
+        let id = self.add_typed(Op::Constant, name.into(), &[], vec![ty]);
+        ValueId { node: id, slot: 0 }
+    }
+
+    fn unique_weight_name(&self, name: String) -> String {
+        if !self.weights.contains_key(&name) {
+            return name;
+        }
+        (1..)
+            .map(|i| format!("{name}.{i}"))
+            .find(|n| !self.weights.contains_key(n))
+            .expect("some suffix is free")
+    }
+
+    /// Marks `v` as a graph output named `name`.
+    pub fn add_output(&mut self, name: impl Into<String>, v: ValueId) {
+        self.outputs.push((name.into(), v));
+    }
+
+    /// Replaces the graph outputs.
+    pub fn set_outputs(&mut self, outputs: Vec<(String, ValueId)>) {
+        self.outputs = outputs;
+    }
+
+    /// The node `id`. Panics on a removed id (a compiler bug).
+    pub fn node(&self, id: NodeId) -> &Node {
+        &self.g[id.0]
+    }
+
+    /// The node `id`, mutable.
+    pub fn node_mut(&mut self, id: NodeId) -> &mut Node {
+        &mut self.g[id.0]
+    }
+
+    /// Whether `id` is a node of this graph.
+    pub fn contains(&self, id: NodeId) -> bool {
+        self.g.contains_node(id.0)
+    }
+
+    /// The type of value `v`.
+    pub fn ty(&self, v: ValueId) -> &TensorType {
+        &self.node(v.node).outputs[v.slot as usize]
+    }
+
+    fn try_ty(&self, v: ValueId) -> Result<&TensorType, IrError> {
+        self.g
+            .node_weight(v.node.0)
+            .and_then(|n| n.outputs.get(v.slot as usize))
+            .ok_or_else(|| IrError::Verify(format!("value {v} does not exist")))
+    }
+
+    /// The inputs of `id`, in port order.
+    pub fn inputs_of(&self, id: NodeId) -> Vec<ValueId> {
+        let mut es: Vec<(u32, ValueId)> = self
+            .g
+            .edges_directed(id.0, Direction::Incoming)
+            .map(|e| {
+                (
+                    e.weight().port,
+                    ValueId {
+                        node: NodeId(e.source()),
+                        slot: e.weight().slot,
+                    },
+                )
+            })
+            .collect();
+        es.sort_by_key(|&(p, _)| p);
+        es.into_iter().map(|(_, v)| v).collect()
+    }
+
+    /// The nodes that read any output of `id` (with repetition per use).
+    pub fn users_of(&self, id: NodeId) -> Vec<NodeId> {
+        self.g
+            .edges_directed(id.0, Direction::Outgoing)
+            .map(|e| NodeId(e.target()))
+            .collect()
+    }
+
+    /// Graph inputs, in order.
+    pub fn inputs(&self) -> &[NodeId] {
+        &self.inputs
+    }
+
+    /// Graph outputs with their names, in order.
+    pub fn outputs(&self) -> &[(String, ValueId)] {
+        &self.outputs
+    }
+
+    /// The data of constant node `id`, if known.
+    pub fn weight(&self, id: NodeId) -> Option<&Arc<Tensor>> {
+        let n = self.node(id);
+        match n.op {
+            Op::Constant => self.weights.get(&n.name),
+            _ => None,
+        }
+    }
+
+    /// Sets the data of a constant node (e.g. filling the weights of a text file).
+    pub fn set_weight(&mut self, id: NodeId, data: Tensor) -> Result<(), IrError> {
+        let n = self.node(id);
+        if n.op != Op::Constant || n.outputs[0] != *data.ty() {
+            return Err(IrError::Verify(format!(
+                "{id} \"{}\" is not a constant of type {}",
+                n.name,
+                data.ty()
+            )));
+        }
+        self.weights.insert(n.name.clone(), Arc::new(data));
+        Ok(())
+    }
+
+    /// Number of nodes.
+    pub fn len(&self) -> usize {
+        self.g.node_count()
+    }
+
+    /// Whether the graph has no nodes.
+    pub fn is_empty(&self) -> bool {
+        self.g.node_count() == 0
+    }
+
+    /// All node ids, in index order.
+    pub fn node_ids(&self) -> impl Iterator<Item = NodeId> + '_ {
+        self.g.node_indices().map(NodeId)
+    }
+
+    /// A topological order, deterministic: among ready nodes the lowest index
+    /// first. Errors on a cycle.
+    pub fn topo_order(&self) -> Result<Vec<NodeId>, IrError> {
+        let mut indeg: HashMap<NodeIndex<u32>, usize> =
+            self.g.node_indices().map(|n| (n, 0)).collect();
+        for e in (&self.g).edge_references() {
+            *indeg.get_mut(&e.target()).expect("edge targets exist") += 1;
+        }
+        let mut ready: BinaryHeap<std::cmp::Reverse<NodeIndex<u32>>> = indeg
+            .iter()
+            .filter(|(_, &d)| d == 0)
+            .map(|(&n, _)| std::cmp::Reverse(n))
+            .collect();
+        let mut order = Vec::with_capacity(indeg.len());
+        while let Some(std::cmp::Reverse(n)) = ready.pop() {
+            order.push(NodeId(n));
+            for e in self.g.edges_directed(n, Direction::Outgoing) {
+                let d = indeg.get_mut(&e.target()).expect("edge targets exist");
+                *d -= 1;
+                if *d == 0 {
+                    ready.push(std::cmp::Reverse(e.target()));
+                }
+            }
+        }
+        if order.len() != indeg.len() {
+            return Err(IrError::Verify("the graph has a cycle".into()));
+        }
+        Ok(order)
+    }
+
+    /// Removes nodes that no output depends on. Returns how many.
+    pub fn remove_dead(&mut self) -> usize {
+        let mut live = std::collections::HashSet::new();
+        let mut stack: Vec<NodeIndex<u32>> = self.outputs.iter().map(|(_, v)| v.node.0).collect();
+        stack.extend(self.inputs.iter().map(|n| n.0));
+        while let Some(n) = stack.pop() {
+            if live.insert(n) {
+                stack.extend(self.g.neighbors_directed(n, Direction::Incoming));
+            }
+        }
+        let dead: Vec<_> = self
+            .g
+            .node_indices()
+            .filter(|n| !live.contains(n))
+            .collect();
+        for &n in &dead {
+            let node = self.g.remove_node(n).expect("dead node exists");
+            if node.op == Op::Constant
+                && !self
+                    .g
+                    .node_weights()
+                    .any(|m| m.op == Op::Constant && m.name == node.name)
+            {
+                self.weights.remove(&node.name);
+            }
+        }
+        dead.len()
+    }
+
+    /// Total bytes of constants.
+    pub fn weight_bytes(&self) -> usize {
+        self.g
+            .node_weights()
+            .filter(|n| n.op == Op::Constant)
+            .map(|n| n.outputs[0].bytes())
+            .sum()
+    }
+
+    /// Whether every constant has data.
+    pub fn has_all_weights(&self) -> bool {
+        self.g
+            .node_indices()
+            .all(|n| self.g[n].op != Op::Constant || self.weights.contains_key(&self.g[n].name))
+    }
+}
+
+/// `"name" (op)` or `op` for error messages.
+pub(crate) fn display_name(name: &str, op: &str) -> String {
+    if name.is_empty() {
+        op.to_string()
+    } else {
+        format!("\"{name}\" ({op})")
+    }
+}

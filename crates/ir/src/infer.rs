@@ -1,0 +1,516 @@
+//! Shape and dtype inference: one function per op, input types in, output
+//! types or a message out (the caller names the node).
+
+use crate::dtype::{Shape, TensorType};
+use crate::op::{Conv, Op, Pool};
+
+/// Output types of `op` applied to inputs of types `ins`.
+pub fn infer(op: &Op, ins: &[&TensorType]) -> Result<Vec<TensorType>, String> {
+    let out = match op {
+        Op::Input | Op::Constant => return Err("inputs and constants carry their own type".into()),
+        Op::Conv(c) => conv(c, ins)?,
+        Op::BatchNorm { .. } => batch_norm(ins)?,
+        Op::Unary(_) | Op::Clip { .. } | Op::Dropout | Op::Identity => {
+            arity(ins, 1, 1)?;
+            float(ins[0])?;
+            ins[0].clone()
+        }
+        Op::Binary(_) => {
+            arity(ins, 2, 2)?;
+            same_dtype(ins)?;
+            TensorType::new(ins[0].dtype, broadcast_all(ins)?)
+        }
+        Op::Sum => {
+            arity(ins, 1, usize::MAX)?;
+            same_dtype(ins)?;
+            TensorType::new(ins[0].dtype, broadcast_all(ins)?)
+        }
+        Op::MaxPool(p) => pool(p, ins)?,
+        Op::AveragePool { pool: p, .. } => pool(p, ins)?,
+        Op::GlobalAveragePool => {
+            arity(ins, 1, 1)?;
+            let x = ins[0];
+            rank_at_least(x, 3)?;
+            let mut s = x.shape.clone();
+            s[2..].iter_mut().for_each(|d| *d = 1);
+            TensorType::new(x.dtype, s)
+        }
+        Op::Reduce { axes, keepdims, .. } => {
+            arity(ins, 1, 1)?;
+            let x = ins[0];
+            axes_in_range(axes, x.shape.len())?;
+            let mut s = Vec::new();
+            for (i, &d) in x.shape.iter().enumerate() {
+                if !axes.contains(&i) {
+                    s.push(d);
+                } else if *keepdims {
+                    s.push(1);
+                }
+            }
+            TensorType::new(x.dtype, s)
+        }
+        Op::Gemm {
+            trans_a, trans_b, ..
+        } => gemm(*trans_a, *trans_b, ins)?,
+        Op::MatMul => matmul(ins)?,
+        Op::Concat { axis } => concat(*axis, ins)?,
+        Op::Split { axis, sizes } => return split(*axis, sizes, ins),
+        Op::Slice {
+            axes,
+            starts,
+            ends,
+            steps,
+        } => {
+            arity(ins, 1, 1)?;
+            let x = ins[0];
+            if axes.len() != starts.len() || axes.len() != ends.len() || axes.len() != steps.len() {
+                return Err("slice needs as many starts, ends and steps as axes".into());
+            }
+            axes_in_range(axes, x.shape.len())?;
+            let mut s = x.shape.clone();
+            for i in 0..axes.len() {
+                s[axes[i]] = slice_len(x.shape[axes[i]], starts[i], ends[i], steps[i])?;
+            }
+            TensorType::new(x.dtype, s)
+        }
+        Op::Reshape { shape } => {
+            arity(ins, 1, 1)?;
+            let x = ins[0];
+            if shape.iter().product::<usize>() != x.numel() {
+                return Err(format!(
+                    "cannot reshape {x} ({} elements) to {shape:?}",
+                    x.numel()
+                ));
+            }
+            TensorType::new(x.dtype, shape.clone())
+        }
+        Op::Flatten { axis } => {
+            arity(ins, 1, 1)?;
+            let x = ins[0];
+            if *axis > x.shape.len() {
+                return Err(format!("flatten axis {axis} out of range for {x}"));
+            }
+            let outer: usize = x.shape[..*axis].iter().product();
+            let inner: usize = x.shape[*axis..].iter().product();
+            TensorType::new(x.dtype, vec![outer, inner])
+        }
+        Op::Transpose { perm } => {
+            arity(ins, 1, 1)?;
+            let x = ins[0];
+            let mut seen = vec![false; x.shape.len()];
+            if perm.len() != x.shape.len()
+                || perm
+                    .iter()
+                    .any(|&p| p >= seen.len() || std::mem::replace(&mut seen[p], true))
+            {
+                return Err(format!(
+                    "{perm:?} is not a permutation of the {} dims of {x}",
+                    x.shape.len()
+                ));
+            }
+            TensorType::new(x.dtype, perm.iter().map(|&p| x.shape[p]).collect::<Shape>())
+        }
+        Op::Squeeze { axes } => {
+            arity(ins, 1, 1)?;
+            let x = ins[0];
+            axes_in_range(axes, x.shape.len())?;
+            if let Some(&a) = axes.iter().find(|&&a| x.shape[a] != 1) {
+                return Err(format!(
+                    "cannot squeeze axis {a} of {x}: its extent is not 1"
+                ));
+            }
+            let s = x
+                .shape
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| !axes.contains(i))
+                .map(|(_, &d)| d)
+                .collect::<Shape>();
+            TensorType::new(x.dtype, s)
+        }
+        Op::Unsqueeze { axes } => {
+            arity(ins, 1, 1)?;
+            let x = ins[0];
+            let rank = x.shape.len() + axes.len();
+            axes_in_range(axes, rank)?;
+            let mut src = x.shape.iter();
+            let s = (0..rank)
+                .map(|i| {
+                    if axes.contains(&i) {
+                        1
+                    } else {
+                        *src.next().unwrap_or(&1)
+                    }
+                })
+                .collect::<Shape>();
+            TensorType::new(x.dtype, s)
+        }
+        Op::Softmax { axis } | Op::LogSoftmax { axis } => {
+            arity(ins, 1, 1)?;
+            float(ins[0])?;
+            axes_in_range(&[*axis], ins[0].shape.len())?;
+            ins[0].clone()
+        }
+        Op::LayerNorm { axis, .. } => {
+            arity(ins, 2, 3)?;
+            float(ins[0])?;
+            let x = ins[0];
+            if *axis >= x.shape.len() {
+                return Err(format!("layer_norm axis {axis} out of range for {x}"));
+            }
+            let norm = &x.shape[*axis..];
+            for p in &ins[1..] {
+                if broadcast(&p.shape, norm).as_deref() != Some(norm) {
+                    return Err(format!(
+                        "scale/bias {p} does not broadcast to the normalised dims {norm:?}"
+                    ));
+                }
+            }
+            x.clone()
+        }
+        Op::Lrn { size, .. } => {
+            arity(ins, 1, 1)?;
+            rank_at_least(ins[0], 3)?;
+            if *size == 0 {
+                return Err("lrn size must be positive".into());
+            }
+            ins[0].clone()
+        }
+        Op::Cast { to } => {
+            arity(ins, 1, 1)?;
+            TensorType::new(*to, ins[0].shape.clone())
+        }
+    };
+    if out.checked_bytes().is_none() {
+        return Err(format!(
+            "output shape {:?} is absurdly large (over 1 TiB)",
+            out.shape
+        ));
+    }
+    Ok(vec![out])
+}
+
+/// Numpy broadcast of two shapes, or `None` when they are incompatible.
+pub fn broadcast(a: &[usize], b: &[usize]) -> Option<Shape> {
+    let n = a.len().max(b.len());
+    let dim = |s: &[usize], i: usize| {
+        if i + s.len() >= n {
+            s[i + s.len() - n]
+        } else {
+            1
+        }
+    };
+    (0..n)
+        .map(|i| match (dim(a, i), dim(b, i)) {
+            (x, y) if x == y => Some(x),
+            (1, y) => Some(y),
+            (x, 1) => Some(x),
+            _ => None,
+        })
+        .collect()
+}
+
+fn broadcast_all(ins: &[&TensorType]) -> Result<Shape, String> {
+    let mut s = ins[0].shape.clone();
+    for t in &ins[1..] {
+        s = broadcast(&s, &t.shape)
+            .ok_or_else(|| format!("shapes {:?} and {:?} do not broadcast", s, t.shape))?;
+    }
+    Ok(s)
+}
+
+/// Number of elements of a slice of a dim of extent `dim`.
+pub fn slice_len(dim: usize, start: i64, end: i64, step: i64) -> Result<usize, String> {
+    let d = dim as i64;
+    let ok = if step > 0 {
+        (0..=d).contains(&start) && (0..=d).contains(&end)
+    } else {
+        step < 0 && (0..d).contains(&start.min(d - 1).max(0)) && (-1..d).contains(&end)
+    };
+    if !ok || (step < 0 && d == 0) {
+        return Err(format!(
+            "slice start {start} end {end} step {step} out of range for extent {dim}"
+        ));
+    }
+    let len = if step > 0 {
+        (end - start + step - 1).div_euclid(step)
+    } else {
+        (start - end + (-step) - 1).div_euclid(-step)
+    };
+    Ok(len.max(0) as usize)
+}
+
+fn arity(ins: &[&TensorType], min: usize, max: usize) -> Result<(), String> {
+    if ins.len() < min || ins.len() > max {
+        let want = if min == max {
+            format!("{min}")
+        } else if max == usize::MAX {
+            format!("at least {min}")
+        } else {
+            format!("{min} to {max}")
+        };
+        return Err(format!("takes {want} inputs, got {}", ins.len()));
+    }
+    Ok(())
+}
+
+fn float(t: &TensorType) -> Result<(), String> {
+    if !t.dtype.is_float() {
+        return Err(format!("needs a float input, got {t}"));
+    }
+    Ok(())
+}
+
+fn same_dtype(ins: &[&TensorType]) -> Result<(), String> {
+    if let Some(t) = ins.iter().find(|t| t.dtype != ins[0].dtype) {
+        return Err(format!("mixes dtypes {} and {}", ins[0].dtype, t.dtype));
+    }
+    Ok(())
+}
+
+fn rank_at_least(t: &TensorType, r: usize) -> Result<(), String> {
+    if t.shape.len() < r {
+        return Err(format!("needs rank at least {r}, got {t}"));
+    }
+    Ok(())
+}
+
+fn axes_in_range(axes: &[usize], rank: usize) -> Result<(), String> {
+    if let Some(a) = axes.iter().find(|&&a| a >= rank) {
+        return Err(format!("axis {a} out of range for rank {rank}"));
+    }
+    Ok(())
+}
+
+fn spatial_out(
+    input: usize,
+    k: usize,
+    stride: usize,
+    dil: usize,
+    pb: usize,
+    pe: usize,
+    ceil: bool,
+) -> Result<usize, String> {
+    if stride == 0 || dil == 0 || k == 0 {
+        return Err("kernel, stride and dilation must be positive".into());
+    }
+    let eff = dil * (k - 1) + 1;
+    let padded = input + pb + pe;
+    if padded < eff {
+        return Err(format!("window {eff} larger than padded input {padded}"));
+    }
+    let span = padded - eff;
+    let mut out = if ceil {
+        span.div_ceil(stride) + 1
+    } else {
+        span / stride + 1
+    };
+    // ONNX/PyTorch rule: the last window must start inside the input or left padding.
+    if ceil && (out - 1) * stride >= input + pb {
+        out -= 1;
+    }
+    Ok(out)
+}
+
+fn check_window(n: usize, strides: &[usize], pads: &[usize], dil: &[usize]) -> Result<(), String> {
+    if strides.len() != n || pads.len() != 2 * n || dil.len() != n {
+        return Err(format!(
+            "needs {n} strides and dilations and {} pads for {n} spatial dims",
+            2 * n
+        ));
+    }
+    Ok(())
+}
+
+fn conv(c: &Conv, ins: &[&TensorType]) -> Result<TensorType, String> {
+    arity(ins, 2, 3)?;
+    let (x, w) = (ins[0], ins[1]);
+    float(x)?;
+    same_dtype(ins)?;
+    rank_at_least(x, 3)?;
+    let n = x.shape.len() - 2;
+    if w.shape.len() != n + 2 {
+        return Err(format!("weight {w} must have rank {} for input {x}", n + 2));
+    }
+    check_window(n, &c.strides, &c.pads, &c.dilations)?;
+    let g = c.group;
+    if g == 0 || x.shape[1] % g != 0 || w.shape[0] % g != 0 || w.shape[1] * g != x.shape[1] {
+        return Err(format!(
+            "input {x} with {g} groups does not match weight {w}"
+        ));
+    }
+    if let Some(b) = ins.get(2) {
+        if b.shape != [w.shape[0]] {
+            return Err(format!("bias {b} must be [{}]", w.shape[0]));
+        }
+    }
+    let mut s = vec![x.shape[0], w.shape[0]];
+    for i in 0..n {
+        s.push(spatial_out(
+            x.shape[2 + i],
+            w.shape[2 + i],
+            c.strides[i],
+            c.dilations[i],
+            c.pads[i],
+            c.pads[n + i],
+            false,
+        )?);
+    }
+    Ok(TensorType::new(x.dtype, s))
+}
+
+fn pool(p: &Pool, ins: &[&TensorType]) -> Result<TensorType, String> {
+    arity(ins, 1, 1)?;
+    let x = ins[0];
+    float(x)?;
+    rank_at_least(x, 3)?;
+    let n = x.shape.len() - 2;
+    let ones = vec![1; n];
+    check_window(n, &p.strides, &p.pads, &ones)?;
+    if p.kernel.len() != n {
+        return Err(format!("needs {n} kernel extents"));
+    }
+    let mut s = x.shape[..2].to_vec();
+    for i in 0..n {
+        if p.pads[i] >= p.kernel[i] || p.pads[n + i] >= p.kernel[i] {
+            return Err(format!(
+                "padding {:?} must be smaller than the window {:?}",
+                p.pads, p.kernel
+            ));
+        }
+        s.push(spatial_out(
+            x.shape[2 + i],
+            p.kernel[i],
+            p.strides[i],
+            1,
+            p.pads[i],
+            p.pads[n + i],
+            p.ceil_mode,
+        )?);
+    }
+    Ok(TensorType::new(x.dtype, s))
+}
+
+fn batch_norm(ins: &[&TensorType]) -> Result<TensorType, String> {
+    arity(ins, 5, 5)?;
+    let x = ins[0];
+    float(x)?;
+    rank_at_least(x, 2)?;
+    for p in &ins[1..] {
+        if p.shape != [x.shape[1]] {
+            return Err(format!(
+                "parameter {p} must be [{}] for input {x}",
+                x.shape[1]
+            ));
+        }
+    }
+    Ok(x.clone())
+}
+
+fn gemm(ta: bool, tb: bool, ins: &[&TensorType]) -> Result<TensorType, String> {
+    arity(ins, 2, 3)?;
+    same_dtype(ins)?;
+    let (a, b) = (ins[0], ins[1]);
+    if a.shape.len() != 2 || b.shape.len() != 2 {
+        return Err(format!("needs 2-D operands, got {a} and {b}"));
+    }
+    let (m, k) = if ta {
+        (a.shape[1], a.shape[0])
+    } else {
+        (a.shape[0], a.shape[1])
+    };
+    let (k2, n) = if tb {
+        (b.shape[1], b.shape[0])
+    } else {
+        (b.shape[0], b.shape[1])
+    };
+    if k != k2 {
+        return Err(format!(
+            "inner dimensions differ: {a} and {b} (trans_a={ta}, trans_b={tb})"
+        ));
+    }
+    if let Some(c) = ins.get(2) {
+        if broadcast(&c.shape, &[m, n]).as_deref() != Some(&[m, n][..]) {
+            return Err(format!("bias {c} does not broadcast to [{m},{n}]"));
+        }
+    }
+    Ok(TensorType::new(a.dtype, vec![m, n]))
+}
+
+fn matmul(ins: &[&TensorType]) -> Result<TensorType, String> {
+    arity(ins, 2, 2)?;
+    same_dtype(ins)?;
+    let (a, b) = (ins[0], ins[1]);
+    if a.shape.is_empty() || b.shape.is_empty() {
+        return Err("matmul operands must have rank at least 1".into());
+    }
+    let a2 = if a.shape.len() == 1 {
+        vec![1, a.shape[0]]
+    } else {
+        a.shape.clone()
+    };
+    let b2 = if b.shape.len() == 1 {
+        vec![b.shape[0], 1]
+    } else {
+        b.shape.clone()
+    };
+    let (m, k) = (a2[a2.len() - 2], a2[a2.len() - 1]);
+    let (k2, n) = (b2[b2.len() - 2], b2[b2.len() - 1]);
+    if k != k2 {
+        return Err(format!("inner dimensions differ: {a} and {b}"));
+    }
+    let batch = broadcast(&a2[..a2.len() - 2], &b2[..b2.len() - 2])
+        .ok_or_else(|| format!("batch dims of {a} and {b} do not broadcast"))?;
+    let mut s = batch;
+    if a.shape.len() > 1 {
+        s.push(m);
+    }
+    if b.shape.len() > 1 {
+        s.push(n);
+    }
+    Ok(TensorType::new(a.dtype, s))
+}
+
+fn concat(axis: usize, ins: &[&TensorType]) -> Result<TensorType, String> {
+    arity(ins, 1, usize::MAX)?;
+    same_dtype(ins)?;
+    let first = ins[0];
+    axes_in_range(&[axis], first.shape.len())?;
+    let mut s = first.shape.clone();
+    s[axis] = 0;
+    for t in ins {
+        let same_rest = t.shape.len() == first.shape.len()
+            && t.shape
+                .iter()
+                .zip(&first.shape)
+                .enumerate()
+                .all(|(i, (a, b))| i == axis || a == b);
+        if !same_rest {
+            return Err(format!(
+                "cannot concatenate {t} with {first} along axis {axis}"
+            ));
+        }
+        s[axis] += t.shape[axis];
+    }
+    Ok(TensorType::new(first.dtype, s))
+}
+
+fn split(axis: usize, sizes: &[usize], ins: &[&TensorType]) -> Result<Vec<TensorType>, String> {
+    arity(ins, 1, 1)?;
+    let x = ins[0];
+    axes_in_range(&[axis], x.shape.len())?;
+    if sizes.is_empty() || sizes.iter().sum::<usize>() != x.shape[axis] {
+        return Err(format!(
+            "split sizes {sizes:?} do not add up to extent {} of {x}",
+            x.shape[axis]
+        ));
+    }
+    Ok(sizes
+        .iter()
+        .map(|&n| {
+            let mut s = x.shape.clone();
+            s[axis] = n;
+            TensorType::new(x.dtype, s)
+        })
+        .collect())
+}

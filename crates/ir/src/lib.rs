@@ -1,0 +1,31 @@
+//! smelt's tensor-graph IR: a closed [`Op`] enum, static [`TensorType`]s on
+//! every value, one inference function per op, a [`verify`]er, a text format
+//! whose printer and parser round-trip, a [`builder`] with a small model
+//! [`zoo`], and ONNX import.
+//!
+//! ```
+#![doc = include_str!("../examples/tiny.rs")]
+//! ```
+#![deny(missing_docs)]
+
+pub mod builder;
+mod dtype;
+mod error;
+mod graph;
+mod infer;
+pub mod onnx;
+mod op;
+mod rng;
+mod tensor;
+pub mod text;
+mod verify;
+pub mod zoo;
+
+pub use dtype::{DType, Shape, TensorType, MAX_TENSOR_BYTES};
+pub use error::IrError;
+pub use graph::{Graph, Node, NodeId, ValueId};
+pub use infer::{broadcast, infer, slice_len};
+pub use op::{BinaryOp, Conv, Op, Pool, ReduceOp, UnaryOp};
+pub use rng::Rng;
+pub use tensor::{Tensor, TensorData};
+pub use verify::verify;

@@ -1,0 +1,209 @@
+//! ONNX import with static shapes. Initializers and constant-producing nodes
+//! (`Constant`, `ConstantOfShape`, and `Shape`, `Gather`, `Cast`, `Concat`,
+//! `Unsqueeze`... on constants) are folded at import, so the graph holds only
+//! real computation. `batch` overrides the batch dimension of every input and
+//! of Reshape targets that hard-code the exported batch.
+
+mod fold;
+mod nodes;
+mod tensor;
+
+pub use tensor::{from_proto, read_tensor_file, to_proto, write_tensor_file};
+
+use crate::dtype::TensorType;
+use crate::error::IrError;
+use crate::graph::{Graph, ValueId};
+use crate::tensor::Tensor;
+use smelt_onnx_proto::{Message, ModelProto};
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+/// Options of the importer.
+#[derive(Clone, Debug, Default)]
+pub struct ImportOptions {
+    /// Batch size to use instead of the exported one (also the value of a
+    /// symbolic first input dimension; 1 when unset).
+    pub batch: Option<usize>,
+}
+
+/// Imports an `.onnx` file.
+pub fn import_file(path: &Path, opts: &ImportOptions) -> Result<Graph, IrError> {
+    let bytes = std::fs::read(path).map_err(|source| IrError::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
+    import(&bytes, opts)
+}
+
+/// Imports the bytes of an ONNX `ModelProto`.
+pub fn import(bytes: &[u8], opts: &ImportOptions) -> Result<Graph, IrError> {
+    let model = ModelProto::decode(bytes)
+        .map_err(|e| IrError::Malformed(format!("not an ONNX model: {e}")))?;
+    let graph = model
+        .graph
+        .as_ref()
+        .ok_or_else(|| IrError::Malformed("the model has no graph".into()))?;
+    let opset = model
+        .opset_import
+        .iter()
+        .find(|o| o.domain().is_empty() || o.domain() == "ai.onnx")
+        .map(|o| o.version())
+        .unwrap_or(1);
+    let used = graph
+        .node
+        .iter()
+        .flat_map(|n| n.input.iter().cloned())
+        .chain(graph.output.iter().map(|o| o.name().to_string()))
+        .collect();
+    let mut im = Importer {
+        g: Graph::new(),
+        env: HashMap::new(),
+        opset,
+        batch: None,
+        used,
+    };
+
+    for init in &graph.initializer {
+        let t = tensor::from_proto(init)?;
+        im.env.insert(
+            init.name().to_string(),
+            Entry {
+                konst: Some(Arc::new(t)),
+                value: None,
+            },
+        );
+    }
+    for input in &graph.input {
+        if im.env.contains_key(input.name()) {
+            continue; // an initializer listed as an input (IR version < 4): a constant
+        }
+        let ty = im.input_type(input, opts)?;
+        let v = im.g.add_input(input.name(), ty)?;
+        im.env.insert(
+            input.name().to_string(),
+            Entry {
+                konst: None,
+                value: Some(v),
+            },
+        );
+    }
+    for node in &graph.node {
+        nodes::convert(&mut im, node)?;
+    }
+    for out in &graph.output {
+        let v = im.value(out.name()).map_err(|_| {
+            IrError::Malformed(format!("graph output \"{}\" is never produced", out.name()))
+        })?;
+        im.g.add_output(out.name(), v);
+    }
+    if im.g.outputs().is_empty() {
+        return Err(IrError::Malformed("the graph has no outputs".into()));
+    }
+    im.g.remove_dead();
+    crate::verify::verify(&im.g)?;
+    Ok(im.g)
+}
+
+/// What an ONNX name stands for: a constant known at import, a graph value,
+/// or both (a constant already materialised as a node).
+#[derive(Clone, Debug)]
+pub(crate) struct Entry {
+    pub konst: Option<Arc<Tensor>>,
+    pub value: Option<ValueId>,
+}
+
+pub(crate) struct Importer {
+    pub g: Graph,
+    pub env: HashMap<String, Entry>,
+    pub opset: i64,
+    /// (exported batch, requested batch) when `--batch` changes it.
+    pub batch: Option<(usize, usize)>,
+    /// Names some node or graph output reads.
+    pub used: std::collections::HashSet<String>,
+}
+
+impl Importer {
+    fn input_type(
+        &mut self,
+        input: &smelt_onnx_proto::ValueInfoProto,
+        opts: &ImportOptions,
+    ) -> Result<TensorType, IrError> {
+        use smelt_onnx_proto::tensor_shape_proto::dimension::Value as Dim;
+        use smelt_onnx_proto::type_proto::Value;
+        let bad = |msg: String| IrError::Malformed(format!("input \"{}\": {msg}", input.name()));
+        let tt = match input.r#type.as_ref().and_then(|t| t.value.as_ref()) {
+            Some(Value::TensorType(tt)) => tt,
+            _ => return Err(bad("not a tensor".into())),
+        };
+        let dtype = tensor::dtype_of(tt.elem_type()).map_err(bad)?;
+        let dims = tt.shape.as_ref().map(|s| s.dim.as_slice()).unwrap_or(&[]);
+        let mut shape = Vec::with_capacity(dims.len());
+        for (i, d) in dims.iter().enumerate() {
+            match d.value {
+                Some(Dim::DimValue(v)) if v >= 0 => {
+                    let v = v as usize;
+                    if i == 0 {
+                        if let Some(b) = opts.batch {
+                            if b != v {
+                                self.batch = Some((v, b));
+                            }
+                            shape.push(b);
+                            continue;
+                        }
+                    }
+                    shape.push(v)
+                }
+                Some(Dim::DimParam(_)) if i == 0 => shape.push(opts.batch.unwrap_or(1)),
+                Some(Dim::DimParam(ref p)) => {
+                    return Err(bad(format!(
+                        "dimension {i} is symbolic ({p}); smelt needs static shapes"
+                    )))
+                }
+                _ => {
+                    return Err(bad(format!(
+                        "dimension {i} is unknown; smelt needs static shapes"
+                    )))
+                }
+            }
+        }
+        let ty = TensorType::new(dtype, shape);
+        ty.checked_bytes()
+            .ok_or_else(|| bad(format!("shape {:?} is absurdly large", ty.shape)))?;
+        Ok(ty)
+    }
+
+    /// The graph value for `name`, materialising a constant on first use.
+    pub fn value(&mut self, name: &str) -> Result<ValueId, IrError> {
+        let e = self.env.get_mut(name).ok_or_else(|| {
+            IrError::Malformed(format!("value \"{name}\" is used before it is defined"))
+        })?;
+        if let Some(v) = e.value {
+            return Ok(v);
+        }
+        let t = e
+            .konst
+            .clone()
+            .expect("an entry holds a value or a constant");
+        let v = self.g.add_constant(name, (*t).clone());
+        self.env.get_mut(name).expect("present").value = Some(v);
+        Ok(v)
+    }
+
+    /// The constant for `name`, if it is known at import.
+    pub fn konst(&self, name: &str) -> Option<Arc<Tensor>> {
+        self.env.get(name).and_then(|e| e.konst.clone())
+    }
+
+    /// The type of `name`.
+    pub fn ty(&self, name: &str) -> Result<TensorType, IrError> {
+        let e = self.env.get(name).ok_or_else(|| {
+            IrError::Malformed(format!("value \"{name}\" is used before it is defined"))
+        })?;
+        Ok(match (&e.konst, e.value) {
+            (Some(t), _) => t.ty().clone(),
+            (None, Some(v)) => self.g.ty(v).clone(),
+            (None, None) => unreachable!("an entry holds a value or a constant"),
+        })
+    }
+}

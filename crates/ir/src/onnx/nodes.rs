@@ -1,0 +1,877 @@
+//! One ONNX node to smelt ops (or to a folded constant).
+
+use super::{fold, tensor, Entry, Importer};
+use crate::dtype::{DType, TensorType};
+use crate::error::IrError;
+use crate::graph::ValueId;
+use crate::op::{BinaryOp, Conv, Op, Pool, ReduceOp, UnaryOp};
+use crate::tensor::Tensor;
+use smelt_onnx_proto::{attribute_proto::AttributeType, AttributeProto, NodeProto};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Largest constant that folding may create (4 GiB); beyond it a file is
+/// taken to be corrupt rather than allocating.
+const FOLD_LIMIT_BYTES: usize = 4 << 30;
+
+struct Cx<'a> {
+    node: &'a NodeProto,
+    name: String,
+    opset: i64,
+    attrs: HashMap<&'a str, &'a AttributeProto>,
+}
+
+impl<'a> Cx<'a> {
+    fn unsupported(&self, msg: impl Into<String>) -> IrError {
+        IrError::Unsupported {
+            op_type: self.node.op_type().to_string(),
+            node: self.name.clone(),
+            opset: self.opset,
+            msg: msg.into(),
+        }
+    }
+    fn bad(&self, msg: impl std::fmt::Display) -> IrError {
+        IrError::Shape {
+            node: format!("\"{}\" ({})", self.name, self.node.op_type()),
+            msg: msg.to_string(),
+        }
+    }
+    fn attr(&self, k: &str, want: AttributeType) -> Result<Option<&'a AttributeProto>, IrError> {
+        match self.attrs.get(k) {
+            None => Ok(None),
+            Some(a) if a.r#type() == want || a.r#type() == AttributeType::Undefined => Ok(Some(*a)),
+            Some(a) => Err(self.bad(format!(
+                "attribute {k} has type {:?}, expected {want:?}",
+                a.r#type()
+            ))),
+        }
+    }
+    fn int(&self, k: &str, default: i64) -> Result<i64, IrError> {
+        Ok(self.attr(k, AttributeType::Int)?.map_or(default, |a| a.i()))
+    }
+    fn float(&self, k: &str, default: f32) -> Result<f32, IrError> {
+        Ok(self
+            .attr(k, AttributeType::Float)?
+            .map_or(default, |a| a.f()))
+    }
+    fn ints(&self, k: &str) -> Result<Option<Vec<i64>>, IrError> {
+        Ok(self.attr(k, AttributeType::Ints)?.map(|a| a.ints.clone()))
+    }
+    fn string(&self, k: &str) -> Result<Option<String>, IrError> {
+        Ok(self
+            .attr(k, AttributeType::String)?
+            .map(|a| String::from_utf8_lossy(a.s()).into_owned()))
+    }
+    /// Whether any output from the `from`-th on is read by someone.
+    fn extra_outputs_used(&self, im: &Importer, from: usize) -> bool {
+        self.node
+            .output
+            .iter()
+            .skip(from)
+            .any(|o| !o.is_empty() && im.used.contains(o))
+    }
+    /// Input `i`'s name, `None` when absent or empty (an omitted optional input).
+    fn input(&self, i: usize) -> Option<&'a str> {
+        self.node
+            .input
+            .get(i)
+            .map(|s| s.as_str())
+            .filter(|s| !s.is_empty())
+    }
+    fn need(&self, i: usize) -> Result<&'a str, IrError> {
+        self.input(i)
+            .ok_or_else(|| self.bad(format!("missing input {i}")))
+    }
+    fn usizes(&self, v: Vec<i64>, what: &str) -> Result<Vec<usize>, IrError> {
+        v.into_iter()
+            .map(|x| {
+                usize::try_from(x)
+                    .map_err(|_| self.bad(format!("{what} must be non-negative, got {x}")))
+            })
+            .collect()
+    }
+}
+
+fn axis(cx: &Cx, a: i64, rank: usize) -> Result<usize, IrError> {
+    let r = rank as i64;
+    let x = if a < 0 { a + r } else { a };
+    (0..r.max(1))
+        .contains(&x)
+        .then_some(x as usize)
+        .ok_or_else(|| cx.bad(format!("axis {a} out of range for rank {rank}")))
+}
+
+fn axes(cx: &Cx, v: &[i64], rank: usize) -> Result<Vec<usize>, IrError> {
+    let mut out = v
+        .iter()
+        .map(|&a| axis(cx, a, rank))
+        .collect::<Result<Vec<_>, _>>()?;
+    out.sort_unstable();
+    out.dedup();
+    Ok(out)
+}
+
+pub(super) fn convert(im: &mut Importer, node: &NodeProto) -> Result<(), IrError> {
+    let name = if node.name().is_empty() {
+        node.output.first().cloned().unwrap_or_default()
+    } else {
+        node.name().to_string()
+    };
+    let cx = Cx {
+        node,
+        name,
+        opset: im.opset,
+        attrs: node.attribute.iter().map(|a| (a.name(), a)).collect(),
+    };
+    if !(node.domain().is_empty() || node.domain() == "ai.onnx") {
+        return Err(IrError::UnsupportedOp {
+            op_type: format!("{}.{}", node.domain(), node.op_type()),
+            node: cx.name.clone(),
+            opset: im.opset,
+        });
+    }
+    if node.output.iter().all(|o| o.is_empty()) {
+        return Err(cx.bad("the node has no outputs"));
+    }
+    let outs = lower(im, &cx)?;
+    for (name, entry) in node.output.iter().zip(outs) {
+        if !name.is_empty() {
+            im.env.insert(name.clone(), entry);
+        }
+    }
+    Ok(())
+}
+
+fn konst(t: Tensor) -> Vec<Entry> {
+    vec![Entry {
+        konst: Some(Arc::new(t)),
+        value: None,
+    }]
+}
+
+fn values(id: crate::graph::NodeId, n: usize) -> Vec<Entry> {
+    (0..n)
+        .map(|slot| Entry {
+            konst: None,
+            value: Some(ValueId {
+                node: id,
+                slot: slot as u32,
+            }),
+        })
+        .collect()
+}
+
+/// Adds `op` on the named inputs.
+fn emit(im: &mut Importer, cx: &Cx, op: Op, inputs: &[&str]) -> Result<Vec<Entry>, IrError> {
+    let vs = inputs
+        .iter()
+        .map(|n| im.value(n))
+        .collect::<Result<Vec<_>, _>>()?;
+    emit_values(im, cx, op, &vs)
+}
+
+fn emit_values(im: &mut Importer, cx: &Cx, op: Op, vs: &[ValueId]) -> Result<Vec<Entry>, IrError> {
+    let id = im.g.add(op, cx.name.clone(), vs).map_err(|e| match e {
+        IrError::Shape { msg, .. } => cx.bad(msg),
+        e => e,
+    })?;
+    let n = im.g.node(id).outputs.len();
+    Ok(values(id, n))
+}
+
+/// A reshaping op (`Reshape`, `Flatten`, `Squeeze`, `Unsqueeze`, identities):
+/// folded when its input is constant, else emitted.
+fn reshaping(im: &mut Importer, cx: &Cx, op: Op, x: &str) -> Result<Vec<Entry>, IrError> {
+    if let Some(t) = im.konst(x) {
+        let out = crate::infer::infer(&op, &[t.ty()]).map_err(|m| cx.bad(m))?;
+        return Ok(konst(
+            (*t).clone()
+                .reshaped(out[0].shape.clone())
+                .expect("same element count"),
+        ));
+    }
+    emit(im, cx, op, &[x])
+}
+
+fn const_input(im: &Importer, cx: &Cx, i: usize, what: &str) -> Result<Arc<Tensor>, IrError> {
+    let n = cx.need(i)?;
+    im.konst(n).ok_or_else(|| {
+        cx.unsupported(format!(
+            "{what} (input {i}) must be a constant known at import"
+        ))
+    })
+}
+
+fn const_ints(im: &Importer, cx: &Cx, i: usize, what: &str) -> Result<Option<Vec<i64>>, IrError> {
+    match cx.input(i) {
+        None => Ok(None),
+        Some(_) => Ok(Some(const_input(im, cx, i, what)?.to_i64_vec())),
+    }
+}
+
+fn window(
+    cx: &Cx,
+    spatial: &[usize],
+    kernel: &[usize],
+    strides: &[usize],
+    dil: &[usize],
+) -> Result<Vec<usize>, IrError> {
+    let n = kernel.len();
+    let auto = cx.string("auto_pad")?.unwrap_or_else(|| "NOTSET".into());
+    match auto.as_str() {
+        "NOTSET" => {
+            let pads = cx.ints("pads")?.unwrap_or_else(|| vec![0; 2 * n]);
+            if pads.len() != 2 * n {
+                return Err(cx.bad(format!("pads {pads:?} must have {} entries", 2 * n)));
+            }
+            cx.usizes(pads, "pads")
+        }
+        "VALID" => Ok(vec![0; 2 * n]),
+        "SAME_UPPER" | "SAME_LOWER" => {
+            let mut pads = vec![0; 2 * n];
+            for i in 0..n {
+                let out = spatial[i].div_ceil(strides[i]);
+                let eff = dil[i] * (kernel[i].saturating_sub(1)) + 1;
+                let total = ((out.saturating_sub(1)) * strides[i] + eff).saturating_sub(spatial[i]);
+                let small = total / 2;
+                let (b, e) = if auto == "SAME_UPPER" {
+                    (small, total - small)
+                } else {
+                    (total - small, small)
+                };
+                pads[i] = b;
+                pads[n + i] = e;
+            }
+            Ok(pads)
+        }
+        other => Err(cx.unsupported(format!("auto_pad {other}"))),
+    }
+}
+
+fn spatial_attr(cx: &Cx, k: &str, n: usize) -> Result<Vec<usize>, IrError> {
+    let v = cx.ints(k)?.unwrap_or_else(|| vec![1; n]);
+    if v.len() != n {
+        return Err(cx.bad(format!("{k} {v:?} must have {n} entries")));
+    }
+    cx.usizes(v, k)
+}
+
+fn pool_attrs(im: &Importer, cx: &Cx) -> Result<Pool, IrError> {
+    let x = im.ty(cx.need(0)?)?;
+    if x.shape.len() < 3 {
+        return Err(cx.bad(format!("needs an input of rank at least 3, got {x}")));
+    }
+    let kernel = cx.usizes(
+        cx.ints("kernel_shape")?
+            .ok_or_else(|| cx.bad("missing kernel_shape"))?,
+        "kernel_shape",
+    )?;
+    let n = kernel.len();
+    let strides = spatial_attr(cx, "strides", n)?;
+    let dil = spatial_attr(cx, "dilations", n)?;
+    if dil.iter().any(|&d| d != 1) {
+        return Err(cx.unsupported("pooling dilations other than 1"));
+    }
+    if x.shape.len() != n + 2 {
+        return Err(cx.bad(format!("kernel_shape {kernel:?} does not fit input {x}")));
+    }
+    let pads = window(cx, &x.shape[2..], &kernel, &strides, &dil)?;
+    Ok(Pool {
+        kernel,
+        strides,
+        pads,
+        ceil_mode: cx.int("ceil_mode", 0)? != 0,
+    })
+}
+
+/// Resolves a Reshape target against the input shape (ONNX 0 and -1), after
+/// replacing a hard-coded exported batch when `--batch` changes it.
+fn reshape_target(
+    im: &Importer,
+    cx: &Cx,
+    mut target: Vec<i64>,
+    input: &[usize],
+) -> Result<Vec<usize>, IrError> {
+    if let Some((exported, new)) = im.batch {
+        if !target.is_empty() && target[0] == exported as i64 && input.first() == Some(&new) {
+            target[0] = new as i64;
+        }
+    }
+    let allow_zero = cx.int("allowzero", 0)? != 0;
+    let numel: usize = input.iter().product();
+    let mut out = Vec::with_capacity(target.len());
+    let mut infer_at = None;
+    for (i, &d) in target.iter().enumerate() {
+        match d {
+            -1 if infer_at.is_none() => {
+                infer_at = Some(i);
+                out.push(1)
+            }
+            0 if !allow_zero => out.push(*input.get(i).ok_or_else(|| {
+                cx.bad(format!(
+                    "target {target:?} copies dim {i} that the input lacks"
+                ))
+            })?),
+            d if d >= 0 => out.push(d as usize),
+            _ => return Err(cx.bad(format!("invalid reshape target {target:?}"))),
+        }
+    }
+    let known: usize = out.iter().product();
+    if let Some(i) = infer_at {
+        if known == 0 || numel % known != 0 {
+            return Err(cx.bad(format!("cannot reshape {input:?} to {target:?}")));
+        }
+        out[i] = numel / known;
+    }
+    if out.iter().product::<usize>() != numel {
+        return Err(cx.bad(format!(
+            "cannot reshape {input:?} ({numel} elements) to {target:?}"
+        )));
+    }
+    Ok(out)
+}
+
+fn unary(u: UnaryOp) -> Option<Op> {
+    Some(Op::Unary(u))
+}
+
+fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
+    let op_type = cx.node.op_type();
+    let simple = match op_type {
+        "Relu" => unary(UnaryOp::Relu),
+        "Sigmoid" => unary(UnaryOp::Sigmoid),
+        "Tanh" => unary(UnaryOp::Tanh),
+        "Erf" => unary(UnaryOp::Erf),
+        "Sqrt" => unary(UnaryOp::Sqrt),
+        "Exp" => unary(UnaryOp::Exp),
+        "Log" => unary(UnaryOp::Log),
+        "Neg" => unary(UnaryOp::Neg),
+        "Abs" => unary(UnaryOp::Abs),
+        "Reciprocal" => unary(UnaryOp::Reciprocal),
+        "Sign" => unary(UnaryOp::Sign),
+        "Softplus" => unary(UnaryOp::Softplus),
+        "LeakyRelu" => unary(UnaryOp::LeakyRelu(cx.float("alpha", 0.01)?)),
+        "Elu" => unary(UnaryOp::Elu(cx.float("alpha", 1.0)?)),
+        "Selu" => unary(UnaryOp::Selu(
+            cx.float("alpha", 1.673_263_2)?,
+            cx.float("gamma", 1.050_701)?,
+        )),
+        "Pow" => Some(Op::Binary(BinaryOp::Pow)),
+        "PRelu" => Some(Op::Binary(BinaryOp::PRelu)),
+        "MatMul" => Some(Op::MatMul),
+        "GlobalAveragePool" => Some(Op::GlobalAveragePool),
+        _ => None,
+    };
+    if let Some(op) = simple {
+        let ins: Vec<&str> = cx.node.input.iter().map(|s| s.as_str()).collect();
+        return emit(im, cx, op, &ins);
+    }
+    match op_type {
+        "Constant" => {
+            let a = cx
+                .attrs
+                .get("value")
+                .ok_or_else(|| cx.unsupported("only the tensor form (value) of Constant"))?;
+            let t =
+                a.t.as_ref()
+                    .ok_or_else(|| cx.bad("value attribute holds no tensor"))?;
+            Ok(konst(tensor::from_proto(t)?))
+        }
+        "ConstantOfShape" => {
+            let dims = const_input(im, cx, 0, "shape")?.to_i64_vec();
+            let value = match cx.attrs.get("value").and_then(|a| a.t.as_ref()) {
+                Some(t) => tensor::from_proto(t)?,
+                None => Tensor::from_f32(vec![1], vec![0.0]),
+            };
+            let (shape, _) = tensor::numel_of(&dims, value.ty().dtype).map_err(|m| cx.bad(m))?;
+            let ty = TensorType::new(value.ty().dtype, shape);
+            if ty.bytes() > FOLD_LIMIT_BYTES {
+                return Err(cx.bad(format!(
+                    "constant of {} bytes is too large to fold",
+                    ty.bytes()
+                )));
+            }
+            let v = value.to_f32_vec().first().copied().unwrap_or(0.0);
+            let v = if value.ty().dtype.is_float() {
+                v as f64
+            } else {
+                value.to_i64_vec()[0] as f64
+            };
+            Ok(konst(Tensor::full(&ty, v)))
+        }
+        "Shape" => {
+            let ty = im.ty(cx.need(0)?)?;
+            let r = ty.shape.len() as i64;
+            let clamp = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
+            let start = clamp(cx.int("start", 0)?);
+            let end = clamp(cx.int("end", r)?);
+            let dims: Vec<i64> = ty.shape[start..end.max(start)]
+                .iter()
+                .map(|&d| d as i64)
+                .collect();
+            Ok(konst(Tensor::from_i64(vec![dims.len()], dims)))
+        }
+        "Gather" => {
+            let data = cx.need(0)?;
+            let (Some(d), Some(i)) = (im.konst(data), im.konst(cx.need(1)?)) else {
+                return Err(cx.unsupported("Gather on tensors computed at run time (only constant shape arithmetic is folded)"));
+            };
+            let ax = axis(cx, cx.int("axis", 0)?, d.shape().len())?;
+            Ok(konst(fold::gather(&d, &i, ax).map_err(|m| cx.bad(m))?))
+        }
+        "Cast" => {
+            let to = tensor::dtype_of(cx.int("to", 0)? as i32).map_err(|m| cx.unsupported(m))?;
+            let x = cx.need(0)?;
+            match im.konst(x) {
+                Some(t) => Ok(konst(t.cast(to))),
+                None => emit(im, cx, Op::Cast { to }, &[x]),
+            }
+        }
+        "Identity" | "Dropout" => {
+            if cx.extra_outputs_used(im, 1) {
+                return Err(cx.unsupported("the mask output of Dropout"));
+            }
+            let op = if op_type == "Identity" {
+                Op::Identity
+            } else {
+                Op::Dropout
+            };
+            reshaping(im, cx, op, cx.need(0)?)
+        }
+        "Reshape" => {
+            let x = cx.need(0)?;
+            let target = if cx.opset < 5 {
+                cx.ints("shape")?.ok_or_else(|| cx.bad("missing shape"))?
+            } else {
+                const_input(im, cx, 1, "the target shape")?.to_i64_vec()
+            };
+            let shape = reshape_target(im, cx, target, &im.ty(x)?.shape)?;
+            reshaping(im, cx, Op::Reshape { shape }, x)
+        }
+        "Flatten" => {
+            let x = cx.need(0)?;
+            let rank = im.ty(x)?.shape.len();
+            let a = cx.int("axis", 1)?;
+            let a = if a < 0 { a + rank as i64 } else { a };
+            if !(0..=rank as i64).contains(&a) {
+                return Err(cx.bad(format!("axis {a} out of range")));
+            }
+            reshaping(im, cx, Op::Flatten { axis: a as usize }, x)
+        }
+        "Squeeze" | "Unsqueeze" => {
+            let x = cx.need(0)?;
+            let shape = im.ty(x)?.shape;
+            let given = if cx.opset >= 13 {
+                const_ints(im, cx, 1, "axes")?
+            } else {
+                cx.ints("axes")?
+            };
+            if op_type == "Squeeze" {
+                let ax = match given {
+                    Some(v) => axes(cx, &v, shape.len())?,
+                    None => (0..shape.len()).filter(|&i| shape[i] == 1).collect(),
+                };
+                reshaping(im, cx, Op::Squeeze { axes: ax }, x)
+            } else {
+                let v = given.ok_or_else(|| cx.bad("Unsqueeze needs axes"))?;
+                let ax = axes(cx, &v, shape.len() + v.len())?;
+                reshaping(im, cx, Op::Unsqueeze { axes: ax }, x)
+            }
+        }
+        "Concat" => {
+            let ins: Vec<&str> = cx
+                .node
+                .input
+                .iter()
+                .map(|s| s.as_str())
+                .filter(|s| !s.is_empty())
+                .collect();
+            let first = im.ty(ins.first().copied().ok_or_else(|| cx.bad("no inputs"))?)?;
+            let ax = axis(
+                cx,
+                cx.int("axis", 0).and_then(|a| {
+                    if cx.attrs.contains_key("axis") || cx.opset < 4 {
+                        Ok(a)
+                    } else {
+                        Err(cx.bad("missing axis"))
+                    }
+                })?,
+                first.shape.len(),
+            )?;
+            let consts: Option<Vec<Arc<Tensor>>> = ins.iter().map(|n| im.konst(n)).collect();
+            match consts {
+                Some(cs) if !first.dtype.is_float() => {
+                    let refs: Vec<&Tensor> = cs.iter().map(|c| c.as_ref()).collect();
+                    Ok(konst(fold::concat(&refs, ax).map_err(|m| cx.bad(m))?))
+                }
+                _ => emit(im, cx, Op::Concat { axis: ax }, &ins),
+            }
+        }
+        "Split" => {
+            let x = cx.need(0)?;
+            let shape = im.ty(x)?.shape;
+            let ax = axis(cx, cx.int("axis", 0)?, shape.len())?;
+            let given = if cx.opset >= 13 {
+                const_ints(im, cx, 1, "split")?
+            } else {
+                cx.ints("split")?
+            };
+            let n_out = cx.node.output.len();
+            let sizes = match given {
+                Some(v) => cx.usizes(v, "split")?,
+                None => {
+                    let parts = if cx.opset >= 18 {
+                        cx.int("num_outputs", n_out as i64)? as usize
+                    } else {
+                        n_out
+                    };
+                    let d = shape[ax];
+                    let chunk = d.div_ceil(parts.max(1));
+                    (0..parts)
+                        .map(|i| chunk.min(d.saturating_sub(i * chunk)))
+                        .collect()
+                }
+            };
+            emit(im, cx, Op::Split { axis: ax, sizes }, &[x])
+        }
+        "Slice" => {
+            let x = cx.need(0)?;
+            let shape = im.ty(x)?.shape;
+            let (starts, ends, ax, steps) = if cx.opset < 10 {
+                (
+                    cx.ints("starts")?.unwrap_or_default(),
+                    cx.ints("ends")?.unwrap_or_default(),
+                    cx.ints("axes")?,
+                    None,
+                )
+            } else {
+                (
+                    const_input(im, cx, 1, "starts")?.to_i64_vec(),
+                    const_input(im, cx, 2, "ends")?.to_i64_vec(),
+                    const_ints(im, cx, 3, "axes")?,
+                    const_ints(im, cx, 4, "steps")?,
+                )
+            };
+            let n = starts.len();
+            let ax = ax.unwrap_or_else(|| (0..n as i64).collect());
+            let steps = steps.unwrap_or_else(|| vec![1; n]);
+            if ends.len() != n || ax.len() != n || steps.len() != n {
+                return Err(cx.bad("starts, ends, axes and steps differ in length"));
+            }
+            let mut norm = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            for i in 0..n {
+                let a = axis(cx, ax[i], shape.len())?;
+                let d = shape[a] as i64;
+                let step = steps[i];
+                if step == 0 {
+                    return Err(cx.bad("slice step 0"));
+                }
+                let fix = |v: i64| if v < 0 { v.saturating_add(d) } else { v };
+                let (s, e) = if step > 0 {
+                    (fix(starts[i]).clamp(0, d), fix(ends[i]).clamp(0, d))
+                } else {
+                    (
+                        fix(starts[i]).clamp(0, d - 1),
+                        fix(ends[i]).clamp(-1, d - 1),
+                    )
+                };
+                norm.0.push(a);
+                norm.1.push(s);
+                norm.2.push(e);
+                norm.3.push(step);
+            }
+            if let (Some(t), 1, [0]) = (im.konst(x), n, norm.0.as_slice()) {
+                if !t.ty().dtype.is_float() {
+                    return Ok(konst(
+                        fold::slice_1d(&t, norm.1[0], norm.2[0], norm.3[0])
+                            .map_err(|m| cx.bad(m))?,
+                    ));
+                }
+            }
+            emit(
+                im,
+                cx,
+                Op::Slice {
+                    axes: norm.0,
+                    starts: norm.1,
+                    ends: norm.2,
+                    steps: norm.3,
+                },
+                &[x],
+            )
+        }
+        "Add" | "Sub" | "Mul" | "Div" | "Max" | "Min" => {
+            let ins: Vec<&str> = cx.node.input.iter().map(|s| s.as_str()).collect();
+            if cx.opset < 7 && cx.attrs.contains_key("broadcast") {
+                return Err(cx.unsupported("legacy broadcast attribute (opset < 7)"));
+            }
+            let b = match op_type {
+                "Add" => BinaryOp::Add,
+                "Sub" => BinaryOp::Sub,
+                "Mul" => BinaryOp::Mul,
+                "Div" => BinaryOp::Div,
+                "Max" => BinaryOp::Max,
+                _ => BinaryOp::Min,
+            };
+            let consts: Option<Vec<Arc<Tensor>>> = ins.iter().map(|n| im.konst(n)).collect();
+            if let Some(cs) = consts.filter(|cs| {
+                cs.len() == 2
+                    && cs
+                        .iter()
+                        .all(|c| matches!(c.ty().dtype, DType::I64 | DType::I32))
+            }) {
+                let f: fn(i64, i64) -> Option<i64> = match b {
+                    BinaryOp::Add => i64::checked_add,
+                    BinaryOp::Sub => i64::checked_sub,
+                    BinaryOp::Mul => i64::checked_mul,
+                    BinaryOp::Div => i64::checked_div,
+                    BinaryOp::Max => |a, b| Some(a.max(b)),
+                    _ => |a, b| Some(a.min(b)),
+                };
+                return Ok(konst(
+                    fold::int_binary(&cs[0], &cs[1], f).map_err(|m| cx.bad(m))?,
+                ));
+            }
+            if ins.len() == 2 {
+                return emit(im, cx, Op::Binary(b), &ins);
+            }
+            if !matches!(b, BinaryOp::Max | BinaryOp::Min) || ins.is_empty() {
+                return Err(cx.bad(format!("takes 2 inputs, got {}", ins.len())));
+            }
+            // Variadic Max/Min: a chain of binary ops.
+            let mut acc = im.value(ins[0])?;
+            for n in &ins[1..] {
+                let v = im.value(n)?;
+                acc = emit_values(im, cx, Op::Binary(b), &[acc, v])?[0]
+                    .value
+                    .expect("a value");
+            }
+            Ok(vec![Entry {
+                konst: None,
+                value: Some(acc),
+            }])
+        }
+        "Sum" => {
+            let ins: Vec<&str> = cx.node.input.iter().map(|s| s.as_str()).collect();
+            emit(im, cx, Op::Sum, &ins)
+        }
+        "Conv" => {
+            let (x, w) = (cx.need(0)?, cx.need(1)?);
+            let (xt, wt) = (im.ty(x)?, im.ty(w)?);
+            if wt.shape.len() < 3 || xt.shape.len() != wt.shape.len() {
+                return Err(cx.bad(format!(
+                    "input {xt} and weight {wt} do not fit a convolution"
+                )));
+            }
+            let kernel = match cx.ints("kernel_shape")? {
+                Some(k) => cx.usizes(k, "kernel_shape")?,
+                None => wt.shape[2..].to_vec(),
+            };
+            if kernel != wt.shape[2..] {
+                return Err(cx.bad(format!(
+                    "kernel_shape {kernel:?} does not match weight {wt}"
+                )));
+            }
+            let n = kernel.len();
+            let strides = spatial_attr(cx, "strides", n)?;
+            let dilations = spatial_attr(cx, "dilations", n)?;
+            let pads = window(cx, &xt.shape[2..], &kernel, &strides, &dilations)?;
+            let group =
+                usize::try_from(cx.int("group", 1)?).map_err(|_| cx.bad("negative group"))?;
+            let mut ins = vec![x, w];
+            ins.extend(cx.input(2));
+            emit(
+                im,
+                cx,
+                Op::Conv(Conv {
+                    strides,
+                    pads,
+                    dilations,
+                    group,
+                }),
+                &ins,
+            )
+        }
+        "BatchNormalization" => {
+            if cx.extra_outputs_used(im, 1) {
+                return Err(cx.unsupported("training-mode outputs (running mean/var)"));
+            }
+            if cx.int("spatial", 1)? != 1 || cx.int("training_mode", 0)? != 0 {
+                return Err(cx.unsupported("non-spatial or training-mode batch normalization"));
+            }
+            let ins = (0..5).map(|i| cx.need(i)).collect::<Result<Vec<_>, _>>()?;
+            emit(
+                im,
+                cx,
+                Op::BatchNorm {
+                    epsilon: cx.float("epsilon", 1e-5)?,
+                },
+                &ins,
+            )
+        }
+        "Clip" => {
+            let x = cx.need(0)?;
+            let (min, max) = if cx.opset < 11 {
+                (
+                    cx.float("min", f32::NEG_INFINITY)?,
+                    cx.float("max", f32::INFINITY)?,
+                )
+            } else {
+                let bound = |i: usize, d: f32| -> Result<f32, IrError> {
+                    Ok(match cx.input(i) {
+                        Some(_) => const_input(im, cx, i, "a clip bound")?
+                            .to_f32_vec()
+                            .first()
+                            .copied()
+                            .unwrap_or(d),
+                        None => d,
+                    })
+                };
+                (bound(1, f32::NEG_INFINITY)?, bound(2, f32::INFINITY)?)
+            };
+            emit(im, cx, Op::Clip { min, max }, &[x])
+        }
+        "MaxPool" => {
+            if cx.extra_outputs_used(im, 1) {
+                return Err(cx.unsupported("the Indices output of MaxPool"));
+            }
+            if cx.int("storage_order", 0)? != 0 {
+                return Err(cx.unsupported("storage_order 1"));
+            }
+            let p = pool_attrs(im, cx)?;
+            emit(im, cx, Op::MaxPool(p), &[cx.need(0)?])
+        }
+        "AveragePool" => {
+            let p = pool_attrs(im, cx)?;
+            let cip = cx.int("count_include_pad", 0)? != 0;
+            emit(
+                im,
+                cx,
+                Op::AveragePool {
+                    pool: p,
+                    count_include_pad: cip,
+                },
+                &[cx.need(0)?],
+            )
+        }
+        "ReduceMean" | "ReduceSum" | "ReduceMax" => {
+            let x = cx.need(0)?;
+            let rank = im.ty(x)?.shape.len();
+            let axes_in = (op_type == "ReduceSum" && cx.opset >= 13) || cx.opset >= 18;
+            let given = if axes_in {
+                const_ints(im, cx, 1, "axes")?
+            } else {
+                cx.ints("axes")?
+            };
+            let ax = match given {
+                Some(v) if !v.is_empty() => axes(cx, &v, rank)?,
+                _ if cx.int("noop_with_empty_axes", 0)? != 0 => {
+                    return reshaping(im, cx, Op::Identity, x)
+                }
+                _ => (0..rank).collect(),
+            };
+            let op = match op_type {
+                "ReduceMean" => ReduceOp::Mean,
+                "ReduceSum" => ReduceOp::Sum,
+                _ => ReduceOp::Max,
+            };
+            emit(
+                im,
+                cx,
+                Op::Reduce {
+                    op,
+                    axes: ax,
+                    keepdims: cx.int("keepdims", 1)? != 0,
+                },
+                &[x],
+            )
+        }
+        "Gemm" => {
+            let mut ins = vec![cx.need(0)?, cx.need(1)?];
+            ins.extend(cx.input(2));
+            let op = Op::Gemm {
+                trans_a: cx.int("transA", 0)? != 0,
+                trans_b: cx.int("transB", 0)? != 0,
+                alpha: cx.float("alpha", 1.0)?,
+                beta: cx.float("beta", 1.0)?,
+            };
+            emit(im, cx, op, &ins)
+        }
+        "Transpose" => {
+            let x = cx.need(0)?;
+            let rank = im.ty(x)?.shape.len();
+            let perm = match cx.ints("perm")? {
+                Some(p) => cx.usizes(p, "perm")?,
+                None => (0..rank).rev().collect(),
+            };
+            emit(im, cx, Op::Transpose { perm }, &[x])
+        }
+        "Softmax" | "LogSoftmax" => {
+            let x = cx.need(0)?;
+            let shape = im.ty(x)?.shape;
+            let default = if cx.opset >= 13 { -1 } else { 1 };
+            let ax = axis(cx, cx.int("axis", default)?, shape.len())?;
+            let make = |axis| {
+                if op_type == "Softmax" {
+                    Op::Softmax { axis }
+                } else {
+                    Op::LogSoftmax { axis }
+                }
+            };
+            if cx.opset >= 13 || shape[ax + 1..].iter().all(|&d| d == 1) {
+                return emit(im, cx, make(ax), &[x]);
+            }
+            // Before opset 13 the input is coerced to 2-D at `axis`.
+            let outer: usize = shape[..ax].iter().product();
+            let inner: usize = shape[ax..].iter().product();
+            let flat = emit(
+                im,
+                cx,
+                Op::Reshape {
+                    shape: vec![outer, inner],
+                },
+                &[x],
+            )?[0]
+                .value
+                .expect("a value");
+            let sm = emit_values(im, cx, make(1), &[flat])?[0]
+                .value
+                .expect("a value");
+            emit_values(im, cx, Op::Reshape { shape }, &[sm])
+        }
+        "LayerNormalization" => {
+            if cx.extra_outputs_used(im, 1) {
+                return Err(cx.unsupported("the Mean and InvStdDev outputs"));
+            }
+            let x = cx.need(0)?;
+            let rank = im.ty(x)?.shape.len();
+            let ax = axis(cx, cx.int("axis", -1)?, rank)?;
+            let mut ins = vec![x, cx.need(1)?];
+            ins.extend(cx.input(2));
+            emit(
+                im,
+                cx,
+                Op::LayerNorm {
+                    axis: ax,
+                    epsilon: cx.float("epsilon", 1e-5)?,
+                },
+                &ins,
+            )
+        }
+        "LRN" => {
+            let size = usize::try_from(cx.int("size", 0)?).map_err(|_| cx.bad("negative size"))?;
+            let op = Op::Lrn {
+                size,
+                alpha: cx.float("alpha", 1e-4)?,
+                beta: cx.float("beta", 0.75)?,
+                bias: cx.float("bias", 1.0)?,
+            };
+            emit(im, cx, op, &[cx.need(0)?])
+        }
+        _ => Err(IrError::UnsupportedOp {
+            op_type: op_type.to_string(),
+            node: cx.name.clone(),
+            opset: cx.opset,
+        }),
+    }
+}

@@ -1,0 +1,329 @@
+//! The closed set of operations. Every op documents its inputs; attributes
+//! are normalised at import (explicit pads, non-negative axes, resolved
+//! reshape targets), so passes never re-derive ONNX defaults.
+
+use crate::dtype::DType;
+
+/// Attributes of a convolution (2-D or 1-D/3-D spatial, NCHW layout).
+/// Inputs: `x`, `w`, optionally `bias`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Conv {
+    /// Stride per spatial dimension.
+    pub strides: Vec<usize>,
+    /// Padding: all begins, then all ends (ONNX order), per spatial dimension.
+    pub pads: Vec<usize>,
+    /// Dilation per spatial dimension.
+    pub dilations: Vec<usize>,
+    /// Number of groups (channels / group = depthwise when equal to C).
+    pub group: usize,
+}
+
+/// Window attributes of MaxPool and AveragePool.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Pool {
+    /// Window extent per spatial dimension.
+    pub kernel: Vec<usize>,
+    /// Stride per spatial dimension.
+    pub strides: Vec<usize>,
+    /// Padding: all begins, then all ends, per spatial dimension.
+    pub pads: Vec<usize>,
+    /// Round the output size up instead of down.
+    pub ceil_mode: bool,
+}
+
+/// Elementwise functions of one input.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum UnaryOp {
+    /// max(x, 0).
+    Relu,
+    /// 1 / (1 + e^-x).
+    Sigmoid,
+    /// Hyperbolic tangent.
+    Tanh,
+    /// Error function.
+    Erf,
+    /// Square root.
+    Sqrt,
+    /// e^x.
+    Exp,
+    /// Natural logarithm.
+    Log,
+    /// -x.
+    Neg,
+    /// |x|.
+    Abs,
+    /// 1 / x.
+    Reciprocal,
+    /// Sign of x (-1, 0, 1).
+    Sign,
+    /// ln(1 + e^x).
+    Softplus,
+    /// x if x >= 0 else alpha * x.
+    LeakyRelu(f32),
+    /// x if x >= 0 else alpha * (e^x - 1).
+    Elu(f32),
+    /// gamma * (x if x > 0 else alpha * (e^x - 1)); fields are (alpha, gamma).
+    Selu(f32, f32),
+}
+
+/// Elementwise functions of two inputs, with numpy broadcasting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BinaryOp {
+    /// a + b.
+    Add,
+    /// a - b.
+    Sub,
+    /// a * b.
+    Mul,
+    /// a / b.
+    Div,
+    /// a ^ b.
+    Pow,
+    /// max(a, b).
+    Max,
+    /// min(a, b).
+    Min,
+    /// a if a >= 0 else b * a (parametric ReLU, b the slope).
+    PRelu,
+}
+
+/// Reductions over a set of axes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReduceOp {
+    /// Arithmetic mean.
+    Mean,
+    /// Sum.
+    Sum,
+    /// Maximum.
+    Max,
+}
+
+/// A tensor operation. Inputs are listed per variant; every op has exactly
+/// one output except [`Op::Split`], which has one per part.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    /// A graph input; the node's name is the input's name. No inputs.
+    Input,
+    /// A constant (weight); its data is in [`crate::Graph::weight`] under the
+    /// node's name. No inputs.
+    Constant,
+    /// Convolution. Inputs: x `[N,C,*]`, w `[M,C/group,*k]`, optional bias `[M]`.
+    Conv(Conv),
+    /// Batch normalization at inference. Inputs: x, scale, bias, mean, var.
+    BatchNorm {
+        /// Added to the variance.
+        epsilon: f32,
+    },
+    /// Elementwise function of one input.
+    Unary(UnaryOp),
+    /// Clamp to `[min, max]`. Input: x.
+    Clip {
+        /// Lower bound.
+        min: f32,
+        /// Upper bound.
+        max: f32,
+    },
+    /// Elementwise function of two broadcast inputs.
+    Binary(BinaryOp),
+    /// Sum of any number of broadcast inputs.
+    Sum,
+    /// Max pooling. Input: x `[N,C,*]`.
+    MaxPool(Pool),
+    /// Average pooling. Input: x `[N,C,*]`.
+    AveragePool {
+        /// The window.
+        pool: Pool,
+        /// Count padding elements in the divisor.
+        count_include_pad: bool,
+    },
+    /// Mean over all spatial positions, keeping them as size 1. Input: x.
+    GlobalAveragePool,
+    /// Reduction over `axes`. Input: x.
+    Reduce {
+        /// Which reduction.
+        op: ReduceOp,
+        /// Reduced axes, sorted, non-negative.
+        axes: Vec<usize>,
+        /// Keep reduced axes with extent 1.
+        keepdims: bool,
+    },
+    /// `alpha * op(a) @ op(b) + beta * c`. Inputs: a `[M,K]`, b `[K,N]`, optional c.
+    Gemm {
+        /// Transpose a.
+        trans_a: bool,
+        /// Transpose b.
+        trans_b: bool,
+        /// Product scale.
+        alpha: f32,
+        /// Bias scale.
+        beta: f32,
+    },
+    /// Batched matrix product with numpy semantics. Inputs: a, b.
+    MatMul,
+    /// Concatenation of any number of inputs along `axis`.
+    Concat {
+        /// Concatenation axis.
+        axis: usize,
+    },
+    /// Split along `axis` into parts of `sizes`; one output per part.
+    Split {
+        /// Split axis.
+        axis: usize,
+        /// Extent of each part along `axis`.
+        sizes: Vec<usize>,
+    },
+    /// Strided slice. For each listed axis: elements start, start+step, ...
+    /// while before end (after end for negative steps; end may be -1 then).
+    Slice {
+        /// Sliced axes.
+        axes: Vec<usize>,
+        /// First index per axis, in range.
+        starts: Vec<i64>,
+        /// Exclusive end per axis, clamped.
+        ends: Vec<i64>,
+        /// Step per axis, non-zero.
+        steps: Vec<i64>,
+    },
+    /// Same elements, new shape (fully resolved, no 0 or -1).
+    Reshape {
+        /// The output shape.
+        shape: Vec<usize>,
+    },
+    /// Reshape to 2-D: dims before `axis` times dims from `axis`.
+    Flatten {
+        /// First dimension of the second output dimension.
+        axis: usize,
+    },
+    /// Permutation of dimensions: output dim i is input dim `perm[i]`.
+    Transpose {
+        /// The permutation.
+        perm: Vec<usize>,
+    },
+    /// Remove size-1 dims at `axes` (sorted).
+    Squeeze {
+        /// Removed axes of the input.
+        axes: Vec<usize>,
+    },
+    /// Insert size-1 dims at `axes` (sorted, positions in the output).
+    Unsqueeze {
+        /// Inserted axes of the output.
+        axes: Vec<usize>,
+    },
+    /// Softmax along one axis.
+    Softmax {
+        /// Normalised axis.
+        axis: usize,
+    },
+    /// Log of softmax along one axis.
+    LogSoftmax {
+        /// Normalised axis.
+        axis: usize,
+    },
+    /// Layer normalization over dims `axis..`. Inputs: x, scale, optional bias.
+    LayerNorm {
+        /// First normalised dimension.
+        axis: usize,
+        /// Added to the variance.
+        epsilon: f32,
+    },
+    /// Local response normalization across channels. Input: x `[N,C,*]`.
+    Lrn {
+        /// Number of channels summed over.
+        size: usize,
+        /// Scale.
+        alpha: f32,
+        /// Exponent.
+        beta: f32,
+        /// Offset.
+        bias: f32,
+    },
+    /// Identity at inference (dropout is only active in training).
+    Dropout,
+    /// Identity.
+    Identity,
+    /// Element type conversion.
+    Cast {
+        /// Target dtype.
+        to: DType,
+    },
+}
+
+impl Op {
+    /// The op's name in the text format and in reports.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Input => "input",
+            Op::Constant => "const",
+            Op::Conv(_) => "conv",
+            Op::BatchNorm { .. } => "batch_norm",
+            Op::Unary(u) => match u {
+                UnaryOp::Relu => "relu",
+                UnaryOp::Sigmoid => "sigmoid",
+                UnaryOp::Tanh => "tanh",
+                UnaryOp::Erf => "erf",
+                UnaryOp::Sqrt => "sqrt",
+                UnaryOp::Exp => "exp",
+                UnaryOp::Log => "log",
+                UnaryOp::Neg => "neg",
+                UnaryOp::Abs => "abs",
+                UnaryOp::Reciprocal => "reciprocal",
+                UnaryOp::Sign => "sign",
+                UnaryOp::Softplus => "softplus",
+                UnaryOp::LeakyRelu(_) => "leaky_relu",
+                UnaryOp::Elu(_) => "elu",
+                UnaryOp::Selu(..) => "selu",
+            },
+            Op::Clip { .. } => "clip",
+            Op::Binary(b) => match b {
+                BinaryOp::Add => "add",
+                BinaryOp::Sub => "sub",
+                BinaryOp::Mul => "mul",
+                BinaryOp::Div => "div",
+                BinaryOp::Pow => "pow",
+                BinaryOp::Max => "max",
+                BinaryOp::Min => "min",
+                BinaryOp::PRelu => "prelu",
+            },
+            Op::Sum => "sum",
+            Op::MaxPool(_) => "max_pool",
+            Op::AveragePool { .. } => "avg_pool",
+            Op::GlobalAveragePool => "global_avg_pool",
+            Op::Reduce { op, .. } => match op {
+                ReduceOp::Mean => "reduce_mean",
+                ReduceOp::Sum => "reduce_sum",
+                ReduceOp::Max => "reduce_max",
+            },
+            Op::Gemm { .. } => "gemm",
+            Op::MatMul => "matmul",
+            Op::Concat { .. } => "concat",
+            Op::Split { .. } => "split",
+            Op::Slice { .. } => "slice",
+            Op::Reshape { .. } => "reshape",
+            Op::Flatten { .. } => "flatten",
+            Op::Transpose { .. } => "transpose",
+            Op::Squeeze { .. } => "squeeze",
+            Op::Unsqueeze { .. } => "unsqueeze",
+            Op::Softmax { .. } => "softmax",
+            Op::LogSoftmax { .. } => "log_softmax",
+            Op::LayerNorm { .. } => "layer_norm",
+            Op::Lrn { .. } => "lrn",
+            Op::Dropout => "dropout",
+            Op::Identity => "identity",
+            Op::Cast { .. } => "cast",
+        }
+    }
+
+    /// Whether the op only reinterprets its input's elements (no arithmetic,
+    /// same element order): a view once the memory planner exists.
+    pub fn is_view(&self) -> bool {
+        matches!(
+            self,
+            Op::Reshape { .. }
+                | Op::Flatten { .. }
+                | Op::Squeeze { .. }
+                | Op::Unsqueeze { .. }
+                | Op::Dropout
+                | Op::Identity
+        )
+    }
+}

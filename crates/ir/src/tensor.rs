@@ -1,0 +1,174 @@
+//! Tensors with data: constants (weights) and the values executors exchange.
+
+use crate::dtype::{DType, TensorType};
+use half::{bf16, f16};
+
+/// The elements of a tensor, row-major.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TensorData {
+    /// f32 elements.
+    F32(Vec<f32>),
+    /// f16 elements.
+    F16(Vec<f16>),
+    /// bf16 elements.
+    BF16(Vec<bf16>),
+    /// i64 elements.
+    I64(Vec<i64>),
+    /// i32 elements.
+    I32(Vec<i32>),
+    /// bool elements.
+    Bool(Vec<bool>),
+}
+
+impl TensorData {
+    /// The dtype of these elements.
+    pub fn dtype(&self) -> DType {
+        match self {
+            TensorData::F32(_) => DType::F32,
+            TensorData::F16(_) => DType::F16,
+            TensorData::BF16(_) => DType::BF16,
+            TensorData::I64(_) => DType::I64,
+            TensorData::I32(_) => DType::I32,
+            TensorData::Bool(_) => DType::Bool,
+        }
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            TensorData::F32(v) => v.len(),
+            TensorData::F16(v) => v.len(),
+            TensorData::BF16(v) => v.len(),
+            TensorData::I64(v) => v.len(),
+            TensorData::I32(v) => v.len(),
+            TensorData::Bool(v) => v.len(),
+        }
+    }
+
+    /// Whether there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A tensor: its type and its elements. `data.len()` always equals
+/// `ty.numel()` and `data.dtype()` equals `ty.dtype` (checked by [`Tensor::new`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tensor {
+    ty: TensorType,
+    data: TensorData,
+}
+
+impl Tensor {
+    /// A tensor of `shape` with these elements, or `None` when the element
+    /// count does not match the shape.
+    pub fn new(shape: impl Into<Vec<usize>>, data: TensorData) -> Option<Tensor> {
+        let ty = TensorType::new(data.dtype(), shape);
+        (ty.numel() == data.len()).then_some(Tensor { ty, data })
+    }
+
+    /// An f32 tensor; panics if the length does not match (for literals in
+    /// code and tests, never for user data).
+    pub fn from_f32(shape: impl Into<Vec<usize>>, data: Vec<f32>) -> Tensor {
+        Tensor::new(shape, TensorData::F32(data)).expect("element count matches the shape")
+    }
+
+    /// An i64 tensor; panics if the length does not match.
+    pub fn from_i64(shape: impl Into<Vec<usize>>, data: Vec<i64>) -> Tensor {
+        Tensor::new(shape, TensorData::I64(data)).expect("element count matches the shape")
+    }
+
+    /// Dtype and shape.
+    pub fn ty(&self) -> &TensorType {
+        &self.ty
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &[usize] {
+        &self.ty.shape
+    }
+
+    /// The elements.
+    pub fn data(&self) -> &TensorData {
+        &self.data
+    }
+
+    /// Consumes the tensor, giving its elements.
+    pub fn into_data(self) -> TensorData {
+        self.data
+    }
+
+    /// The same elements under another shape with the same element count.
+    pub fn reshaped(mut self, shape: Vec<usize>) -> Option<Tensor> {
+        (shape.iter().product::<usize>() == self.ty.numel()).then(|| {
+            self.ty.shape = shape;
+            self
+        })
+    }
+
+    /// Every element converted to f32 (integers and bools by value).
+    pub fn to_f32_vec(&self) -> Vec<f32> {
+        match &self.data {
+            TensorData::F32(v) => v.clone(),
+            TensorData::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
+            TensorData::BF16(v) => v.iter().map(|x| x.to_f32()).collect(),
+            TensorData::I64(v) => v.iter().map(|&x| x as f32).collect(),
+            TensorData::I32(v) => v.iter().map(|&x| x as f32).collect(),
+            TensorData::Bool(v) => v.iter().map(|&x| x as u8 as f32).collect(),
+        }
+    }
+
+    /// Every element converted to i64 (floats truncated toward zero).
+    pub fn to_i64_vec(&self) -> Vec<i64> {
+        match &self.data {
+            TensorData::I64(v) => v.clone(),
+            TensorData::I32(v) => v.iter().map(|&x| x as i64).collect(),
+            TensorData::Bool(v) => v.iter().map(|&x| x as i64).collect(),
+            _ => self.to_f32_vec().into_iter().map(|x| x as i64).collect(),
+        }
+    }
+
+    /// This tensor converted to `dtype`, with the rounding of a cast.
+    pub fn cast(&self, dtype: DType) -> Tensor {
+        if dtype == self.ty.dtype {
+            return self.clone();
+        }
+        let data = match dtype {
+            DType::I64 => TensorData::I64(self.to_i64_vec()),
+            DType::I32 => {
+                TensorData::I32(self.to_i64_vec().into_iter().map(|x| x as i32).collect())
+            }
+            DType::Bool => {
+                TensorData::Bool(self.to_f32_vec().into_iter().map(|x| x != 0.0).collect())
+            }
+            DType::F32 => TensorData::F32(self.to_f32_vec()),
+            DType::F16 => {
+                TensorData::F16(self.to_f32_vec().into_iter().map(f16::from_f32).collect())
+            }
+            DType::BF16 => {
+                TensorData::BF16(self.to_f32_vec().into_iter().map(bf16::from_f32).collect())
+            }
+        };
+        Tensor {
+            ty: TensorType::new(dtype, self.ty.shape.clone()),
+            data,
+        }
+    }
+
+    /// A tensor of `ty` whose elements all equal `value`.
+    pub fn full(ty: &TensorType, value: f64) -> Tensor {
+        let n = ty.numel();
+        let data = match ty.dtype {
+            DType::F32 => TensorData::F32(vec![value as f32; n]),
+            DType::F16 => TensorData::F16(vec![f16::from_f64(value); n]),
+            DType::BF16 => TensorData::BF16(vec![bf16::from_f64(value); n]),
+            DType::I64 => TensorData::I64(vec![value as i64; n]),
+            DType::I32 => TensorData::I32(vec![value as i32; n]),
+            DType::Bool => TensorData::Bool(vec![value != 0.0; n]),
+        };
+        Tensor {
+            ty: ty.clone(),
+            data,
+        }
+    }
+}

@@ -1,0 +1,319 @@
+//! Op attributes as `key=value` pairs: the one place that maps [`Op`] to and
+//! from the text format's attribute lists.
+
+use crate::dtype::DType;
+use crate::op::{BinaryOp, Conv, Op, Pool, ReduceOp, UnaryOp};
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// One attribute value.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Attr {
+    /// An integer.
+    Int(i64),
+    /// A float (printed so that it parses back to the same bits).
+    Float(f32),
+    /// A list of integers.
+    Ints(Vec<i64>),
+    /// A boolean.
+    Bool(bool),
+    /// A dtype.
+    DType(DType),
+}
+
+impl fmt::Display for Attr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Attr::Int(i) => write!(f, "{i}"),
+            Attr::Float(x) => write!(f, "{x:?}"),
+            Attr::Ints(v) => {
+                f.write_str("[")?;
+                for (i, x) in v.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(",")?;
+                    }
+                    write!(f, "{x}")?;
+                }
+                f.write_str("]")
+            }
+            Attr::Bool(b) => write!(f, "{b}"),
+            Attr::DType(d) => write!(f, "{d}"),
+        }
+    }
+}
+
+fn ints(v: &[usize]) -> Attr {
+    Attr::Ints(v.iter().map(|&x| x as i64).collect())
+}
+
+/// The attributes of `op`, in printing order.
+pub fn attrs_of(op: &Op) -> Vec<(&'static str, Attr)> {
+    use Attr::*;
+    let pool = |p: &Pool| {
+        vec![
+            ("kernel", ints(&p.kernel)),
+            ("strides", ints(&p.strides)),
+            ("pads", ints(&p.pads)),
+            ("ceil_mode", Bool(p.ceil_mode)),
+        ]
+    };
+    match op {
+        Op::Conv(c) => vec![
+            ("strides", ints(&c.strides)),
+            ("pads", ints(&c.pads)),
+            ("dilations", ints(&c.dilations)),
+            ("group", Int(c.group as i64)),
+        ],
+        Op::BatchNorm { epsilon } => vec![("epsilon", Float(*epsilon))],
+        Op::Unary(UnaryOp::LeakyRelu(a)) | Op::Unary(UnaryOp::Elu(a)) => vec![("alpha", Float(*a))],
+        Op::Unary(UnaryOp::Selu(a, g)) => vec![("alpha", Float(*a)), ("gamma", Float(*g))],
+        Op::Clip { min, max } => vec![("min", Float(*min)), ("max", Float(*max))],
+        Op::MaxPool(p) => pool(p),
+        Op::AveragePool {
+            pool: p,
+            count_include_pad,
+        } => {
+            let mut a = pool(p);
+            a.push(("count_include_pad", Bool(*count_include_pad)));
+            a
+        }
+        Op::Reduce { axes, keepdims, .. } => {
+            vec![("axes", ints(axes)), ("keepdims", Bool(*keepdims))]
+        }
+        Op::Gemm {
+            trans_a,
+            trans_b,
+            alpha,
+            beta,
+        } => vec![
+            ("trans_a", Bool(*trans_a)),
+            ("trans_b", Bool(*trans_b)),
+            ("alpha", Float(*alpha)),
+            ("beta", Float(*beta)),
+        ],
+        Op::Concat { axis }
+        | Op::Flatten { axis }
+        | Op::Softmax { axis }
+        | Op::LogSoftmax { axis } => vec![("axis", Int(*axis as i64))],
+        Op::Split { axis, sizes } => vec![("axis", Int(*axis as i64)), ("sizes", ints(sizes))],
+        Op::Slice {
+            axes,
+            starts,
+            ends,
+            steps,
+        } => vec![
+            ("axes", ints(axes)),
+            ("starts", Ints(starts.clone())),
+            ("ends", Ints(ends.clone())),
+            ("steps", Ints(steps.clone())),
+        ],
+        Op::Reshape { shape } => vec![("shape", ints(shape))],
+        Op::Transpose { perm } => vec![("perm", ints(perm))],
+        Op::Squeeze { axes } | Op::Unsqueeze { axes } => vec![("axes", ints(axes))],
+        Op::LayerNorm { axis, epsilon } => {
+            vec![("axis", Int(*axis as i64)), ("epsilon", Float(*epsilon))]
+        }
+        Op::Lrn {
+            size,
+            alpha,
+            beta,
+            bias,
+        } => vec![
+            ("size", Int(*size as i64)),
+            ("alpha", Float(*alpha)),
+            ("beta", Float(*beta)),
+            ("bias", Float(*bias)),
+        ],
+        Op::Cast { to } => vec![("to", DType(*to))],
+        Op::Input
+        | Op::Constant
+        | Op::Unary(_)
+        | Op::Binary(_)
+        | Op::Sum
+        | Op::GlobalAveragePool
+        | Op::MatMul
+        | Op::Dropout
+        | Op::Identity => vec![],
+    }
+}
+
+/// Attributes being consumed while building an op; reports missing,
+/// ill-typed and left-over keys.
+pub struct Attrs(pub BTreeMap<String, Attr>);
+
+impl Attrs {
+    fn take(&mut self, k: &str) -> Result<Attr, String> {
+        self.0
+            .remove(k)
+            .ok_or_else(|| format!("missing attribute {k}"))
+    }
+    fn int(&mut self, k: &str) -> Result<i64, String> {
+        match self.take(k)? {
+            Attr::Int(i) => Ok(i),
+            a => Err(format!("attribute {k}={a} must be an integer")),
+        }
+    }
+    fn usize(&mut self, k: &str) -> Result<usize, String> {
+        usize::try_from(self.int(k)?).map_err(|_| format!("attribute {k} must be non-negative"))
+    }
+    fn float(&mut self, k: &str) -> Result<f32, String> {
+        match self.take(k)? {
+            Attr::Float(x) => Ok(x),
+            Attr::Int(i) => Ok(i as f32),
+            a => Err(format!("attribute {k}={a} must be a float")),
+        }
+    }
+    fn bool(&mut self, k: &str) -> Result<bool, String> {
+        match self.take(k)? {
+            Attr::Bool(b) => Ok(b),
+            a => Err(format!("attribute {k}={a} must be true or false")),
+        }
+    }
+    fn ints(&mut self, k: &str) -> Result<Vec<i64>, String> {
+        match self.take(k)? {
+            Attr::Ints(v) => Ok(v),
+            a => Err(format!("attribute {k}={a} must be a list of integers")),
+        }
+    }
+    fn usizes(&mut self, k: &str) -> Result<Vec<usize>, String> {
+        self.ints(k)?
+            .into_iter()
+            .map(|x| usize::try_from(x).map_err(|_| format!("attribute {k} must be non-negative")))
+            .collect()
+    }
+    fn pool(&mut self) -> Result<Pool, String> {
+        Ok(Pool {
+            kernel: self.usizes("kernel")?,
+            strides: self.usizes("strides")?,
+            pads: self.usizes("pads")?,
+            ceil_mode: self.bool("ceil_mode")?,
+        })
+    }
+}
+
+/// Builds the op named `name` from its attributes.
+pub fn op_from(name: &str, mut a: Attrs) -> Result<Op, String> {
+    let unary = |u| Ok(Op::Unary(u));
+    let binary = |b| Ok(Op::Binary(b));
+    let op = match name {
+        "input" => Ok(Op::Input),
+        "const" => Ok(Op::Constant),
+        "conv" => Ok(Op::Conv(Conv {
+            strides: a.usizes("strides")?,
+            pads: a.usizes("pads")?,
+            dilations: a.usizes("dilations")?,
+            group: a.usize("group")?,
+        })),
+        "batch_norm" => Ok(Op::BatchNorm {
+            epsilon: a.float("epsilon")?,
+        }),
+        "relu" => unary(UnaryOp::Relu),
+        "sigmoid" => unary(UnaryOp::Sigmoid),
+        "tanh" => unary(UnaryOp::Tanh),
+        "erf" => unary(UnaryOp::Erf),
+        "sqrt" => unary(UnaryOp::Sqrt),
+        "exp" => unary(UnaryOp::Exp),
+        "log" => unary(UnaryOp::Log),
+        "neg" => unary(UnaryOp::Neg),
+        "abs" => unary(UnaryOp::Abs),
+        "reciprocal" => unary(UnaryOp::Reciprocal),
+        "sign" => unary(UnaryOp::Sign),
+        "softplus" => unary(UnaryOp::Softplus),
+        "leaky_relu" => unary(UnaryOp::LeakyRelu(a.float("alpha")?)),
+        "elu" => unary(UnaryOp::Elu(a.float("alpha")?)),
+        "selu" => unary(UnaryOp::Selu(a.float("alpha")?, a.float("gamma")?)),
+        "clip" => Ok(Op::Clip {
+            min: a.float("min")?,
+            max: a.float("max")?,
+        }),
+        "add" => binary(BinaryOp::Add),
+        "sub" => binary(BinaryOp::Sub),
+        "mul" => binary(BinaryOp::Mul),
+        "div" => binary(BinaryOp::Div),
+        "pow" => binary(BinaryOp::Pow),
+        "max" => binary(BinaryOp::Max),
+        "min" => binary(BinaryOp::Min),
+        "prelu" => binary(BinaryOp::PRelu),
+        "sum" => Ok(Op::Sum),
+        "max_pool" => Ok(Op::MaxPool(a.pool()?)),
+        "avg_pool" => Ok(Op::AveragePool {
+            pool: a.pool()?,
+            count_include_pad: a.bool("count_include_pad")?,
+        }),
+        "global_avg_pool" => Ok(Op::GlobalAveragePool),
+        "reduce_mean" | "reduce_sum" | "reduce_max" => {
+            let op = match name {
+                "reduce_mean" => ReduceOp::Mean,
+                "reduce_sum" => ReduceOp::Sum,
+                _ => ReduceOp::Max,
+            };
+            Ok(Op::Reduce {
+                op,
+                axes: a.usizes("axes")?,
+                keepdims: a.bool("keepdims")?,
+            })
+        }
+        "gemm" => Ok(Op::Gemm {
+            trans_a: a.bool("trans_a")?,
+            trans_b: a.bool("trans_b")?,
+            alpha: a.float("alpha")?,
+            beta: a.float("beta")?,
+        }),
+        "matmul" => Ok(Op::MatMul),
+        "concat" => Ok(Op::Concat {
+            axis: a.usize("axis")?,
+        }),
+        "split" => Ok(Op::Split {
+            axis: a.usize("axis")?,
+            sizes: a.usizes("sizes")?,
+        }),
+        "slice" => Ok(Op::Slice {
+            axes: a.usizes("axes")?,
+            starts: a.ints("starts")?,
+            ends: a.ints("ends")?,
+            steps: a.ints("steps")?,
+        }),
+        "reshape" => Ok(Op::Reshape {
+            shape: a.usizes("shape")?,
+        }),
+        "flatten" => Ok(Op::Flatten {
+            axis: a.usize("axis")?,
+        }),
+        "transpose" => Ok(Op::Transpose {
+            perm: a.usizes("perm")?,
+        }),
+        "squeeze" => Ok(Op::Squeeze {
+            axes: a.usizes("axes")?,
+        }),
+        "unsqueeze" => Ok(Op::Unsqueeze {
+            axes: a.usizes("axes")?,
+        }),
+        "softmax" => Ok(Op::Softmax {
+            axis: a.usize("axis")?,
+        }),
+        "log_softmax" => Ok(Op::LogSoftmax {
+            axis: a.usize("axis")?,
+        }),
+        "layer_norm" => Ok(Op::LayerNorm {
+            axis: a.usize("axis")?,
+            epsilon: a.float("epsilon")?,
+        }),
+        "lrn" => Ok(Op::Lrn {
+            size: a.usize("size")?,
+            alpha: a.float("alpha")?,
+            beta: a.float("beta")?,
+            bias: a.float("bias")?,
+        }),
+        "dropout" => Ok(Op::Dropout),
+        "identity" => Ok(Op::Identity),
+        "cast" => match a.take("to")? {
+            Attr::DType(to) => Ok(Op::Cast { to }),
+            x => Err(format!("attribute to={x} must be a dtype")),
+        },
+        _ => Err(format!("unknown op {name}")),
+    }?;
+    if let Some(k) = a.0.keys().next() {
+        return Err(format!("unknown attribute {k} for {name}"));
+    }
+    Ok(op)
+}

@@ -1,0 +1,129 @@
+//! Data movement on any dtype: concat, split, slice, transpose. Each builds
+//! the source index of every output element, then gathers.
+
+use smelt_ir::{Tensor, TensorData, TensorType};
+use std::sync::Arc;
+
+fn gather(src: &TensorData, idx: impl Iterator<Item = usize>) -> TensorData {
+    match src {
+        TensorData::F32(v) => TensorData::F32(idx.map(|i| v[i]).collect()),
+        TensorData::F16(v) => TensorData::F16(idx.map(|i| v[i]).collect()),
+        TensorData::BF16(v) => TensorData::BF16(idx.map(|i| v[i]).collect()),
+        TensorData::I64(v) => TensorData::I64(idx.map(|i| v[i]).collect()),
+        TensorData::I32(v) => TensorData::I32(idx.map(|i| v[i]).collect()),
+        TensorData::Bool(v) => TensorData::Bool(idx.map(|i| v[i]).collect()),
+    }
+}
+
+fn make(ty: &TensorType, d: TensorData) -> Tensor {
+    Tensor::new(ty.shape.clone(), d).expect("the index list covers the output")
+}
+
+fn strides(shape: &[usize]) -> Vec<usize> {
+    let mut s = vec![1; shape.len()];
+    for d in (0..shape.len().saturating_sub(1)).rev() {
+        s[d] = s[d + 1] * shape[d + 1];
+    }
+    s
+}
+
+/// Calls `f` with every coordinate of `shape`, row-major.
+fn coords(shape: &[usize], mut f: impl FnMut(&[usize])) {
+    if shape.iter().product::<usize>() == 0 {
+        return;
+    }
+    let mut c = vec![0; shape.len()];
+    loop {
+        f(&c);
+        let mut d = shape.len();
+        loop {
+            if d == 0 {
+                return;
+            }
+            d -= 1;
+            c[d] += 1;
+            if c[d] < shape[d] {
+                break;
+            }
+            c[d] = 0;
+        }
+    }
+}
+
+pub(crate) fn concat(args: &[Arc<Tensor>], axis: usize, out: &TensorType) -> Tensor {
+    let outer: usize = out.shape[..axis].iter().product();
+    let inner: usize = out.shape[axis + 1..].iter().product();
+    let mut parts = Vec::new();
+    for a in args {
+        parts.push(a.cast(out.dtype).into_data());
+    }
+    // Interleave rows of each part.
+    let rows: Vec<usize> = args.iter().map(|a| a.shape()[axis] * inner).collect();
+    macro_rules! join {
+        ($var:ident) => {{
+            let mut v = Vec::with_capacity(out.numel());
+            for o in 0..outer {
+                for (p, &r) in parts.iter().zip(&rows) {
+                    if let TensorData::$var(src) = p {
+                        v.extend_from_slice(&src[o * r..][..r]);
+                    }
+                }
+            }
+            TensorData::$var(v)
+        }};
+    }
+    let d = match parts[0] {
+        TensorData::F32(_) => join!(F32),
+        TensorData::F16(_) => join!(F16),
+        TensorData::BF16(_) => join!(BF16),
+        TensorData::I64(_) => join!(I64),
+        TensorData::I32(_) => join!(I32),
+        TensorData::Bool(_) => join!(Bool),
+    };
+    make(out, d)
+}
+
+pub(crate) fn split(x: &Tensor, axis: usize, outs: &[TensorType]) -> Vec<Tensor> {
+    let mut begin = 0;
+    outs.iter()
+        .map(|o| {
+            let t = slice(x, &[axis], &[begin as i64], &[1], o);
+            begin += o.shape[axis];
+            t
+        })
+        .collect()
+}
+
+pub(crate) fn slice(
+    x: &Tensor,
+    axes: &[usize],
+    starts: &[i64],
+    steps: &[i64],
+    out: &TensorType,
+) -> Tensor {
+    let st = strides(x.shape());
+    let r = x.shape().len();
+    let (mut start, mut step) = (vec![0i64; r], vec![1i64; r]);
+    for i in 0..axes.len() {
+        start[axes[i]] = starts[i];
+        step[axes[i]] = steps[i];
+    }
+    let mut idx = Vec::with_capacity(out.numel());
+    coords(&out.shape, |c| {
+        idx.push(
+            (0..r)
+                .map(|d| (start[d] + c[d] as i64 * step[d]) as usize * st[d])
+                .sum(),
+        )
+    });
+    make(out, gather(x.data(), idx.into_iter()))
+}
+
+pub(crate) fn transpose(x: &Tensor, perm: &[usize], out: &TensorType) -> Tensor {
+    let st = strides(x.shape());
+    let mut idx = Vec::with_capacity(out.numel());
+    coords(&out.shape, |c| {
+        idx.push(perm.iter().enumerate().map(|(i, &p)| c[i] * st[p]).sum())
+    });
+    make(out, gather(x.data(), idx.into_iter()))
+}

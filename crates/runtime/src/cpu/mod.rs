@@ -1,0 +1,202 @@
+//! The CPU reference executor: evaluates the graph in topological order,
+//! freeing each value after its last use.
+
+mod conv;
+mod elementwise;
+mod layout;
+mod matmul;
+mod norm;
+mod pool;
+
+use crate::RuntimeError;
+use half::{bf16, f16};
+use smelt_ir::{DType, Graph, NodeId, Op, Tensor, TensorData, TensorType, ValueId};
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Runs `g` on `inputs` (one per graph input, in order); returns one tensor
+/// per graph output.
+pub fn run(g: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>, RuntimeError> {
+    run_with_progress(g, inputs, &mut |_, _| {})
+}
+
+/// As [`run`], calling `progress(done, total)` after each node.
+pub fn run_with_progress(
+    g: &Graph,
+    inputs: &[Tensor],
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Vec<Tensor>, RuntimeError> {
+    if inputs.len() != g.inputs().len() {
+        return Err(RuntimeError::Input {
+            index: inputs.len(),
+            name: String::new(),
+            msg: format!(
+                "the graph takes {} inputs, {} given",
+                g.inputs().len(),
+                inputs.len()
+            ),
+        });
+    }
+    let order = g.topo_order()?;
+    // Remaining uses of each node's outputs; graph outputs count as one more.
+    let mut uses: HashMap<NodeId, usize> = HashMap::new();
+    for &id in &order {
+        for v in g.inputs_of(id) {
+            *uses.entry(v.node).or_default() += 1;
+        }
+    }
+    for (_, v) in g.outputs() {
+        *uses.entry(v.node).or_default() += 1;
+    }
+    let mut vals: HashMap<ValueId, Arc<Tensor>> = HashMap::new();
+    for (i, (&id, t)) in g.inputs().iter().zip(inputs).enumerate() {
+        let want = &g.node(id).outputs[0];
+        if t.ty() != want {
+            return Err(RuntimeError::Input {
+                index: i,
+                name: g.node(id).name.clone(),
+                msg: format!("expected {want}, got {}", t.ty()),
+            });
+        }
+        vals.insert(ValueId { node: id, slot: 0 }, Arc::new(t.clone()));
+    }
+    for (done, &id) in order.iter().enumerate() {
+        let node = g.node(id);
+        match node.op {
+            Op::Input => {}
+            Op::Constant => {
+                let w = g
+                    .weight(id)
+                    .ok_or_else(|| RuntimeError::MissingWeight(node.name.clone()))?;
+                vals.insert(ValueId { node: id, slot: 0 }, w.clone());
+            }
+            _ => {
+                let ins = g.inputs_of(id);
+                let args: Vec<Arc<Tensor>> = ins.iter().map(|v| vals[v].clone()).collect();
+                let outs = eval(&node.op, &args, &node.outputs).map_err(|msg| {
+                    RuntimeError::Unsupported {
+                        node: format!("{id} \"{}\" ({})", node.name, node.op.name()),
+                        msg,
+                    }
+                })?;
+                for (slot, t) in outs.into_iter().enumerate() {
+                    debug_assert_eq!(
+                        t.ty(),
+                        &node.outputs[slot],
+                        "{} produced the wrong type",
+                        node.op.name()
+                    );
+                    vals.insert(
+                        ValueId {
+                            node: id,
+                            slot: slot as u32,
+                        },
+                        Arc::new(t),
+                    );
+                }
+                for v in ins {
+                    let u = uses.get_mut(&v.node).expect("counted");
+                    *u -= 1;
+                    if *u == 0 {
+                        vals.retain(|k, _| k.node != v.node);
+                    }
+                }
+            }
+        }
+        progress(done + 1, order.len());
+    }
+    Ok(g.outputs()
+        .iter()
+        .map(|(_, v)| Arc::unwrap_or_clone(vals[v].clone()))
+        .collect())
+}
+
+/// The elements of `t` as f32, borrowed when they already are.
+pub(crate) fn f32s(t: &Tensor) -> Cow<'_, [f32]> {
+    match t.data() {
+        TensorData::F32(v) => Cow::Borrowed(v.as_slice()),
+        _ => Cow::Owned(t.to_f32_vec()),
+    }
+}
+
+/// Wraps f32 results as a tensor of `ty`, rounding to half types.
+pub(crate) fn tensor_of(ty: &TensorType, v: Vec<f32>) -> Tensor {
+    let data = match ty.dtype {
+        DType::F32 => TensorData::F32(v),
+        DType::F16 => TensorData::F16(v.into_iter().map(f16::from_f32).collect()),
+        DType::BF16 => TensorData::BF16(v.into_iter().map(bf16::from_f32).collect()),
+        DType::I64 => TensorData::I64(v.into_iter().map(|x| x as i64).collect()),
+        DType::I32 => TensorData::I32(v.into_iter().map(|x| x as i32).collect()),
+        DType::Bool => TensorData::Bool(v.into_iter().map(|x| x != 0.0).collect()),
+    };
+    Tensor::new(ty.shape.clone(), data).expect("kernels produce the inferred element count")
+}
+
+fn eval(op: &Op, args: &[Arc<Tensor>], out: &[TensorType]) -> Result<Vec<Tensor>, String> {
+    let o = &out[0];
+    let float = |v: Vec<f32>| Ok(vec![tensor_of(o, v)]);
+    match op {
+        Op::Input | Op::Constant => unreachable!("handled by the caller"),
+        Op::Conv(c) => float(conv::conv(
+            c,
+            &args[0],
+            &args[1],
+            args.get(2).map(|a| a.as_ref()),
+            o,
+        )?),
+        Op::BatchNorm { epsilon } => float(norm::batch_norm(args, *epsilon)),
+        Op::Unary(u) => float(elementwise::unary(*u, &f32s(&args[0]))),
+        Op::Clip { min, max } => float(
+            f32s(&args[0])
+                .iter()
+                .map(|&x| x.max(*min).min(*max))
+                .collect(),
+        ),
+        Op::Binary(b) => float(elementwise::binary(*b, &args[0], &args[1], &o.shape)),
+        Op::Sum => float(elementwise::sum(args, &o.shape)),
+        Op::MaxPool(p) => float(pool::pool(p, &args[0], o, None)),
+        Op::AveragePool {
+            pool: p,
+            count_include_pad,
+        } => float(pool::pool(p, &args[0], o, Some(*count_include_pad))),
+        Op::GlobalAveragePool => float(pool::global_avg(&args[0])),
+        Op::Reduce { op, axes, .. } => float(norm::reduce(*op, &args[0], axes)),
+        Op::Gemm {
+            trans_a,
+            trans_b,
+            alpha,
+            beta,
+        } => float(matmul::gemm(args, *trans_a, *trans_b, *alpha, *beta, o)),
+        Op::MatMul => float(matmul::matmul(&args[0], &args[1], o)),
+        Op::Softmax { axis } => float(norm::softmax(&args[0], *axis, false)),
+        Op::LogSoftmax { axis } => float(norm::softmax(&args[0], *axis, true)),
+        Op::LayerNorm { axis, epsilon } => float(norm::layer_norm(args, *axis, *epsilon)),
+        Op::Lrn {
+            size,
+            alpha,
+            beta,
+            bias,
+        } => float(norm::lrn(&args[0], *size, *alpha, *beta, *bias)),
+        Op::Cast { to } => Ok(vec![args[0].cast(*to)]),
+        Op::Reshape { .. }
+        | Op::Flatten { .. }
+        | Op::Squeeze { .. }
+        | Op::Unsqueeze { .. }
+        | Op::Dropout
+        | Op::Identity => Ok(vec![args[0]
+            .as_ref()
+            .clone()
+            .reshaped(o.shape.clone())
+            .expect("views keep the element count")]),
+        Op::Concat { axis } => Ok(vec![layout::concat(args, *axis, o)]),
+        Op::Split { axis, .. } => Ok(layout::split(&args[0], *axis, out)),
+        Op::Slice {
+            axes,
+            starts,
+            steps,
+            ..
+        } => Ok(vec![layout::slice(&args[0], axes, starts, steps, o)]),
+        Op::Transpose { perm } => Ok(vec![layout::transpose(&args[0], perm, o)]),
+    }
+}

@@ -1,0 +1,30 @@
+//! Errors of the runtime crate.
+
+/// What can go wrong running a graph.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// The inputs given do not match the graph's inputs.
+    #[error("input {index} (\"{name}\"): {msg}")]
+    Input {
+        /// Position of the input.
+        index: usize,
+        /// The graph input's name.
+        name: String,
+        /// What is wrong.
+        msg: String,
+    },
+    /// A constant has no data (a text file's weights were never filled).
+    #[error("constant \"{0}\" has no data")]
+    MissingWeight(String),
+    /// The executor cannot run this node.
+    #[error("node {node}: {msg}")]
+    Unsupported {
+        /// The node, by id, name and op.
+        node: String,
+        /// What is not supported.
+        msg: String,
+    },
+    /// The graph is invalid (always a compiler bug after a pass).
+    #[error(transparent)]
+    Ir(#[from] smelt_ir::IrError),
+}

@@ -1,0 +1,184 @@
+//! smelt: a graph compiler that makes deep-learning models fit in GPU memory
+//! and run fast. This crate is the facade over the workspace crates and the
+//! home of the `smelt` command line.
+
+pub mod report;
+
+pub use smelt_ir as ir;
+pub use smelt_passes as passes;
+pub use smelt_runtime as runtime;
+
+use smelt_ir::{onnx, text, zoo, Graph, IrError, Op, Rng, Tensor};
+use std::path::Path;
+
+/// The model `smelt` runs when given no arguments.
+pub const DEFAULT_MODEL: &str = "zoo:resnet50";
+
+/// A loaded model and how it was obtained.
+pub struct Loaded {
+    /// The graph, after the pass pipeline.
+    pub graph: Graph,
+    /// Constants of a text file that had no data and were filled with
+    /// deterministic random values.
+    pub filled_weights: usize,
+}
+
+/// Loads `spec`: a path to `.onnx` or `.tir`, or `zoo:NAME`. `batch`
+/// overrides the batch size (ONNX and zoo; a `.tir` file's shapes are fixed).
+pub fn load(spec: &str, batch: Option<usize>) -> Result<Loaded, IrError> {
+    let mut filled_weights = 0;
+    let mut graph = if let Some(name) = spec.strip_prefix("zoo:") {
+        zoo::get(name, batch.unwrap_or(1))?
+    } else {
+        let path = Path::new(spec);
+        let is_text = path.extension().is_some_and(|e| e == "tir");
+        if is_text {
+            let src = std::fs::read_to_string(path).map_err(|source| IrError::Io {
+                path: spec.to_string(),
+                source,
+            })?;
+            if batch.is_some() {
+                return Err(IrError::Verify(
+                    "--batch does not apply to a .tir file: its shapes are fixed".into(),
+                ));
+            }
+            let mut g = text::parse(&src)?;
+            filled_weights = fill_missing_weights(&mut g);
+            g
+        } else {
+            onnx::import_file(path, &onnx::ImportOptions { batch })?
+        }
+    };
+    smelt_passes::pipeline::run(&mut graph).map_err(|e| IrError::Verify(e.to_string()))?;
+    Ok(Loaded {
+        graph,
+        filled_weights,
+    })
+}
+
+/// Gives every constant without data deterministic random values seeded by
+/// its name (normal, std 0.1). Returns how many were filled.
+pub fn fill_missing_weights(g: &mut Graph) -> usize {
+    let missing: Vec<_> = g
+        .node_ids()
+        .filter(|&id| g.node(id).op == Op::Constant && g.weight(id).is_none())
+        .collect();
+    for &id in &missing {
+        let node = g.node(id);
+        let mut rng = Rng::from_name(&node.name);
+        let ty = node.outputs[0].clone();
+        let vals: Vec<f32> = (0..ty.numel()).map(|_| 0.1 * rng.normal()).collect();
+        let t = Tensor::from_f32(ty.shape.clone(), vals).cast(ty.dtype);
+        g.set_weight(id, t).expect("type matches the node");
+    }
+    missing.len()
+}
+
+/// The ONNX backend runner's input for a graph input: for a float input of
+/// n elements, `arange(n).reshape(shape) / n`; zeros otherwise.
+pub fn dummy_input(g: &Graph, index: usize) -> Tensor {
+    let ty = &g.node(g.inputs()[index]).outputs[0];
+    let n = ty.numel();
+    if ty.dtype.is_float() {
+        Tensor::from_f32(
+            ty.shape.clone(),
+            (0..n).map(|i| i as f32 / n as f32).collect(),
+        )
+        .cast(ty.dtype)
+    } else {
+        Tensor::full(ty, 0.0)
+    }
+}
+
+/// How far `actual` is from `expected`.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Comparison {
+    /// Largest |actual - expected|.
+    pub max_abs: f64,
+    /// Largest |actual - expected| / |expected| over elements with expected != 0.
+    pub max_rel: f64,
+    /// Elements outside `atol + rtol * |expected|` (NaN counts as outside).
+    pub mismatches: usize,
+    /// Number of elements compared.
+    pub elements: usize,
+    /// Whether shapes and dtypes agree and every element is within tolerance.
+    pub ok: bool,
+    /// Why the comparison failed before looking at elements, if it did.
+    pub error: Option<String>,
+}
+
+/// Compares elementwise like `numpy.allclose(actual, expected, rtol, atol)`.
+pub fn compare(actual: &Tensor, expected: &Tensor, rtol: f64, atol: f64) -> Comparison {
+    let mut c = Comparison {
+        max_abs: 0.0,
+        max_rel: 0.0,
+        mismatches: 0,
+        elements: expected.ty().numel(),
+        ok: false,
+        error: None,
+    };
+    if actual.shape() != expected.shape() {
+        c.error = Some(format!(
+            "shape {:?} but expected {:?}",
+            actual.shape(),
+            expected.shape()
+        ));
+        return c;
+    }
+    let (a, e) = (actual.to_f32_vec(), expected.to_f32_vec());
+    for (&x, &y) in a.iter().zip(&e) {
+        let (x, y) = (x as f64, y as f64);
+        let d = (x - y).abs();
+        if !(d <= atol + rtol * y.abs()) {
+            c.mismatches += 1;
+        }
+        if d.is_nan() {
+            c.max_abs = f64::NAN;
+            continue;
+        }
+        c.max_abs = c.max_abs.max(d);
+        if y != 0.0 {
+            c.max_rel = c.max_rel.max(d / y.abs());
+        }
+    }
+    c.ok = c.mismatches == 0;
+    c
+}
+
+/// Summary statistics of a tensor's elements.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Summary {
+    /// Smallest element.
+    pub min: f32,
+    /// Largest element.
+    pub max: f32,
+    /// Mean.
+    pub mean: f64,
+    /// Index of the largest element (flat).
+    pub argmax: usize,
+    /// Whether every element is finite.
+    pub finite: bool,
+}
+
+/// Summarises `t`.
+pub fn summarize(t: &Tensor) -> Summary {
+    let v = t.to_f32_vec();
+    let mut s = Summary {
+        min: f32::INFINITY,
+        max: f32::NEG_INFINITY,
+        mean: 0.0,
+        argmax: 0,
+        finite: true,
+    };
+    for (i, &x) in v.iter().enumerate() {
+        s.finite &= x.is_finite();
+        s.min = s.min.min(x);
+        if x > s.max {
+            s.max = x;
+            s.argmax = i;
+        }
+        s.mean += x as f64;
+    }
+    s.mean /= v.len().max(1) as f64;
+    s
+}

@@ -1,0 +1,317 @@
+//! The `smelt` command line.
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
+use smelt::report::{human_bytes, inspect, Inspect};
+use smelt::{compare, dummy_input, load, summarize, Loaded, DEFAULT_MODEL};
+use smelt_ir::{onnx, text, Graph, Tensor};
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// smelt compiles deep-learning models ahead of time so they fit in GPU
+/// memory and run fast, and tells you where every byte goes.
+///
+/// MODEL is a path to an ONNX file (`.onnx`), a smelt text IR file (`.tir`),
+/// or `zoo:NAME` for a built-in model with deterministic random weights
+/// (`zoo:resnet50`, `zoo:mobilenet_v2`). With no command, smelt runs the
+/// built-in default (zoo:resnet50) on the CPU and shows what it knows about it.
+#[derive(Parser)]
+#[command(
+    version,
+    about,
+    long_about,
+    after_help = "Examples:\n  smelt inspect model.onnx --batch 8\n  smelt run model.onnx --input input_0.pb --expect output_0.pb\n  smelt print zoo:mobilenet_v2 > mobilenet.tir\n  smelt run mobilenet.tir --json"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Show the op histogram, parameter bytes, naive activation bytes
+    /// (every value in its own buffer) and the input and output shapes.
+    Inspect {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run the model on the CPU reference executor.
+    ///
+    /// With no --input, each float input is the ONNX backend runner's input:
+    /// arange(n).reshape(shape) / n. With --expect, the outputs are compared
+    /// like numpy.allclose and smelt exits with status 1 when any is out of
+    /// tolerance.
+    Run {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// An input tensor (ONNX TensorProto .pb file), one per graph input, in order.
+        #[arg(long = "input", value_name = "FILE.pb")]
+        inputs: Vec<PathBuf>,
+        /// An expected output (TensorProto .pb file), one per graph output, in order.
+        #[arg(long = "expect", value_name = "FILE.pb")]
+        expects: Vec<PathBuf>,
+        /// Relative tolerance for --expect.
+        #[arg(long, default_value_t = 1e-3)]
+        rtol: f64,
+        /// Absolute tolerance for --expect.
+        #[arg(long, default_value_t = 1e-7)]
+        atol: f64,
+        /// Write each output as DIR/output_<i>.pb.
+        #[arg(long, value_name = "DIR")]
+        save_outputs: Option<PathBuf>,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the model in smelt's text IR (weights by name, not values).
+    Print {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// Write to FILE instead of standard output.
+        #[arg(short, long, value_name = "FILE")]
+        output: Option<PathBuf>,
+    },
+}
+
+#[derive(Args)]
+struct ModelArgs {
+    /// Path to .onnx or .tir, or zoo:NAME.
+    model: String,
+    /// Batch size, replacing the exported one (also inside Reshape targets
+    /// that hard-code it).
+    #[arg(long)]
+    batch: Option<usize>,
+}
+
+impl ModelArgs {
+    fn load(&self) -> Result<Loaded> {
+        if self.batch == Some(0) {
+            bail!("--batch must be at least 1");
+        }
+        let t = Instant::now();
+        let loaded =
+            load(&self.model, self.batch).with_context(|| format!("cannot load {}", self.model))?;
+        if loaded.filled_weights > 0 {
+            eprintln!("note: {} constants of {} had no data and were filled with deterministic random values", loaded.filled_weights, self.model);
+        }
+        log_time("load", t);
+        Ok(loaded)
+    }
+}
+
+fn log_time(what: &str, t: Instant) {
+    if std::env::var_os("SMELT_TIMINGS").is_some() {
+        eprintln!("{what}: {:.3} s", t.elapsed().as_secs_f64());
+    }
+}
+
+fn main() {
+    if let Err(e) = real_main() {
+        eprintln!("error: {e:#}");
+        std::process::exit(2);
+    }
+}
+
+fn real_main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        None => {
+            let model = ModelArgs {
+                model: DEFAULT_MODEL.into(),
+                batch: None,
+            };
+            let loaded = model.load()?;
+            println!("smelt: {DEFAULT_MODEL} (built-in, deterministic random weights)\n");
+            print_inspect(&inspect(&loaded.graph));
+            println!();
+            let ok = cmd_run(&loaded.graph, &[], &[], 1e-3, 1e-7, None, false)?;
+            println!(
+                "\nTry `smelt --help`, `smelt inspect MODEL`, `smelt run MODEL --expect FILE.pb`."
+            );
+            exit_if(!ok)
+        }
+        Some(Command::Inspect { model, json }) => {
+            let loaded = model.load()?;
+            let report = inspect(&loaded.graph);
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                println!("model: {}\n", model.model);
+                print_inspect(&report);
+            }
+            Ok(())
+        }
+        Some(Command::Run {
+            model,
+            inputs,
+            expects,
+            rtol,
+            atol,
+            save_outputs,
+            json,
+        }) => {
+            let loaded = model.load()?;
+            let ok = cmd_run(
+                &loaded.graph,
+                &inputs,
+                &expects,
+                rtol,
+                atol,
+                save_outputs,
+                json,
+            )?;
+            exit_if(!ok)
+        }
+        Some(Command::Print { model, output }) => {
+            let loaded = model.load()?;
+            let s = text::print(&loaded.graph);
+            match output {
+                Some(p) => std::fs::write(&p, s)
+                    .with_context(|| format!("cannot write {}", p.display()))?,
+                None => print!("{s}"),
+            }
+            Ok(())
+        }
+    }
+}
+
+fn exit_if(fail: bool) -> Result<()> {
+    if fail {
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+fn print_inspect(r: &Inspect) {
+    for p in &r.inputs {
+        println!("input   {:<24} {}{:?}", p.name, p.dtype, p.shape);
+    }
+    for p in &r.outputs {
+        println!("output  {:<24} {}{:?}", p.name, p.dtype, p.shape);
+    }
+    println!(
+        "\nparameters        {:>10}  in {} constants",
+        human_bytes(r.parameter_bytes),
+        r.parameters
+    );
+    println!(
+        "naive activations {:>10}  (every value in its own buffer)",
+        human_bytes(r.naive_activation_bytes)
+    );
+    println!("\n{} ops:", r.ops);
+    let mut hist: Vec<_> = r.op_histogram.iter().collect();
+    hist.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+    for (op, n) in hist {
+        println!("  {op:<18} {n:>5}");
+    }
+}
+
+fn read_inputs(g: &Graph, files: &[PathBuf]) -> Result<Vec<Tensor>> {
+    if files.is_empty() {
+        return Ok((0..g.inputs().len()).map(|i| dummy_input(g, i)).collect());
+    }
+    if files.len() != g.inputs().len() {
+        bail!(
+            "the model takes {} inputs but {} --input files were given",
+            g.inputs().len(),
+            files.len()
+        );
+    }
+    files
+        .iter()
+        .map(|f| Ok(onnx::read_tensor_file(f)?.1))
+        .collect()
+}
+
+fn cmd_run(
+    g: &Graph,
+    inputs: &[PathBuf],
+    expects: &[PathBuf],
+    rtol: f64,
+    atol: f64,
+    save: Option<PathBuf>,
+    json: bool,
+) -> Result<bool> {
+    let ins = read_inputs(g, inputs)?;
+    if !expects.is_empty() && expects.len() != g.outputs().len() {
+        bail!(
+            "the model has {} outputs but {} --expect files were given",
+            g.outputs().len(),
+            expects.len()
+        );
+    }
+    let expected = expects
+        .iter()
+        .map(|f| Ok(onnx::read_tensor_file(f)?.1))
+        .collect::<Result<Vec<_>>>()?;
+    let bar = ProgressBar::new(g.len() as u64).with_style(
+        ProgressStyle::with_template(
+            "{spinner} running on the CPU {bar:30} {pos}/{len} nodes {elapsed}",
+        )
+        .expect("valid template"),
+    );
+    let t = Instant::now();
+    let outs = smelt_runtime::cpu::run_with_progress(g, &ins, &mut |done, _| {
+        bar.set_position(done as u64)
+    })?;
+    bar.finish_and_clear();
+    let secs = t.elapsed().as_secs_f64();
+    if let Some(dir) = &save {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        for (i, ((name, _), t)) in g.outputs().iter().zip(&outs).enumerate() {
+            onnx::write_tensor_file(&dir.join(format!("output_{i}.pb")), name, t)?;
+        }
+    }
+    let mut ok = true;
+    let mut rows = Vec::new();
+    for (i, ((name, _), t)) in g.outputs().iter().zip(&outs).enumerate() {
+        let s = summarize(t);
+        let cmp = expected.get(i).map(|e| compare(t, e, rtol, atol));
+        ok &= cmp.as_ref().is_none_or(|c| c.ok);
+        rows.push((name, t, s, cmp));
+    }
+    if json {
+        let outputs: Vec<_> = rows
+            .iter()
+            .map(|(name, t, s, cmp)| json!({"name": name, "dtype": t.ty().dtype.name(), "shape": t.shape(), "summary": s, "comparison": cmp}))
+            .collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(
+                &json!({"backend": "cpu", "seconds": secs, "ok": ok, "rtol": rtol, "atol": atol, "outputs": outputs})
+            )?
+        );
+        return Ok(ok);
+    }
+    println!("ran on the CPU reference executor in {secs:.3} s");
+    for (name, t, s, cmp) in rows {
+        println!(
+            "output {name}: {}  min {:.6} max {:.6} mean {:.6} argmax {}{}",
+            t.ty(),
+            s.min,
+            s.max,
+            s.mean,
+            s.argmax,
+            if s.finite { "" } else { "  (NOT FINITE)" }
+        );
+        if let Some(c) = cmp {
+            match &c.error {
+                Some(e) => println!("  expected: MISMATCH: {e}"),
+                None => println!(
+                    "  expected: {}  max abs err {:.3e}  max rel err {:.3e}  {} of {} elements outside rtol {rtol:e} atol {atol:e}",
+                    if c.ok { "OK" } else { "MISMATCH" },
+                    c.max_abs,
+                    c.max_rel,
+                    c.mismatches,
+                    c.elements
+                ),
+            }
+        }
+    }
+    Ok(ok)
+}

@@ -1,0 +1,88 @@
+//! What `smelt inspect` reports about a graph.
+
+use serde::Serialize;
+use smelt_ir::{Graph, Op};
+use std::collections::BTreeMap;
+
+/// Shape and dtype of a graph input or output.
+#[derive(Clone, Debug, Serialize)]
+pub struct Port {
+    /// Name.
+    pub name: String,
+    /// Element type.
+    pub dtype: String,
+    /// Static shape.
+    pub shape: Vec<usize>,
+}
+
+/// The facts `smelt inspect` shows.
+#[derive(Clone, Debug, Serialize)]
+pub struct Inspect {
+    /// Nodes that compute (not inputs or constants).
+    pub ops: usize,
+    /// Count per op name, e.g. `conv`.
+    pub op_histogram: BTreeMap<String, usize>,
+    /// Number of constants (weights).
+    pub parameters: usize,
+    /// Bytes of all constants.
+    pub parameter_bytes: usize,
+    /// Bytes of every value that is not a constant (graph inputs, every
+    /// intermediate and the outputs), each in its own buffer.
+    pub naive_activation_bytes: usize,
+    /// Graph inputs.
+    pub inputs: Vec<Port>,
+    /// Graph outputs.
+    pub outputs: Vec<Port>,
+}
+
+/// Inspects `g`.
+pub fn inspect(g: &Graph) -> Inspect {
+    let mut op_histogram = BTreeMap::new();
+    let (mut ops, mut parameters, mut naive) = (0, 0, 0);
+    for id in g.node_ids() {
+        let n = g.node(id);
+        match n.op {
+            Op::Constant => parameters += 1,
+            Op::Input => naive += n.outputs[0].bytes(),
+            _ => {
+                ops += 1;
+                *op_histogram.entry(n.op.name().to_string()).or_default() += 1;
+                naive += n.outputs.iter().map(|t| t.bytes()).sum::<usize>();
+            }
+        }
+    }
+    let port = |name: &str, t: &smelt_ir::TensorType| Port {
+        name: name.to_string(),
+        dtype: t.dtype.to_string(),
+        shape: t.shape.clone(),
+    };
+    Inspect {
+        ops,
+        op_histogram,
+        parameters,
+        parameter_bytes: g.weight_bytes(),
+        naive_activation_bytes: naive,
+        inputs: g
+            .inputs()
+            .iter()
+            .map(|&i| port(&g.node(i).name, &g.node(i).outputs[0]))
+            .collect(),
+        outputs: g.outputs().iter().map(|(n, v)| port(n, g.ty(*v))).collect(),
+    }
+}
+
+/// `12.3 MiB`-style sizes.
+pub fn human_bytes(b: usize) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut x = b as f64;
+    let mut u = 0;
+    while x >= 1024.0 && u + 1 < units.len() {
+        x /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{x:.1} {}", units[u])
+    }
+}
