@@ -97,7 +97,8 @@ pub struct Comparison {
     pub max_abs: f64,
     /// Largest |actual - expected| / |expected| over elements with expected != 0.
     pub max_rel: f64,
-    /// Elements outside `atol + rtol * |expected|` (NaN counts as outside).
+    /// Elements outside `atol + rtol * |expected|`; NaN matches only NaN
+    /// and an infinity only the same infinity (as numpy's assert_allclose).
     pub mismatches: usize,
     /// Number of elements compared.
     pub elements: usize,
@@ -128,6 +129,9 @@ pub fn compare(actual: &Tensor, expected: &Tensor, rtol: f64, atol: f64) -> Comp
     let (a, e) = (actual.to_f32_vec(), expected.to_f32_vec());
     for (&x, &y) in a.iter().zip(&e) {
         let (x, y) = (x as f64, y as f64);
+        if (x.is_nan() && y.is_nan()) || (x.is_infinite() && x == y) {
+            continue;
+        }
         let d = (x - y).abs();
         if !(d <= atol + rtol * y.abs()) {
             c.mismatches += 1;

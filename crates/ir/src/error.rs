@@ -48,6 +48,9 @@ pub enum IrError {
         /// What is not supported.
         msg: String,
     },
+    /// The model uses a feature smelt does not support (a data type, external data).
+    #[error("unsupported: {0}")]
+    UnsupportedFeature(String),
     /// Reading a file failed.
     #[error("{path}: {source}")]
     Io {

@@ -136,7 +136,8 @@ impl Importer {
             Some(Value::TensorType(tt)) => tt,
             _ => return Err(bad("not a tensor".into())),
         };
-        let dtype = tensor::dtype_of(tt.elem_type()).map_err(bad)?;
+        let dtype = tensor::dtype_of(tt.elem_type())
+            .map_err(|m| IrError::UnsupportedFeature(format!("input \"{}\": {m}", input.name())))?;
         let dims = tt.shape.as_ref().map(|s| s.dim.as_slice()).unwrap_or(&[]);
         let mut shape = Vec::with_capacity(dims.len());
         for (i, d) in dims.iter().enumerate() {

@@ -10,9 +10,9 @@ use smelt_onnx_proto::{attribute_proto::AttributeType, AttributeProto, NodeProto
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// Largest constant that folding may create (4 GiB); beyond it a file is
+/// Largest constant that folding may create (2 GiB); beyond it a file is
 /// taken to be corrupt rather than allocating.
-const FOLD_LIMIT_BYTES: usize = 4 << 30;
+const FOLD_LIMIT_BYTES: usize = 2 << 30;
 
 struct Cx<'a> {
     node: &'a NodeProto,
@@ -331,6 +331,19 @@ fn reshape_target(
     Ok(out)
 }
 
+/// `name` with `trailing` size-1 dims appended (registered under a new name).
+fn align(im: &mut Importer, cx: &Cx, name: &str, trailing: usize) -> Result<String, IrError> {
+    if trailing == 0 {
+        return Ok(name.to_string());
+    }
+    let mut shape = im.ty(name)?.shape;
+    shape.extend(std::iter::repeat_n(1, trailing));
+    let e = reshaping(im, cx, Op::Reshape { shape }, name)?.remove(0);
+    let aligned = format!("{name}:aligned:{}", cx.name);
+    im.env.insert(aligned.clone(), e);
+    Ok(aligned)
+}
+
 fn unary(u: UnaryOp) -> Option<Op> {
     Some(Op::Unary(u))
 }
@@ -357,7 +370,6 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
             cx.float("gamma", 1.050_701)?,
         )),
         "Pow" => Some(Op::Binary(BinaryOp::Pow)),
-        "PRelu" => Some(Op::Binary(BinaryOp::PRelu)),
         "MatMul" => Some(Op::MatMul),
         "GlobalAveragePool" => Some(Op::GlobalAveragePool),
         _ => None,
@@ -367,6 +379,21 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
         return emit(im, cx, op, &ins);
     }
     match op_type {
+        "PRelu" => {
+            // Before opset 7 a 1-D slope of C elements is per channel.
+            let (x, slope) = (cx.need(0)?, cx.need(1)?);
+            let (xt, st) = (im.ty(x)?, im.ty(slope)?);
+            let per_channel = cx.opset < 7
+                && st.shape.len() == 1
+                && xt.shape.len() > 2
+                && xt.shape.get(1) == st.shape.first();
+            let slope = if per_channel {
+                align(im, cx, slope, xt.shape.len() - 2)?
+            } else {
+                slope.to_string()
+            };
+            emit(im, cx, Op::Binary(BinaryOp::PRelu), &[x, &slope])
+        }
         "Constant" => {
             let a = cx
                 .attrs
@@ -601,10 +628,24 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
             )
         }
         "Add" | "Sub" | "Mul" | "Div" | "Max" | "Min" => {
-            let ins: Vec<&str> = cx.node.input.iter().map(|s| s.as_str()).collect();
-            if cx.opset < 7 && cx.attrs.contains_key("broadcast") {
-                return Err(cx.unsupported("legacy broadcast attribute (opset < 7)"));
+            let mut ins: Vec<String> = cx.node.input.iter().cloned().collect();
+            if cx.opset < 7 && cx.int("broadcast", 0)? != 0 && ins.len() == 2 {
+                // Legacy broadcast: b's dims line up with a's from `axis` on.
+                let (at, bt) = (im.ty(&ins[0])?, im.ty(&ins[1])?);
+                let ax = match cx.attrs.get("axis") {
+                    Some(a) => axis(cx, a.i(), at.shape.len())?,
+                    None => at.shape.len().saturating_sub(bt.shape.len()),
+                };
+                let trailing =
+                    at.shape
+                        .len()
+                        .checked_sub(ax + bt.shape.len())
+                        .ok_or_else(|| {
+                            cx.bad(format!("cannot broadcast {bt} into {at} at axis {ax}"))
+                        })?;
+                ins[1] = align(im, cx, &ins[1], trailing)?;
             }
+            let ins: Vec<&str> = ins.iter().map(|s| s.as_str()).collect();
             let b = match op_type {
                 "Add" => BinaryOp::Add,
                 "Sub" => BinaryOp::Sub,

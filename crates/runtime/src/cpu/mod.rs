@@ -155,11 +155,11 @@ fn eval(op: &Op, args: &[Arc<Tensor>], out: &[TensorType]) -> Result<Vec<Tensor>
         ),
         Op::Binary(b) => float(elementwise::binary(*b, &args[0], &args[1], &o.shape)),
         Op::Sum => float(elementwise::sum(args, &o.shape)),
-        Op::MaxPool(p) => float(pool::pool(p, &args[0], o, None)),
+        Op::MaxPool(p) => float(pool::pool(p, &args[0], o, None)?),
         Op::AveragePool {
             pool: p,
             count_include_pad,
-        } => float(pool::pool(p, &args[0], o, Some(*count_include_pad))),
+        } => float(pool::pool(p, &args[0], o, Some(*count_include_pad))?),
         Op::GlobalAveragePool => float(pool::global_avg(&args[0])),
         Op::Reduce { op, axes, .. } => float(norm::reduce(*op, &args[0], axes)),
         Op::Gemm {

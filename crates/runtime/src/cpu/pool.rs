@@ -5,11 +5,15 @@ use super::f32s;
 use smelt_ir::{Pool, Tensor, TensorType};
 
 /// `avg` is `None` for max pooling, else `Some(count_include_pad)`.
-pub(crate) fn pool(p: &Pool, x: &Tensor, out: &TensorType, avg: Option<bool>) -> Vec<f32> {
+pub(crate) fn pool(
+    p: &Pool,
+    x: &Tensor,
+    out: &TensorType,
+    avg: Option<bool>,
+) -> Result<Vec<f32>, String> {
     let xs = x.shape();
     let ones = vec![1; p.kernel.len()];
-    let win = Window::new(xs, &out.shape, &p.kernel, &p.strides, &ones, &p.pads)
-        .expect("inference checked the rank");
+    let win = Window::new(xs, &out.shape, &p.kernel, &p.strides, &ones, &p.pads)?;
     let n_sp = p.kernel.len();
     // Padding at the end, lifted to 2-D like `Window`.
     let (peh, pew) = if n_sp == 1 {
@@ -60,7 +64,7 @@ pub(crate) fn pool(p: &Pool, x: &Tensor, out: &TensorType, avg: Option<bool>) ->
             }
         }
     }
-    y
+    Ok(y)
 }
 
 pub(crate) fn global_avg(x: &Tensor) -> Vec<f32> {
