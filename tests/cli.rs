@@ -1,0 +1,123 @@
+//! The `smelt` command line: reports, JSON, exit codes and error messages.
+
+mod common;
+
+use common::smelt;
+
+fn run(args: &[&str]) -> (i32, String, String) {
+    let out = smelt().args(args).output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn no_arguments_runs_the_default_model() {
+    let (code, out, err) = run(&[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("zoo:resnet50")
+            && out.contains("conv                  53")
+            && out.contains("ran on the CPU"),
+        "{out}"
+    );
+}
+
+#[test]
+fn inspect_json_reports_the_model() {
+    let m = common::light_model("resnet50");
+    let (code, out, err) = run(&["inspect", m.to_str().unwrap(), "--json", "--batch", "8"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["op_histogram"]["conv"], 53);
+    assert_eq!(v["op_histogram"]["batch_norm"], 53);
+    assert_eq!(v["inputs"][0]["shape"], serde_json::json!([8, 3, 224, 224]));
+    assert_eq!(v["outputs"][0]["shape"], serde_json::json!([8, 1000]));
+    // ResNet-50 has 25.6 M parameters (BN statistics included: 25.6 M + 2 x 26.5 k).
+    let params = v["parameter_bytes"].as_u64().unwrap();
+    assert!((102_000_000..103_000_000).contains(&params), "{params}");
+    assert!(v["naive_activation_bytes"].as_u64().unwrap() > 8 * 100 << 20);
+}
+
+#[test]
+fn run_json_and_mismatch_exit_code() {
+    let v = common::variant("squeezenet");
+    let (input, expect) = (v.join("input_0.pb"), v.join("output_0.pb"));
+    let model = v.join("model.onnx");
+    let (code, out, _) = run(&[
+        "run",
+        model.to_str().unwrap(),
+        "--input",
+        input.to_str().unwrap(),
+        "--expect",
+        expect.to_str().unwrap(),
+        "--atol",
+        "1e-4",
+        "--json",
+    ]);
+    assert_eq!(code, 0);
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(j["ok"], true);
+    assert_eq!(j["outputs"][0]["comparison"]["mismatches"], 0);
+    // The dummy input is not the variant's input: the outputs must not match.
+    let (code, out, _) = run(&[
+        "run",
+        model.to_str().unwrap(),
+        "--expect",
+        expect.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("MISMATCH"), "{out}");
+}
+
+#[test]
+fn save_outputs_writes_tensor_files() {
+    let dir = std::env::temp_dir().join(format!("smelt-cli-{}", std::process::id()));
+    let (code, _, err) = run(&[
+        "run",
+        "zoo:mobilenet_v2",
+        "--save-outputs",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let (name, t) = smelt_ir::onnx::read_tensor_file(&dir.join("output_0.pb")).unwrap();
+    assert_eq!((name.as_str(), t.shape()), ("prob", &[1, 1000][..]));
+    let sum: f32 = t.to_f32_vec().iter().sum();
+    assert!((sum - 1.0).abs() < 1e-4, "softmax sums to {sum}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn print_then_run_a_text_file() {
+    let dir = std::env::temp_dir().join(format!("smelt-tir-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let tir = dir.join("m.tir");
+    let (code, _, err) = run(&["print", "zoo:mobilenet_v2", "-o", tir.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = run(&["run", tir.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("filled with deterministic random values")
+            && out.contains("output prob: f32[1,1000]"),
+        "{err}{out}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn errors_are_clear_and_exit_2() {
+    let (code, _, err) = run(&["inspect", "/nonexistent/model.onnx"]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("/nonexistent/model.onnx") && err.contains("No such file"),
+        "{err}"
+    );
+    let (code, _, err) = run(&["inspect", "zoo:alexnet"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("no built-in model \"alexnet\""), "{err}");
+    let (code, _, err) = run(&["run", "zoo:resnet50", "--batch", "0"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--batch must be at least 1"), "{err}");
+}
