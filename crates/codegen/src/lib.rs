@@ -5,10 +5,12 @@
 /// Whether `libnvrtc` can be loaded (through `LD_LIBRARY_PATH` or the system
 /// loader). Never panics: callers use it to skip GPU work with a clear reason.
 pub fn nvrtc_available() -> bool {
-    cudarc::nvrtc::sys::is_culib_present()
+    // SAFETY: only tries to dlopen the library; no CUDA call is made.
+    unsafe { cudarc::nvrtc::sys::is_culib_present() }
 }
 
 /// Whether the CUDA driver library can be loaded.
 pub fn cuda_driver_available() -> bool {
-    cudarc::driver::sys::is_culib_present()
+    // SAFETY: as above.
+    unsafe { cudarc::driver::sys::is_culib_present() }
 }
