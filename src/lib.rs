@@ -33,14 +33,9 @@ pub fn load(spec: &str, batch: Option<usize>) -> Result<Loaded, IrError> {
         let path = Path::new(spec);
         let is_text = path.extension().is_some_and(|e| e == "tir");
         if is_text {
-            let src = std::fs::read_to_string(path).map_err(|source| IrError::Io {
-                path: spec.to_string(),
-                source,
-            })?;
+            let src = std::fs::read_to_string(path).map_err(|source| IrError::Io { path: spec.to_string(), source })?;
             if batch.is_some() {
-                return Err(IrError::Verify(
-                    "--batch does not apply to a .tir file: its shapes are fixed".into(),
-                ));
+                return Err(IrError::Verify("--batch does not apply to a .tir file: its shapes are fixed".into()));
             }
             let mut g = text::parse(&src)?;
             filled_weights = fill_missing_weights(&mut g);
@@ -49,20 +44,26 @@ pub fn load(spec: &str, batch: Option<usize>) -> Result<Loaded, IrError> {
             onnx::import_file(path, &onnx::ImportOptions { batch })?
         }
     };
-    smelt_passes::pipeline::run(&mut graph).map_err(|e| IrError::Verify(e.to_string()))?;
-    Ok(Loaded {
-        graph,
-        filled_weights,
-    })
+    smelt_passes::pipeline::run(&mut graph, &smelt_passes::pipeline::Options { fuse: false, ..Default::default() })
+        .map_err(|e| IrError::Verify(e.to_string()))?;
+    Ok(Loaded { graph, filled_weights })
+}
+
+/// Runs the pass pipeline (fusion when `fuse`), calling `after(pass, graph)`
+/// after each pass.
+pub fn compile(
+    graph: &mut Graph,
+    fuse: bool,
+    after: &mut dyn FnMut(&str, &Graph),
+) -> Result<smelt_passes::pipeline::Stats, smelt_passes::PassError> {
+    let opts = smelt_passes::pipeline::Options { fuse, ..Default::default() };
+    smelt_passes::pipeline::run_with(graph, &opts, after)
 }
 
 /// Gives every constant without data deterministic random values seeded by
 /// its name (normal, std 0.1). Returns how many were filled.
 pub fn fill_missing_weights(g: &mut Graph) -> usize {
-    let missing: Vec<_> = g
-        .node_ids()
-        .filter(|&id| g.node(id).op == Op::Constant && g.weight(id).is_none())
-        .collect();
+    let missing: Vec<_> = g.node_ids().filter(|&id| g.node(id).op == Op::Constant && g.weight(id).is_none()).collect();
     for &id in &missing {
         let node = g.node(id);
         let mut rng = Rng::from_name(&node.name);
@@ -80,11 +81,7 @@ pub fn dummy_input(g: &Graph, index: usize) -> Tensor {
     let ty = &g.node(g.inputs()[index]).outputs[0];
     let n = ty.numel();
     if ty.dtype.is_float() {
-        Tensor::from_f32(
-            ty.shape.clone(),
-            (0..n).map(|i| i as f32 / n as f32).collect(),
-        )
-        .cast(ty.dtype)
+        Tensor::from_f32(ty.shape.clone(), (0..n).map(|i| i as f32 / n as f32).collect()).cast(ty.dtype)
     } else {
         Tensor::full(ty, 0.0)
     }
@@ -110,20 +107,9 @@ pub struct Comparison {
 
 /// Compares elementwise like `numpy.allclose(actual, expected, rtol, atol)`.
 pub fn compare(actual: &Tensor, expected: &Tensor, rtol: f64, atol: f64) -> Comparison {
-    let mut c = Comparison {
-        max_abs: 0.0,
-        max_rel: 0.0,
-        mismatches: 0,
-        elements: expected.ty().numel(),
-        ok: false,
-        error: None,
-    };
+    let mut c = Comparison { max_abs: 0.0, max_rel: 0.0, mismatches: 0, elements: expected.ty().numel(), ok: false, error: None };
     if actual.shape() != expected.shape() {
-        c.error = Some(format!(
-            "shape {:?} but expected {:?}",
-            actual.shape(),
-            expected.shape()
-        ));
+        c.error = Some(format!("shape {:?} but expected {:?}", actual.shape(), expected.shape()));
         return c;
     }
     let (a, e) = (actual.to_f32_vec(), expected.to_f32_vec());
@@ -167,13 +153,7 @@ pub struct Summary {
 /// Summarises `t`.
 pub fn summarize(t: &Tensor) -> Summary {
     let v = t.to_f32_vec();
-    let mut s = Summary {
-        min: f32::INFINITY,
-        max: f32::NEG_INFINITY,
-        mean: 0.0,
-        argmax: 0,
-        finite: true,
-    };
+    let mut s = Summary { min: f32::INFINITY, max: f32::NEG_INFINITY, mean: 0.0, argmax: 0, finite: true };
     for (i, &x) in v.iter().enumerate() {
         s.finite &= x.is_finite();
         s.min = s.min.min(x);

@@ -31,12 +31,29 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Show the op histogram, parameter bytes, naive activation bytes
-    /// (every value in its own buffer) and the input and output shapes.
+    /// Show the op histogram before and the kernels after fusion, parameter
+    /// bytes, naive activation bytes (every value in its own buffer) and the
+    /// input and output shapes.
     Inspect {
         #[command(flatten)]
         model: ModelArgs,
         /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run the compiler's passes and print the IR after one of them.
+    ///
+    /// Passes, in order: dce, fuse (egg equality saturation: conv + batch
+    /// norm + bias + activation + residual, gemm + activation), ew-cluster
+    /// (elementwise chains into one kernel), concat (in-place concatenation),
+    /// final-dce. Statistics of each pass go to standard error.
+    Compile {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// Print the IR after this pass (default: after the last).
+        #[arg(long, value_name = "PASS", value_parser = clap::builder::PossibleValuesParser::new(smelt_passes::pipeline::PASSES))]
+        dump_ir: Option<String>,
+        /// Print the pass statistics as JSON on standard output instead of the IR.
         #[arg(long)]
         json: bool,
     },
@@ -86,6 +103,9 @@ struct ModelArgs {
     /// that hard-code it).
     #[arg(long)]
     batch: Option<usize>,
+    /// Turn fusion off everywhere (for comparison).
+    #[arg(long)]
+    no_fuse: bool,
 }
 
 impl ModelArgs {
@@ -94,13 +114,25 @@ impl ModelArgs {
             bail!("--batch must be at least 1");
         }
         let t = Instant::now();
-        let loaded =
-            load(&self.model, self.batch).with_context(|| format!("cannot load {}", self.model))?;
+        let loaded = load(&self.model, self.batch).with_context(|| format!("cannot load {}", self.model))?;
         if loaded.filled_weights > 0 {
-            eprintln!("note: {} constants of {} had no data and were filled with deterministic random values", loaded.filled_weights, self.model);
+            eprintln!(
+                "note: {} constants of {} had no data and were filled with deterministic random values",
+                loaded.filled_weights, self.model
+            );
         }
         log_time("load", t);
         Ok(loaded)
+    }
+
+    /// Loads and compiles; returns the graph before and after the passes.
+    fn compile(&self, after: &mut dyn FnMut(&str, &Graph)) -> Result<(Graph, Graph, smelt_passes::pipeline::Stats)> {
+        let loaded = self.load()?;
+        let mut g = loaded.graph.clone();
+        let t = Instant::now();
+        let stats = smelt::compile(&mut g, !self.no_fuse, after).with_context(|| format!("cannot compile {}", self.model))?;
+        log_time("compile", t);
+        Ok((loaded.graph, g, stats))
     }
 }
 
@@ -121,58 +153,58 @@ fn real_main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
         None => {
-            let model = ModelArgs {
-                model: DEFAULT_MODEL.into(),
-                batch: None,
-            };
-            let loaded = model.load()?;
+            let model = ModelArgs { model: DEFAULT_MODEL.into(), batch: None, no_fuse: false };
+            let (before, after, stats) = model.compile(&mut |_, _| {})?;
             println!("smelt: {DEFAULT_MODEL} (built-in, deterministic random weights)\n");
-            print_inspect(&inspect(&loaded.graph));
+            print_inspect(&inspect(&before, &after), &stats);
             println!();
-            let ok = cmd_run(&loaded.graph, &[], &[], 1e-3, 1e-7, None, false)?;
-            println!(
-                "\nTry `smelt --help`, `smelt inspect MODEL`, `smelt run MODEL --expect FILE.pb`."
-            );
+            let ok = cmd_run(&after, &[], &[], 1e-3, 1e-7, None, false)?;
+            println!("\nTry `smelt --help`, `smelt inspect MODEL`, `smelt run MODEL --expect FILE.pb`.");
             exit_if(!ok)
         }
         Some(Command::Inspect { model, json }) => {
-            let loaded = model.load()?;
-            let report = inspect(&loaded.graph);
+            let (before, after, stats) = model.compile(&mut |_, _| {})?;
+            let report = inspect(&before, &after);
             if json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
+                let mut v = serde_json::to_value(&report)?;
+                v["passes"] = serde_json::to_value(&stats)?;
+                println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
                 println!("model: {}\n", model.model);
-                print_inspect(&report);
+                print_inspect(&report, &stats);
             }
             Ok(())
         }
-        Some(Command::Run {
-            model,
-            inputs,
-            expects,
-            rtol,
-            atol,
-            save_outputs,
-            json,
-        }) => {
-            let loaded = model.load()?;
-            let ok = cmd_run(
-                &loaded.graph,
-                &inputs,
-                &expects,
-                rtol,
-                atol,
-                save_outputs,
-                json,
-            )?;
+        Some(Command::Compile { model, dump_ir, json }) => {
+            let want = dump_ir.unwrap_or_else(|| "final".into());
+            let mut dumped = None;
+            let (_, after, stats) = model.compile(&mut |pass, g| {
+                if pass == want {
+                    dumped = Some(text::print(g));
+                }
+            })?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&stats)?);
+                return Ok(());
+            }
+            match dumped {
+                Some(s) => print!("{s}"),
+                None if want == "final" => print!("{}", text::print(&after)),
+                None => bail!("pass {want} did not run (fusion is off?)"),
+            }
+            eprintln!("{}", serde_json::to_string(&stats)?);
+            Ok(())
+        }
+        Some(Command::Run { model, inputs, expects, rtol, atol, save_outputs, json }) => {
+            let (_, g, _) = model.compile(&mut |_, _| {})?;
+            let ok = cmd_run(&g, &inputs, &expects, rtol, atol, save_outputs, json)?;
             exit_if(!ok)
         }
         Some(Command::Print { model, output }) => {
             let loaded = model.load()?;
             let s = text::print(&loaded.graph);
             match output {
-                Some(p) => std::fs::write(&p, s)
-                    .with_context(|| format!("cannot write {}", p.display()))?,
+                Some(p) => std::fs::write(&p, s).with_context(|| format!("cannot write {}", p.display()))?,
                 None => print!("{s}"),
             }
             Ok(())
@@ -187,27 +219,28 @@ fn exit_if(fail: bool) -> Result<()> {
     Ok(())
 }
 
-fn print_inspect(r: &Inspect) {
+fn print_inspect(r: &Inspect, stats: &smelt_passes::pipeline::Stats) {
     for p in &r.inputs {
         println!("input   {:<24} {}{:?}", p.name, p.dtype, p.shape);
     }
     for p in &r.outputs {
         println!("output  {:<24} {}{:?}", p.name, p.dtype, p.shape);
     }
-    println!(
-        "\nparameters        {:>10}  in {} constants",
-        human_bytes(r.parameter_bytes),
-        r.parameters
-    );
-    println!(
-        "naive activations {:>10}  (every value in its own buffer)",
-        human_bytes(r.naive_activation_bytes)
-    );
-    println!("\n{} ops:", r.ops);
-    let mut hist: Vec<_> = r.op_histogram.iter().collect();
-    hist.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
-    for (op, n) in hist {
-        println!("  {op:<18} {n:>5}");
+    println!("\nparameters        {:>10}  in {} constants", human_bytes(r.parameter_bytes), r.parameters);
+    println!("naive activations {:>10}  (every value in its own buffer)", human_bytes(r.naive_activation_bytes));
+    println!("\n{:<22} {:>6}    {:<22} {:>6}", format!("{} ops before", r.ops), "", format!("{} kernels after", r.kernels), "");
+    let sorted = |h: &std::collections::BTreeMap<String, usize>| {
+        let mut v: Vec<(String, usize)> = h.iter().map(|(k, v)| (k.clone(), *v)).collect();
+        v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        v
+    };
+    let (a, b) = (sorted(&r.op_histogram), sorted(&r.kernel_histogram));
+    for i in 0..a.len().max(b.len()) {
+        let cell = |v: &[(String, usize)]| v.get(i).map_or(format!("{:29}", ""), |(k, n)| format!("  {k:<20} {n:>6}"));
+        println!("{}    {}", cell(&a), cell(&b));
+    }
+    if let Some(f) = &stats.fusion {
+        println!("\nfusion: {} iterations, {} e-nodes, stop reason {}, {:.1} ms", f.iterations, f.egraph_nodes, f.stop_reason, f.millis);
     }
 }
 
@@ -216,49 +249,22 @@ fn read_inputs(g: &Graph, files: &[PathBuf]) -> Result<Vec<Tensor>> {
         return Ok((0..g.inputs().len()).map(|i| dummy_input(g, i)).collect());
     }
     if files.len() != g.inputs().len() {
-        bail!(
-            "the model takes {} inputs but {} --input files were given",
-            g.inputs().len(),
-            files.len()
-        );
+        bail!("the model takes {} inputs but {} --input files were given", g.inputs().len(), files.len());
     }
-    files
-        .iter()
-        .map(|f| Ok(onnx::read_tensor_file(f)?.1))
-        .collect()
+    files.iter().map(|f| Ok(onnx::read_tensor_file(f)?.1)).collect()
 }
 
-fn cmd_run(
-    g: &Graph,
-    inputs: &[PathBuf],
-    expects: &[PathBuf],
-    rtol: f64,
-    atol: f64,
-    save: Option<PathBuf>,
-    json: bool,
-) -> Result<bool> {
+fn cmd_run(g: &Graph, inputs: &[PathBuf], expects: &[PathBuf], rtol: f64, atol: f64, save: Option<PathBuf>, json: bool) -> Result<bool> {
     let ins = read_inputs(g, inputs)?;
     if !expects.is_empty() && expects.len() != g.outputs().len() {
-        bail!(
-            "the model has {} outputs but {} --expect files were given",
-            g.outputs().len(),
-            expects.len()
-        );
+        bail!("the model has {} outputs but {} --expect files were given", g.outputs().len(), expects.len());
     }
-    let expected = expects
-        .iter()
-        .map(|f| Ok(onnx::read_tensor_file(f)?.1))
-        .collect::<Result<Vec<_>>>()?;
+    let expected = expects.iter().map(|f| Ok(onnx::read_tensor_file(f)?.1)).collect::<Result<Vec<_>>>()?;
     let bar = ProgressBar::new(g.len() as u64).with_style(
-        ProgressStyle::with_template(
-            "{spinner} running on the CPU {bar:30} {pos}/{len} nodes {elapsed}",
-        )
-        .expect("valid template"),
+        ProgressStyle::with_template("{spinner} running on the CPU {bar:30} {pos}/{len} nodes {elapsed}").expect("valid template"),
     );
     let t = Instant::now();
-    let outs = smelt_runtime::cpu::run_with_progress(g, &ins, &mut |done, _| {
-        bar.set_position(done as u64)
-    })?;
+    let outs = smelt_runtime::cpu::run_with_progress(g, &ins, &mut |done, _| bar.set_position(done as u64))?;
     bar.finish_and_clear();
     let secs = t.elapsed().as_secs_f64();
     if let Some(dir) = &save {

@@ -20,8 +20,12 @@ pub struct Port {
 pub struct Inspect {
     /// Nodes that compute (not inputs or constants).
     pub ops: usize,
-    /// Count per op name, e.g. `conv`.
+    /// Count per op name, e.g. `conv`, before the passes.
     pub op_histogram: BTreeMap<String, usize>,
+    /// Kernels after the passes (views and in-place concatenations launch none).
+    pub kernels: usize,
+    /// Count per op name of the kernels after the passes, e.g. `fused_conv`.
+    pub kernel_histogram: BTreeMap<String, usize>,
     /// Number of constants (weights).
     pub parameters: usize,
     /// Bytes of all constants.
@@ -35,8 +39,15 @@ pub struct Inspect {
     pub outputs: Vec<Port>,
 }
 
-/// Inspects `g`.
-pub fn inspect(g: &Graph) -> Inspect {
+/// Inspects a model: `g` as imported, `compiled` after the passes.
+pub fn inspect(g: &Graph, compiled: &Graph) -> Inspect {
+    let mut kernel_histogram = BTreeMap::new();
+    for id in compiled.node_ids() {
+        let op = &compiled.node(id).op;
+        if op.is_kernel() {
+            *kernel_histogram.entry(op.name().to_string()).or_default() += 1;
+        }
+    }
     let mut op_histogram = BTreeMap::new();
     let (mut ops, mut parameters, mut naive) = (0, 0, 0);
     for id in g.node_ids() {
@@ -51,22 +62,16 @@ pub fn inspect(g: &Graph) -> Inspect {
             }
         }
     }
-    let port = |name: &str, t: &smelt_ir::TensorType| Port {
-        name: name.to_string(),
-        dtype: t.dtype.to_string(),
-        shape: t.shape.clone(),
-    };
+    let port = |name: &str, t: &smelt_ir::TensorType| Port { name: name.to_string(), dtype: t.dtype.to_string(), shape: t.shape.clone() };
     Inspect {
         ops,
         op_histogram,
+        kernels: kernel_histogram.values().sum(),
+        kernel_histogram,
         parameters,
         parameter_bytes: g.weight_bytes(),
         naive_activation_bytes: naive,
-        inputs: g
-            .inputs()
-            .iter()
-            .map(|&i| port(&g.node(i).name, &g.node(i).outputs[0]))
-            .collect(),
+        inputs: g.inputs().iter().map(|&i| port(&g.node(i).name, &g.node(i).outputs[0])).collect(),
         outputs: g.outputs().iter().map(|(n, v)| port(n, g.ty(*v))).collect(),
     }
 }

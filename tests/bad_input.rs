@@ -7,17 +7,13 @@ mod common;
 use smelt_ir::onnx::{import, ImportOptions};
 use smelt_ir::{text, IrError, Rng};
 use smelt_onnx_proto::{
-    tensor_shape_proto::dimension::Value as Dim, type_proto, AttributeProto, GraphProto, Message,
-    ModelProto, NodeProto, OperatorSetIdProto, TensorShapeProto, TypeProto, ValueInfoProto,
+    tensor_shape_proto::dimension::Value as Dim, type_proto, AttributeProto, GraphProto, Message, ModelProto, NodeProto,
+    OperatorSetIdProto, TensorShapeProto, TypeProto, ValueInfoProto,
 };
 
 /// Importing must return (Ok or Err), never panic; a graph it returns is verified.
 fn import_never_panics(bytes: &[u8], what: &str) -> Result<(), String> {
-    let r = std::panic::catch_unwind(|| {
-        import(bytes, &ImportOptions::default())
-            .map(|_| ())
-            .map_err(|e| e.to_string())
-    });
+    let r = std::panic::catch_unwind(|| import(bytes, &ImportOptions::default()).map(|_| ()).map_err(|e| e.to_string()));
     r.unwrap_or_else(|_| panic!("import panicked on {what}"))
 }
 
@@ -25,22 +21,9 @@ fn import_never_panics(bytes: &[u8], what: &str) -> Result<(), String> {
 fn truncated_light_models_are_errors() {
     for name in common::LIGHT {
         let bytes = std::fs::read(common::light_model(name)).unwrap();
-        for cut in [
-            0,
-            1,
-            2,
-            10,
-            100,
-            bytes.len() / 3,
-            bytes.len() / 2,
-            bytes.len() * 9 / 10,
-            bytes.len() - 1,
-        ] {
+        for cut in [0, 1, 2, 10, 100, bytes.len() / 3, bytes.len() / 2, bytes.len() * 9 / 10, bytes.len() - 1] {
             let r = import_never_panics(&bytes[..cut], &format!("{name} cut at {cut}"));
-            assert!(
-                r.is_err(),
-                "{name} truncated to {cut} bytes imported without error"
-            );
+            assert!(r.is_err(), "{name} truncated to {cut} bytes imported without error");
         }
     }
 }
@@ -60,8 +43,7 @@ fn garbled_light_models_never_panic() {
             for b in bytes.iter_mut().skip(at).take(1 + r.below(64)) {
                 *b = r.next_u64() as u8;
             }
-            errors += import_never_panics(&bytes, &format!("{name} garbled with seed {seed}"))
-                .is_err() as usize;
+            errors += import_never_panics(&bytes, &format!("{name} garbled with seed {seed}")).is_err() as usize;
             total += 1;
         }
     }
@@ -73,22 +55,13 @@ fn tensor_input(name: &str, dims: &[i64]) -> ValueInfoProto {
     let shape = TensorShapeProto {
         dim: dims
             .iter()
-            .map(|&d| smelt_onnx_proto::tensor_shape_proto::Dimension {
-                value: Some(Dim::DimValue(d)),
-                ..Default::default()
-            })
+            .map(|&d| smelt_onnx_proto::tensor_shape_proto::Dimension { value: Some(Dim::DimValue(d)), ..Default::default() })
             .collect(),
     };
-    let tt = type_proto::Tensor {
-        elem_type: Some(1),
-        shape: Some(shape),
-    };
+    let tt = type_proto::Tensor { elem_type: Some(1), shape: Some(shape) };
     ValueInfoProto {
         name: Some(name.into()),
-        r#type: Some(TypeProto {
-            value: Some(type_proto::Value::TensorType(tt)),
-            ..Default::default()
-        }),
+        r#type: Some(TypeProto { value: Some(type_proto::Value::TensorType(tt)), ..Default::default() }),
         ..Default::default()
     }
 }
@@ -97,31 +70,19 @@ fn model(inputs: Vec<ValueInfoProto>, nodes: Vec<NodeProto>, output: &str) -> Ve
     let graph = GraphProto {
         node: nodes,
         input: inputs,
-        output: vec![ValueInfoProto {
-            name: Some(output.into()),
-            ..Default::default()
-        }],
+        output: vec![ValueInfoProto { name: Some(output.into()), ..Default::default() }],
         ..Default::default()
     };
     ModelProto {
         ir_version: Some(8),
-        opset_import: vec![OperatorSetIdProto {
-            domain: Some(String::new()),
-            version: Some(17),
-        }],
+        opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(17) }],
         graph: Some(graph),
         ..Default::default()
     }
     .encode_to_vec()
 }
 
-fn node(
-    op: &str,
-    name: &str,
-    inputs: &[&str],
-    outputs: &[&str],
-    attrs: Vec<AttributeProto>,
-) -> NodeProto {
+fn node(op: &str, name: &str, inputs: &[&str], outputs: &[&str], attrs: Vec<AttributeProto>) -> NodeProto {
     NodeProto {
         op_type: Some(op.into()),
         name: Some(name.into()),
@@ -133,67 +94,34 @@ fn node(
 }
 
 fn import_err(bytes: &[u8]) -> String {
-    import(bytes, &ImportOptions::default())
-        .map(|_| ())
-        .unwrap_err()
-        .to_string()
+    import(bytes, &ImportOptions::default()).map(|_| ()).unwrap_err().to_string()
 }
 
 #[test]
 fn unsupported_op_names_op_node_and_opset() {
-    let m = model(
-        vec![tensor_input("x", &[1, 4])],
-        vec![node("NonMaxSuppression", "nms_1", &["x"], &["y"], vec![])],
-        "y",
-    );
+    let m = model(vec![tensor_input("x", &[1, 4])], vec![node("NonMaxSuppression", "nms_1", &["x"], &["y"], vec![])], "y");
     let e = import_err(&m);
-    assert_eq!(
-        e,
-        "unsupported op NonMaxSuppression (opset 17) in node \"nms_1\""
-    );
+    assert_eq!(e, "unsupported op NonMaxSuppression (opset 17) in node \"nms_1\"");
 }
 
 #[test]
 fn shape_mismatch_names_the_node() {
-    let m = model(
-        vec![tensor_input("a", &[2, 3]), tensor_input("b", &[4])],
-        vec![node("Add", "add_7", &["a", "b"], &["y"], vec![])],
-        "y",
-    );
+    let m = model(vec![tensor_input("a", &[2, 3]), tensor_input("b", &[4])], vec![node("Add", "add_7", &["a", "b"], &["y"], vec![])], "y");
     let e = import_err(&m);
-    assert!(
-        e.contains("\"add_7\" (Add)") && e.contains("do not broadcast"),
-        "{e}"
-    );
+    assert!(e.contains("\"add_7\" (Add)") && e.contains("do not broadcast"), "{e}");
 }
 
 #[test]
 fn absurd_sizes_are_refused() {
-    let m = model(
-        vec![tensor_input("x", &[1 << 30, 1 << 30, 1 << 20])],
-        vec![node("Relu", "r", &["x"], &["y"], vec![])],
-        "y",
-    );
+    let m = model(vec![tensor_input("x", &[1 << 30, 1 << 30, 1 << 20])], vec![node("Relu", "r", &["x"], &["y"], vec![])], "y");
     assert!(import_err(&m).contains("absurdly large"));
-    let m = model(
-        vec![tensor_input("x", &[-3, 2])],
-        vec![node("Relu", "r", &["x"], &["y"], vec![])],
-        "y",
-    );
-    assert!(
-        import_err(&m).contains("dimension 0 is unknown"),
-        "{}",
-        import_err(&m)
-    );
+    let m = model(vec![tensor_input("x", &[-3, 2])], vec![node("Relu", "r", &["x"], &["y"], vec![])], "y");
+    assert!(import_err(&m).contains("dimension 0 is unknown"), "{}", import_err(&m));
 }
 
 #[test]
 fn undefined_value_is_an_error() {
-    let m = model(
-        vec![tensor_input("x", &[2])],
-        vec![node("Relu", "r", &["nope"], &["y"], vec![])],
-        "y",
-    );
+    let m = model(vec![tensor_input("x", &[2])], vec![node("Relu", "r", &["nope"], &["y"], vec![])], "y");
     assert!(import_err(&m).contains("\"nope\" is used before it is defined"));
 }
 
@@ -202,7 +130,10 @@ fn text_errors_carry_line_numbers() {
     let cases = [
         ("graph {\n  %0 \"x\" = input : f32[2]\n  %1 = relu(%7) : f32[2]\n  output \"y\" = %1\n}\n", "line 3: %7 is not defined"),
         ("graph {\n  %0 \"x\" = input : f32[2]\n  %1 = frobnicate(%0) : f32[2]\n}\n", "line 3: unknown op frobnicate"),
-        ("graph {\n  %0 \"x\" = input : f32[2]\n  %1 = relu(%0) : f32[3]\n  output \"y\" = %1\n}\n", "stored type f32[3] but inference gives f32[2]"),
+        (
+            "graph {\n  %0 \"x\" = input : f32[2]\n  %1 = relu(%0) : f32[3]\n  output \"y\" = %1\n}\n",
+            "stored type f32[3] but inference gives f32[2]",
+        ),
         ("graph {\n  %0 \"x\" = input : f32[2]\n", "missing closing '}'"),
         ("graph {\n  %0 \"x\" = input : f32[4294967296,4294967296,4096]\n}\n", "absurdly large"),
         ("graph {\n  %0 \"x\" = input : f32[2]\n  %1 = conv(%0) {group=1} : f32[2]\n}\n", "line 3: missing attribute"),
@@ -215,9 +146,6 @@ fn text_errors_carry_line_numbers() {
 
 #[test]
 fn verifier_failures_are_verify_errors() {
-    let e = text::parse(
-        "graph {\n  %0 \"x\" = input : f32[2]\n  %1 = relu(%0) : f32[3]\n  output \"y\" = %1\n}\n",
-    )
-    .unwrap_err();
+    let e = text::parse("graph {\n  %0 \"x\" = input : f32[2]\n  %1 = relu(%0) : f32[3]\n  output \"y\" = %1\n}\n").unwrap_err();
     assert!(matches!(e, IrError::Verify(_)));
 }

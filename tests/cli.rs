@@ -6,23 +6,14 @@ use common::smelt;
 
 fn run(args: &[&str]) -> (i32, String, String) {
     let out = smelt().args(args).output().unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
 #[test]
 fn no_arguments_runs_the_default_model() {
     let (code, out, err) = run(&[]);
     assert_eq!(code, 0, "{err}");
-    assert!(
-        out.contains("zoo:resnet50")
-            && out.contains("conv                  53")
-            && out.contains("ran on the CPU"),
-        "{out}"
-    );
+    assert!(out.contains("zoo:resnet50") && out.contains("conv                  53") && out.contains("ran on the CPU"), "{out}");
 }
 
 #[test]
@@ -62,12 +53,7 @@ fn run_json_and_mismatch_exit_code() {
     assert_eq!(j["ok"], true);
     assert_eq!(j["outputs"][0]["comparison"]["mismatches"], 0);
     // The dummy input is not the variant's input: the outputs must not match.
-    let (code, out, _) = run(&[
-        "run",
-        model.to_str().unwrap(),
-        "--expect",
-        expect.to_str().unwrap(),
-    ]);
+    let (code, out, _) = run(&["run", model.to_str().unwrap(), "--expect", expect.to_str().unwrap()]);
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("MISMATCH"), "{out}");
 }
@@ -75,12 +61,7 @@ fn run_json_and_mismatch_exit_code() {
 #[test]
 fn save_outputs_writes_tensor_files() {
     let dir = std::env::temp_dir().join(format!("smelt-cli-{}", std::process::id()));
-    let (code, _, err) = run(&[
-        "run",
-        "zoo:mobilenet_v2",
-        "--save-outputs",
-        dir.to_str().unwrap(),
-    ]);
+    let (code, _, err) = run(&["run", "zoo:mobilenet_v2", "--save-outputs", dir.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");
     let (name, t) = smelt_ir::onnx::read_tensor_file(&dir.join("output_0.pb")).unwrap();
     assert_eq!((name.as_str(), t.shape()), ("prob", &[1, 1000][..]));
@@ -98,11 +79,7 @@ fn print_then_run_a_text_file() {
     assert_eq!(code, 0, "{err}");
     let (code, out, err) = run(&["run", tir.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");
-    assert!(
-        err.contains("filled with deterministic random values")
-            && out.contains("output prob: f32[1,1000]"),
-        "{err}{out}"
-    );
+    assert!(err.contains("filled with deterministic random values") && out.contains("output prob: f32[1,1000]"), "{err}{out}");
     std::fs::remove_dir_all(dir).unwrap();
 }
 
@@ -110,10 +87,7 @@ fn print_then_run_a_text_file() {
 fn errors_are_clear_and_exit_2() {
     let (code, _, err) = run(&["inspect", "/nonexistent/model.onnx"]);
     assert_eq!(code, 2);
-    assert!(
-        err.contains("/nonexistent/model.onnx") && err.contains("No such file"),
-        "{err}"
-    );
+    assert!(err.contains("/nonexistent/model.onnx") && err.contains("No such file"), "{err}");
     let (code, _, err) = run(&["inspect", "zoo:alexnet"]);
     assert_eq!(code, 2);
     assert!(err.contains("no built-in model \"alexnet\""), "{err}");

@@ -9,18 +9,8 @@ use smelt_ir::Tensor;
 use std::path::Path;
 
 fn run_expect(args: &[&str], model: &Path, rtol: &str, atol: &str) -> String {
-    let out = smelt()
-        .arg("run")
-        .arg(model)
-        .args(args)
-        .args(["--rtol", rtol, "--atol", atol])
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = smelt().arg("run").arg(model).args(args).args(["--rtol", rtol, "--atol", atol]).output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "{} failed:\n{text}", model.display());
     assert!(text.contains("expected: OK"), "{text}");
     text
@@ -31,11 +21,7 @@ fn light_models_match_their_expected_outputs() {
     for name in LIGHT {
         let m = light_model(name);
         let expect = m.with_file_name(format!("light_{name}_output_0.pb"));
-        let rtol = if name == "densenet121" {
-            "2e-3"
-        } else {
-            "1e-3"
-        };
+        let rtol = if name == "densenet121" { "2e-3" } else { "1e-3" };
         run_expect(&["--expect", expect.to_str().unwrap()], &m, rtol, "1e-7");
     }
 }
@@ -46,27 +32,12 @@ fn light_models_match_their_expected_outputs() {
 fn random_weight_variants_match_onnxruntime() {
     for name in LIGHT {
         let v = variant(name);
-        let expected = read_tensor_file(&v.join("output_0.pb"))
-            .unwrap()
-            .1
-            .to_f32_vec();
-        let (lo, hi) = expected
-            .iter()
-            .fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &x| {
-                (a.min(x), b.max(x))
-            });
+        let expected = read_tensor_file(&v.join("output_0.pb")).unwrap().1.to_f32_vec();
+        let (lo, hi) = expected.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
         let scale = lo.abs().max(hi.abs());
-        assert!(
-            hi - lo > 0.5 * scale && scale > 0.0,
-            "{name}: expected output is near-uniform ({lo}..{hi}): the variant proves nothing"
-        );
-        let args = [
-            "--input",
-            v.join("input_0.pb").to_str().unwrap(),
-            "--expect",
-            v.join("output_0.pb").to_str().unwrap(),
-        ]
-        .map(String::from);
+        assert!(hi - lo > 0.5 * scale && scale > 0.0, "{name}: expected output is near-uniform ({lo}..{hi}): the variant proves nothing");
+        let args =
+            ["--input", v.join("input_0.pb").to_str().unwrap(), "--expect", v.join("output_0.pb").to_str().unwrap()].map(String::from);
         let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
         run_expect(&args, &v.join("model.onnx"), "1e-3", "1e-4");
     }
@@ -87,21 +58,11 @@ fn batch_override_rewrites_hard_coded_reshapes() {
             shape[0] = 4;
             Tensor::from_f32(shape, t.to_f32_vec().repeat(4))
         };
-        let (i4, o4) = (
-            dir.join(format!("{name}_in.pb")),
-            dir.join(format!("{name}_out.pb")),
-        );
+        let (i4, o4) = (dir.join(format!("{name}_in.pb")), dir.join(format!("{name}_out.pb")));
         write_tensor_file(&i4, &iname, &repeat(&input)).unwrap();
         write_tensor_file(&o4, &oname, &repeat(&output)).unwrap();
         run_expect(
-            &[
-                "--batch",
-                "4",
-                "--input",
-                i4.to_str().unwrap(),
-                "--expect",
-                o4.to_str().unwrap(),
-            ],
+            &["--batch", "4", "--input", i4.to_str().unwrap(), "--expect", o4.to_str().unwrap()],
             &v.join("model.onnx"),
             "1e-3",
             "1e-4",

@@ -25,23 +25,15 @@ fn allow_list() -> BTreeMap<String, Option<String>> {
             ("skip", reason) if !reason.trim().is_empty() => Some(reason.trim().to_string()),
             _ => panic!("onnx-cases.txt line {}: expected `<suite>/<case> run` or `<suite>/<case> skip <reason>`", i + 1),
         };
-        assert!(
-            m.insert(case.to_string(), entry).is_none(),
-            "onnx-cases.txt lists {case} twice"
-        );
+        assert!(m.insert(case.to_string(), entry).is_none(), "onnx-cases.txt lists {case} twice");
     }
     m
 }
 
 /// Runs one case; `Err` says why it failed.
 fn run_case(dir: &Path) -> Result<usize, String> {
-    let g = import_file(&dir.join("model.onnx"), &ImportOptions::default())
-        .map_err(|e| format!("import: {e}"))?;
-    let mut sets: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.is_dir())
-        .collect();
+    let g = import_file(&dir.join("model.onnx"), &ImportOptions::default()).map_err(|e| format!("import: {e}"))?;
+    let mut sets: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.is_dir()).collect();
     sets.sort();
     for set in &sets {
         let read = |prefix: &str| {
@@ -50,29 +42,13 @@ fn run_case(dir: &Path) -> Result<usize, String> {
                 .map(|e| e.unwrap().path())
                 .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with(prefix))
                 .collect();
-            files.sort_by_key(|p| {
-                p.file_stem()
-                    .unwrap()
-                    .to_string_lossy()
-                    .rsplit('_')
-                    .next()
-                    .unwrap()
-                    .parse::<usize>()
-                    .unwrap()
-            });
-            files
-                .iter()
-                .map(|f| read_tensor_file(f).map(|t| t.1).map_err(|e| e.to_string()))
-                .collect::<Result<Vec<_>, _>>()
+            files.sort_by_key(|p| p.file_stem().unwrap().to_string_lossy().rsplit('_').next().unwrap().parse::<usize>().unwrap());
+            files.iter().map(|f| read_tensor_file(f).map(|t| t.1).map_err(|e| e.to_string())).collect::<Result<Vec<_>, _>>()
         };
         let (inputs, expected) = (read("input_")?, read("output_")?);
         let outs = smelt_runtime::cpu::run(&g, &inputs).map_err(|e| format!("run: {e}"))?;
         if outs.len() != expected.len() {
-            return Err(format!(
-                "{} outputs, expected {}",
-                outs.len(),
-                expected.len()
-            ));
+            return Err(format!("{} outputs, expected {}", outs.len(), expected.len()));
         }
         for (i, (a, e)) in outs.iter().zip(&expected).enumerate() {
             let c = smelt::compare(a, e, 1e-3, 1e-5);
@@ -91,10 +67,7 @@ fn onnx_operator_cases() {
     let mut all = Vec::new();
     for suite in SUITES {
         for e in std::fs::read_dir(data.join(suite)).unwrap() {
-            all.push(format!(
-                "{suite}/{}",
-                e.unwrap().file_name().to_string_lossy()
-            ));
+            all.push(format!("{suite}/{}", e.unwrap().file_name().to_string_lossy()));
         }
     }
     all.sort();
@@ -121,11 +94,6 @@ fn onnx_operator_cases() {
         }
     }
     println!("ONNX operator cases: {ran} run and matched, {skipped} skipped with a reason, {} in the wheel", all.len());
-    assert!(
-        failures.is_empty(),
-        "{} failures:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
     assert!(report || ran > 0, "no case ran");
 }

@@ -4,17 +4,8 @@
 use std::path::PathBuf;
 
 /// The nine light models of the onnx wheel.
-pub const LIGHT: [&str; 9] = [
-    "bvlc_alexnet",
-    "densenet121",
-    "inception_v1",
-    "inception_v2",
-    "resnet50",
-    "shufflenet",
-    "squeezenet",
-    "vgg19",
-    "zfnet512",
-];
+pub const LIGHT: [&str; 9] =
+    ["bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet", "squeezenet", "vgg19", "zfnet512"];
 
 /// `.testdata/` (or `$SMELT_TESTDATA`), made by `scripts/fetch-testdata.sh`.
 /// Panics with the fix when it is missing: these tests never pass silently.

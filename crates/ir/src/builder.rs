@@ -22,11 +22,7 @@ pub type Res = Result<ValueId, IrError>;
 impl Builder {
     /// A builder whose weights come from `seed`.
     pub fn new(seed: u64) -> Builder {
-        Builder {
-            g: Graph::new(),
-            rng: Rng::new(seed),
-            count: 0,
-        }
+        Builder { g: Graph::new(), rng: Rng::new(seed), count: 0 }
     }
 
     fn fresh(&mut self, what: &str) -> String {
@@ -40,15 +36,8 @@ impl Builder {
     }
 
     /// A constant of `shape` whose elements are `f(rng)`.
-    pub fn weight(
-        &mut self,
-        name: String,
-        shape: &[usize],
-        mut f: impl FnMut(&mut Rng) -> f32,
-    ) -> ValueId {
-        let data = (0..shape.iter().product::<usize>())
-            .map(|_| f(&mut self.rng))
-            .collect();
+    pub fn weight(&mut self, name: String, shape: &[usize], mut f: impl FnMut(&mut Rng) -> f32) -> ValueId {
+        let data = (0..shape.iter().product::<usize>()).map(|_| f(&mut self.rng)).collect();
         self.g.add_constant(name, Tensor::from_f32(shape, data))
     }
 
@@ -60,25 +49,12 @@ impl Builder {
     }
 
     /// A square `k`x`k` convolution without bias, `groups` groups.
-    pub fn conv_g(
-        &mut self,
-        x: ValueId,
-        out: usize,
-        k: usize,
-        stride: usize,
-        pad: usize,
-        groups: usize,
-    ) -> Res {
+    pub fn conv_g(&mut self, x: ValueId, out: usize, k: usize, stride: usize, pad: usize, groups: usize) -> Res {
         let cin = *self.g.ty(x).shape.get(1).unwrap_or(&0) / groups.max(1);
         let name = self.fresh("conv");
         let std = (2.0 / (cin * k * k).max(1) as f32).sqrt();
         let w = self.weight(format!("{name}.w"), &[out, cin, k, k], |r| r.normal() * std);
-        let op = Op::Conv(Conv {
-            strides: vec![stride; 2],
-            pads: vec![pad; 4],
-            dilations: vec![1; 2],
-            group: groups,
-        });
+        let op = Op::Conv(Conv { strides: vec![stride; 2], pads: vec![pad; 4], dilations: vec![1; 2], group: groups });
         let id = self.g.add(op, name, &[x, w])?;
         Ok(ValueId { node: id, slot: 0 })
     }
@@ -93,15 +69,11 @@ impl Builder {
     pub fn batch_norm(&mut self, x: ValueId, gain: f32) -> Res {
         let c = *self.g.ty(x).shape.get(1).unwrap_or(&0);
         let name = self.fresh("bn");
-        let s = self.weight(format!("{name}.scale"), &[c], |r| {
-            gain * (0.8 + 0.4 * r.uniform())
-        });
+        let s = self.weight(format!("{name}.scale"), &[c], |r| gain * (0.8 + 0.4 * r.uniform()));
         let b = self.weight(format!("{name}.bias"), &[c], |r| 0.05 * r.normal());
         let m = self.weight(format!("{name}.mean"), &[c], |r| 0.05 * r.normal());
         let v = self.weight(format!("{name}.var"), &[c], |r| 0.5 + r.uniform());
-        let id = self
-            .g
-            .add(Op::BatchNorm { epsilon: 1e-5 }, name, &[x, s, b, m, v])?;
+        let id = self.g.add(Op::BatchNorm { epsilon: 1e-5 }, name, &[x, s, b, m, v])?;
         Ok(ValueId { node: id, slot: 0 })
     }
 
@@ -122,15 +94,7 @@ impl Builder {
 
     /// Square max pooling.
     pub fn max_pool(&mut self, x: ValueId, k: usize, stride: usize, pad: usize) -> Res {
-        self.op(
-            Op::MaxPool(Pool {
-                kernel: vec![k; 2],
-                strides: vec![stride; 2],
-                pads: vec![pad; 4],
-                ceil_mode: false,
-            }),
-            &[x],
-        )
+        self.op(Op::MaxPool(Pool { kernel: vec![k; 2], strides: vec![stride; 2], pads: vec![pad; 4], ceil_mode: false }), &[x])
     }
 
     /// Global average pooling then flattening to `[N, C]`.
@@ -146,16 +110,7 @@ impl Builder {
         let std = (2.0 / k.max(1) as f32).sqrt();
         let w = self.weight(format!("{name}.w"), &[out, k], |r| r.normal() * std);
         let b = self.weight(format!("{name}.b"), &[out], |r| 0.05 * r.normal());
-        let id = self.g.add(
-            Op::Gemm {
-                trans_a: false,
-                trans_b: true,
-                alpha: 1.0,
-                beta: 1.0,
-            },
-            name,
-            &[x, w, b],
-        )?;
+        let id = self.g.add(Op::Gemm { trans_a: false, trans_b: true, alpha: 1.0, beta: 1.0 }, name, &[x, w, b])?;
         Ok(ValueId { node: id, slot: 0 })
     }
 

@@ -21,14 +21,7 @@ pub enum DType {
 
 impl DType {
     /// Every dtype, in the order the text format lists them.
-    pub const ALL: [DType; 6] = [
-        DType::F32,
-        DType::F16,
-        DType::BF16,
-        DType::I64,
-        DType::I32,
-        DType::Bool,
-    ];
+    pub const ALL: [DType; 6] = [DType::F32, DType::F16, DType::BF16, DType::I64, DType::I32, DType::Bool];
 
     /// Bytes per element.
     pub fn size(self) -> usize {
@@ -89,10 +82,7 @@ pub struct TensorType {
 impl TensorType {
     /// A new tensor type.
     pub fn new(dtype: DType, shape: impl Into<Shape>) -> Self {
-        TensorType {
-            dtype,
-            shape: shape.into(),
-        }
+        TensorType { dtype, shape: shape.into() }
     }
 
     /// Number of elements (1 for a scalar).

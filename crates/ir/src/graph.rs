@@ -83,42 +83,18 @@ impl Graph {
     }
 
     /// Adds a node applying `op` to `inputs`, inferring its output types.
-    pub fn add(
-        &mut self,
-        op: Op,
-        name: impl Into<String>,
-        inputs: &[ValueId],
-    ) -> Result<NodeId, IrError> {
+    pub fn add(&mut self, op: Op, name: impl Into<String>, inputs: &[ValueId]) -> Result<NodeId, IrError> {
         let name = name.into();
-        let types: Vec<&TensorType> = inputs
-            .iter()
-            .map(|&v| self.try_ty(v))
-            .collect::<Result<_, _>>()?;
-        let outputs = infer(&op, &types).map_err(|msg| IrError::Shape {
-            node: display_name(&name, op.name()),
-            msg,
-        })?;
+        let types: Vec<&TensorType> = inputs.iter().map(|&v| self.try_ty(v)).collect::<Result<_, _>>()?;
+        let outputs = infer(&op, &types).map_err(|msg| IrError::Shape { node: display_name(&name, op.name()), msg })?;
         Ok(self.add_typed(op, name, inputs, outputs))
     }
 
     /// Adds a node with given output types, unchecked (the verifier checks).
-    pub(crate) fn add_typed(
-        &mut self,
-        op: Op,
-        name: String,
-        inputs: &[ValueId],
-        outputs: Vec<TensorType>,
-    ) -> NodeId {
+    pub(crate) fn add_typed(&mut self, op: Op, name: String, inputs: &[ValueId], outputs: Vec<TensorType>) -> NodeId {
         let id = NodeId(self.g.add_node(Node { op, name, outputs }));
         for (port, v) in inputs.iter().enumerate() {
-            self.g.add_edge(
-                v.node.0,
-                id.0,
-                Port {
-                    slot: v.slot,
-                    port: port as u32,
-                },
-            );
+            self.g.add_edge(v.node.0, id.0, Port { slot: v.slot, port: port as u32 });
         }
         id
     }
@@ -140,17 +116,10 @@ impl Graph {
     }
 
     /// Adds a graph input named `name`.
-    pub fn add_input(
-        &mut self,
-        name: impl Into<String>,
-        ty: TensorType,
-    ) -> Result<ValueId, IrError> {
+    pub fn add_input(&mut self, name: impl Into<String>, ty: TensorType) -> Result<ValueId, IrError> {
         let name = name.into();
         if ty.checked_bytes().is_none() {
-            return Err(IrError::Shape {
-                node: name,
-                msg: format!("input shape {:?} is absurdly large", ty.shape),
-            });
+            return Err(IrError::Shape { node: name, msg: format!("input shape {:?} is absurdly large", ty.shape) });
         }
         let id = self.add_typed(Op::Input, name, &[], vec![ty]);
         self.inputs.push(id);
@@ -165,6 +134,14 @@ impl Graph {
         ValueId { node: id, slot: 0 }
     }
 
+    /// Adds a constant sharing already-loaded data (no copy).
+    pub fn add_shared_constant(&mut self, name: impl Into<String>, data: Arc<Tensor>) -> ValueId {
+        let name = self.unique_weight_name(name.into());
+        let id = self.add_typed(Op::Constant, name.clone(), &[], vec![data.ty().clone()]);
+        self.weights.insert(name, data);
+        ValueId { node: id, slot: 0 }
+    }
+
     /// Adds a constant whose data is not (yet) known: a weight referenced by
     /// name in a text file. [`Graph::weight`] returns `None` for it.
     pub fn add_weight_ref(&mut self, name: impl Into<String>, ty: TensorType) -> ValueId {
@@ -176,10 +153,25 @@ impl Graph {
         if !self.weights.contains_key(&name) {
             return name;
         }
-        (1..)
-            .map(|i| format!("{name}.{i}"))
-            .find(|n| !self.weights.contains_key(n))
-            .expect("some suffix is free")
+        (1..).map(|i| format!("{name}.{i}")).find(|n| !self.weights.contains_key(n)).expect("some suffix is free")
+    }
+
+    /// Copies node `id` of `other` into this graph, reading `inputs` (already
+    /// mapped into this graph): inputs stay inputs, constants keep their data.
+    pub fn copy_node_from(&mut self, other: &Graph, id: NodeId, inputs: &[ValueId]) -> Result<NodeId, IrError> {
+        let n = other.node(id);
+        Ok(match n.op {
+            Op::Input => self.add_input(n.name.clone(), n.outputs[0].clone())?.node,
+            Op::Constant => match other.weight(id) {
+                Some(w) => {
+                    let v = self.add_typed(Op::Constant, self.unique_weight_name(n.name.clone()), &[], n.outputs.clone());
+                    self.weights.insert(self.node(v).name.clone(), w.clone());
+                    v
+                }
+                None => self.add_weight_ref(n.name.clone(), n.outputs[0].clone()).node,
+            },
+            _ => self.add(n.op.clone(), n.name.clone(), inputs)?,
+        })
     }
 
     /// Marks `v` as a graph output named `name`.
@@ -224,15 +216,7 @@ impl Graph {
         let mut es: Vec<(u32, ValueId)> = self
             .g
             .edges_directed(id.0, Direction::Incoming)
-            .map(|e| {
-                (
-                    e.weight().port,
-                    ValueId {
-                        node: NodeId(e.source()),
-                        slot: e.weight().slot,
-                    },
-                )
-            })
+            .map(|e| (e.weight().port, ValueId { node: NodeId(e.source()), slot: e.weight().slot }))
             .collect();
         es.sort_by_key(|&(p, _)| p);
         es.into_iter().map(|(_, v)| v).collect()
@@ -240,10 +224,7 @@ impl Graph {
 
     /// The nodes that read any output of `id` (with repetition per use).
     pub fn users_of(&self, id: NodeId) -> Vec<NodeId> {
-        self.g
-            .edges_directed(id.0, Direction::Outgoing)
-            .map(|e| NodeId(e.target()))
-            .collect()
+        self.g.edges_directed(id.0, Direction::Outgoing).map(|e| NodeId(e.target())).collect()
     }
 
     /// Graph inputs, in order.
@@ -269,11 +250,7 @@ impl Graph {
     pub fn set_weight(&mut self, id: NodeId, data: Tensor) -> Result<(), IrError> {
         let n = self.node(id);
         if n.op != Op::Constant || n.outputs[0] != *data.ty() {
-            return Err(IrError::Verify(format!(
-                "{id} \"{}\" is not a constant of type {}",
-                n.name,
-                data.ty()
-            )));
+            return Err(IrError::Verify(format!("{id} \"{}\" is not a constant of type {}", n.name, data.ty())));
         }
         self.weights.insert(n.name.clone(), Arc::new(data));
         Ok(())
@@ -297,16 +274,12 @@ impl Graph {
     /// A topological order, deterministic: among ready nodes the lowest index
     /// first. Errors on a cycle.
     pub fn topo_order(&self) -> Result<Vec<NodeId>, IrError> {
-        let mut indeg: HashMap<NodeIndex<u32>, usize> =
-            self.g.node_indices().map(|n| (n, 0)).collect();
+        let mut indeg: HashMap<NodeIndex<u32>, usize> = self.g.node_indices().map(|n| (n, 0)).collect();
         for e in (&self.g).edge_references() {
             *indeg.get_mut(&e.target()).expect("edge targets exist") += 1;
         }
-        let mut ready: BinaryHeap<std::cmp::Reverse<NodeIndex<u32>>> = indeg
-            .iter()
-            .filter(|(_, &d)| d == 0)
-            .map(|(&n, _)| std::cmp::Reverse(n))
-            .collect();
+        let mut ready: BinaryHeap<std::cmp::Reverse<NodeIndex<u32>>> =
+            indeg.iter().filter(|(_, &d)| d == 0).map(|(&n, _)| std::cmp::Reverse(n)).collect();
         let mut order = Vec::with_capacity(indeg.len());
         while let Some(std::cmp::Reverse(n)) = ready.pop() {
             order.push(NodeId(n));
@@ -334,19 +307,10 @@ impl Graph {
                 stack.extend(self.g.neighbors_directed(n, Direction::Incoming));
             }
         }
-        let dead: Vec<_> = self
-            .g
-            .node_indices()
-            .filter(|n| !live.contains(n))
-            .collect();
+        let dead: Vec<_> = self.g.node_indices().filter(|n| !live.contains(n)).collect();
         for &n in &dead {
             let node = self.g.remove_node(n).expect("dead node exists");
-            if node.op == Op::Constant
-                && !self
-                    .g
-                    .node_weights()
-                    .any(|m| m.op == Op::Constant && m.name == node.name)
-            {
+            if node.op == Op::Constant && !self.g.node_weights().any(|m| m.op == Op::Constant && m.name == node.name) {
                 self.weights.remove(&node.name);
             }
         }
@@ -355,18 +319,12 @@ impl Graph {
 
     /// Total bytes of constants.
     pub fn weight_bytes(&self) -> usize {
-        self.g
-            .node_weights()
-            .filter(|n| n.op == Op::Constant)
-            .map(|n| n.outputs[0].bytes())
-            .sum()
+        self.g.node_weights().filter(|n| n.op == Op::Constant).map(|n| n.outputs[0].bytes()).sum()
     }
 
     /// Whether every constant has data.
     pub fn has_all_weights(&self) -> bool {
-        self.g
-            .node_indices()
-            .all(|n| self.g[n].op != Op::Constant || self.weights.contains_key(&self.g[n].name))
+        self.g.node_indices().all(|n| self.g[n].op != Op::Constant || self.weights.contains_key(&self.g[n].name))
     }
 }
 

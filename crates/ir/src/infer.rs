@@ -49,18 +49,11 @@ pub fn infer(op: &Op, ins: &[&TensorType]) -> Result<Vec<TensorType>, String> {
             }
             TensorType::new(x.dtype, s)
         }
-        Op::Gemm {
-            trans_a, trans_b, ..
-        } => gemm(*trans_a, *trans_b, ins)?,
+        Op::Gemm { trans_a, trans_b, .. } => gemm(*trans_a, *trans_b, ins)?,
         Op::MatMul => matmul(ins)?,
         Op::Concat { axis } => concat(*axis, ins)?,
         Op::Split { axis, sizes } => return split(*axis, sizes, ins),
-        Op::Slice {
-            axes,
-            starts,
-            ends,
-            steps,
-        } => {
+        Op::Slice { axes, starts, ends, steps } => {
             arity(ins, 1, 1)?;
             let x = ins[0];
             if axes.len() != starts.len() || axes.len() != ends.len() || axes.len() != steps.len() {
@@ -77,10 +70,7 @@ pub fn infer(op: &Op, ins: &[&TensorType]) -> Result<Vec<TensorType>, String> {
             arity(ins, 1, 1)?;
             let x = ins[0];
             if shape.iter().product::<usize>() != x.numel() {
-                return Err(format!(
-                    "cannot reshape {x} ({} elements) to {shape:?}",
-                    x.numel()
-                ));
+                return Err(format!("cannot reshape {x} ({} elements) to {shape:?}", x.numel()));
             }
             TensorType::new(x.dtype, shape.clone())
         }
@@ -98,15 +88,8 @@ pub fn infer(op: &Op, ins: &[&TensorType]) -> Result<Vec<TensorType>, String> {
             arity(ins, 1, 1)?;
             let x = ins[0];
             let mut seen = vec![false; x.shape.len()];
-            if perm.len() != x.shape.len()
-                || perm
-                    .iter()
-                    .any(|&p| p >= seen.len() || std::mem::replace(&mut seen[p], true))
-            {
-                return Err(format!(
-                    "{perm:?} is not a permutation of the {} dims of {x}",
-                    x.shape.len()
-                ));
+            if perm.len() != x.shape.len() || perm.iter().any(|&p| p >= seen.len() || std::mem::replace(&mut seen[p], true)) {
+                return Err(format!("{perm:?} is not a permutation of the {} dims of {x}", x.shape.len()));
             }
             TensorType::new(x.dtype, perm.iter().map(|&p| x.shape[p]).collect::<Shape>())
         }
@@ -115,17 +98,9 @@ pub fn infer(op: &Op, ins: &[&TensorType]) -> Result<Vec<TensorType>, String> {
             let x = ins[0];
             axes_in_range(axes, x.shape.len())?;
             if let Some(&a) = axes.iter().find(|&&a| x.shape[a] != 1) {
-                return Err(format!(
-                    "cannot squeeze axis {a} of {x}: its extent is not 1"
-                ));
+                return Err(format!("cannot squeeze axis {a} of {x}: its extent is not 1"));
             }
-            let s = x
-                .shape
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| !axes.contains(i))
-                .map(|(_, &d)| d)
-                .collect::<Shape>();
+            let s = x.shape.iter().enumerate().filter(|(i, _)| !axes.contains(i)).map(|(_, &d)| d).collect::<Shape>();
             TensorType::new(x.dtype, s)
         }
         Op::Unsqueeze { axes } => {
@@ -134,15 +109,7 @@ pub fn infer(op: &Op, ins: &[&TensorType]) -> Result<Vec<TensorType>, String> {
             let rank = x.shape.len() + axes.len();
             axes_in_range(axes, rank)?;
             let mut src = x.shape.iter();
-            let s = (0..rank)
-                .map(|i| {
-                    if axes.contains(&i) {
-                        1
-                    } else {
-                        *src.next().unwrap_or(&1)
-                    }
-                })
-                .collect::<Shape>();
+            let s = (0..rank).map(|i| if axes.contains(&i) { 1 } else { *src.next().unwrap_or(&1) }).collect::<Shape>();
             TensorType::new(x.dtype, s)
         }
         Op::Softmax { axis } | Op::LogSoftmax { axis } => {
@@ -161,9 +128,7 @@ pub fn infer(op: &Op, ins: &[&TensorType]) -> Result<Vec<TensorType>, String> {
             let norm = &x.shape[*axis..];
             for p in &ins[1..] {
                 if broadcast(&p.shape, norm).as_deref() != Some(norm) {
-                    return Err(format!(
-                        "scale/bias {p} does not broadcast to the normalised dims {norm:?}"
-                    ));
+                    return Err(format!("scale/bias {p} does not broadcast to the normalised dims {norm:?}"));
                 }
             }
             x.clone()
@@ -176,16 +141,33 @@ pub fn infer(op: &Op, ins: &[&TensorType]) -> Result<Vec<TensorType>, String> {
             }
             ins[0].clone()
         }
+        Op::FusedConv { conv: c, bias, residual, .. } => {
+            let n = 2 + *bias as usize + *residual as usize;
+            arity(ins, n, n)?;
+            let out = conv(c, &ins[..2 + *bias as usize])?;
+            if *residual && *ins[n - 1] != out {
+                return Err(format!("residual {} must equal the output {out}", ins[n - 1]));
+            }
+            out
+        }
+        Op::FusedGemm { trans_a, trans_b, .. } => gemm(*trans_a, *trans_b, ins)?,
+        Op::Elementwise { expr } => {
+            arity(ins, 1, usize::MAX)?;
+            same_dtype(ins)?;
+            float(ins[0])?;
+            if !expr.is_well_formed() || expr.arity() != ins.len() {
+                return Err(format!("expression {expr} does not use exactly {} inputs", ins.len()));
+            }
+            TensorType::new(ins[0].dtype, broadcast_all(ins)?)
+        }
+        Op::ConcatInPlace { axis } => concat(*axis, ins)?,
         Op::Cast { to } => {
             arity(ins, 1, 1)?;
             TensorType::new(*to, ins[0].shape.clone())
         }
     };
     if out.checked_bytes().is_none() {
-        return Err(format!(
-            "output shape {:?} is absurdly large (over 1 TiB)",
-            out.shape
-        ));
+        return Err(format!("output shape {:?} is absurdly large (over 1 TiB)", out.shape));
     }
     Ok(vec![out])
 }
@@ -213,8 +195,7 @@ pub fn broadcast(a: &[usize], b: &[usize]) -> Option<Shape> {
 fn broadcast_all(ins: &[&TensorType]) -> Result<Shape, String> {
     let mut s = ins[0].shape.clone();
     for t in &ins[1..] {
-        s = broadcast(&s, &t.shape)
-            .ok_or_else(|| format!("shapes {:?} and {:?} do not broadcast", s, t.shape))?;
+        s = broadcast(&s, &t.shape).ok_or_else(|| format!("shapes {:?} and {:?} do not broadcast", s, t.shape))?;
     }
     Ok(s)
 }
@@ -228,15 +209,9 @@ pub fn slice_len(dim: usize, start: i64, end: i64, step: i64) -> Result<usize, S
         step < 0 && (0..d).contains(&start.min(d - 1).max(0)) && (-1..d).contains(&end)
     };
     if !ok || (step < 0 && d == 0) {
-        return Err(format!(
-            "slice start {start} end {end} step {step} out of range for extent {dim}"
-        ));
+        return Err(format!("slice start {start} end {end} step {step} out of range for extent {dim}"));
     }
-    let len = if step > 0 {
-        (end - start + step - 1).div_euclid(step)
-    } else {
-        (start - end + (-step) - 1).div_euclid(-step)
-    };
+    let len = if step > 0 { (end - start + step - 1).div_euclid(step) } else { (start - end + (-step) - 1).div_euclid(-step) };
     Ok(len.max(0) as usize)
 }
 
@@ -282,15 +257,7 @@ fn axes_in_range(axes: &[usize], rank: usize) -> Result<(), String> {
     Ok(())
 }
 
-fn spatial_out(
-    input: usize,
-    k: usize,
-    stride: usize,
-    dil: usize,
-    pb: usize,
-    pe: usize,
-    ceil: bool,
-) -> Result<usize, String> {
+fn spatial_out(input: usize, k: usize, stride: usize, dil: usize, pb: usize, pe: usize, ceil: bool) -> Result<usize, String> {
     if stride == 0 || dil == 0 || k == 0 {
         return Err("kernel, stride and dilation must be positive".into());
     }
@@ -300,11 +267,7 @@ fn spatial_out(
         return Err(format!("window {eff} larger than padded input {padded}"));
     }
     let span = padded - eff;
-    let mut out = if ceil {
-        span.div_ceil(stride) + 1
-    } else {
-        span / stride + 1
-    };
+    let mut out = if ceil { span.div_ceil(stride) + 1 } else { span / stride + 1 };
     // ONNX/PyTorch rule: the last window must start inside the input or left padding.
     if ceil && (out - 1) * stride >= input + pb {
         out -= 1;
@@ -314,10 +277,7 @@ fn spatial_out(
 
 fn check_window(n: usize, strides: &[usize], pads: &[usize], dil: &[usize]) -> Result<(), String> {
     if strides.len() != n || pads.len() != 2 * n || dil.len() != n {
-        return Err(format!(
-            "needs {n} strides and dilations and {} pads for {n} spatial dims",
-            2 * n
-        ));
+        return Err(format!("needs {n} strides and dilations and {} pads for {n} spatial dims", 2 * n));
     }
     Ok(())
 }
@@ -335,9 +295,7 @@ fn conv(c: &Conv, ins: &[&TensorType]) -> Result<TensorType, String> {
     check_window(n, &c.strides, &c.pads, &c.dilations)?;
     let g = c.group;
     if g == 0 || x.shape[1] % g != 0 || w.shape[0] % g != 0 || w.shape[1] * g != x.shape[1] {
-        return Err(format!(
-            "input {x} with {g} groups does not match weight {w}"
-        ));
+        return Err(format!("input {x} with {g} groups does not match weight {w}"));
     }
     if let Some(b) = ins.get(2) {
         if b.shape != [w.shape[0]] {
@@ -346,15 +304,7 @@ fn conv(c: &Conv, ins: &[&TensorType]) -> Result<TensorType, String> {
     }
     let mut s = vec![x.shape[0], w.shape[0]];
     for i in 0..n {
-        s.push(spatial_out(
-            x.shape[2 + i],
-            w.shape[2 + i],
-            c.strides[i],
-            c.dilations[i],
-            c.pads[i],
-            c.pads[n + i],
-            false,
-        )?);
+        s.push(spatial_out(x.shape[2 + i], w.shape[2 + i], c.strides[i], c.dilations[i], c.pads[i], c.pads[n + i], false)?);
     }
     Ok(TensorType::new(x.dtype, s))
 }
@@ -373,20 +323,9 @@ fn pool(p: &Pool, ins: &[&TensorType]) -> Result<TensorType, String> {
     let mut s = x.shape[..2].to_vec();
     for i in 0..n {
         if p.pads[i] >= p.kernel[i] || p.pads[n + i] >= p.kernel[i] {
-            return Err(format!(
-                "padding {:?} must be smaller than the window {:?}",
-                p.pads, p.kernel
-            ));
+            return Err(format!("padding {:?} must be smaller than the window {:?}", p.pads, p.kernel));
         }
-        s.push(spatial_out(
-            x.shape[2 + i],
-            p.kernel[i],
-            p.strides[i],
-            1,
-            p.pads[i],
-            p.pads[n + i],
-            p.ceil_mode,
-        )?);
+        s.push(spatial_out(x.shape[2 + i], p.kernel[i], p.strides[i], 1, p.pads[i], p.pads[n + i], p.ceil_mode)?);
     }
     Ok(TensorType::new(x.dtype, s))
 }
@@ -398,10 +337,7 @@ fn batch_norm(ins: &[&TensorType]) -> Result<TensorType, String> {
     rank_at_least(x, 2)?;
     for p in &ins[1..] {
         if p.shape != [x.shape[1]] {
-            return Err(format!(
-                "parameter {p} must be [{}] for input {x}",
-                x.shape[1]
-            ));
+            return Err(format!("parameter {p} must be [{}] for input {x}", x.shape[1]));
         }
     }
     Ok(x.clone())
@@ -414,20 +350,10 @@ fn gemm(ta: bool, tb: bool, ins: &[&TensorType]) -> Result<TensorType, String> {
     if a.shape.len() != 2 || b.shape.len() != 2 {
         return Err(format!("needs 2-D operands, got {a} and {b}"));
     }
-    let (m, k) = if ta {
-        (a.shape[1], a.shape[0])
-    } else {
-        (a.shape[0], a.shape[1])
-    };
-    let (k2, n) = if tb {
-        (b.shape[1], b.shape[0])
-    } else {
-        (b.shape[0], b.shape[1])
-    };
+    let (m, k) = if ta { (a.shape[1], a.shape[0]) } else { (a.shape[0], a.shape[1]) };
+    let (k2, n) = if tb { (b.shape[1], b.shape[0]) } else { (b.shape[0], b.shape[1]) };
     if k != k2 {
-        return Err(format!(
-            "inner dimensions differ: {a} and {b} (trans_a={ta}, trans_b={tb})"
-        ));
+        return Err(format!("inner dimensions differ: {a} and {b} (trans_a={ta}, trans_b={tb})"));
     }
     if let Some(c) = ins.get(2) {
         if broadcast(&c.shape, &[m, n]).as_deref() != Some(&[m, n][..]) {
@@ -444,23 +370,14 @@ fn matmul(ins: &[&TensorType]) -> Result<TensorType, String> {
     if a.shape.is_empty() || b.shape.is_empty() {
         return Err("matmul operands must have rank at least 1".into());
     }
-    let a2 = if a.shape.len() == 1 {
-        vec![1, a.shape[0]]
-    } else {
-        a.shape.clone()
-    };
-    let b2 = if b.shape.len() == 1 {
-        vec![b.shape[0], 1]
-    } else {
-        b.shape.clone()
-    };
+    let a2 = if a.shape.len() == 1 { vec![1, a.shape[0]] } else { a.shape.clone() };
+    let b2 = if b.shape.len() == 1 { vec![b.shape[0], 1] } else { b.shape.clone() };
     let (m, k) = (a2[a2.len() - 2], a2[a2.len() - 1]);
     let (k2, n) = (b2[b2.len() - 2], b2[b2.len() - 1]);
     if k != k2 {
         return Err(format!("inner dimensions differ: {a} and {b}"));
     }
-    let batch = broadcast(&a2[..a2.len() - 2], &b2[..b2.len() - 2])
-        .ok_or_else(|| format!("batch dims of {a} and {b} do not broadcast"))?;
+    let batch = broadcast(&a2[..a2.len() - 2], &b2[..b2.len() - 2]).ok_or_else(|| format!("batch dims of {a} and {b} do not broadcast"))?;
     let mut s = batch;
     if a.shape.len() > 1 {
         s.push(m);
@@ -479,16 +396,10 @@ fn concat(axis: usize, ins: &[&TensorType]) -> Result<TensorType, String> {
     let mut s = first.shape.clone();
     s[axis] = 0;
     for t in ins {
-        let same_rest = t.shape.len() == first.shape.len()
-            && t.shape
-                .iter()
-                .zip(&first.shape)
-                .enumerate()
-                .all(|(i, (a, b))| i == axis || a == b);
+        let same_rest =
+            t.shape.len() == first.shape.len() && t.shape.iter().zip(&first.shape).enumerate().all(|(i, (a, b))| i == axis || a == b);
         if !same_rest {
-            return Err(format!(
-                "cannot concatenate {t} with {first} along axis {axis}"
-            ));
+            return Err(format!("cannot concatenate {t} with {first} along axis {axis}"));
         }
         s[axis] += t.shape[axis];
     }
@@ -500,10 +411,7 @@ fn split(axis: usize, sizes: &[usize], ins: &[&TensorType]) -> Result<Vec<Tensor
     let x = ins[0];
     axes_in_range(&[axis], x.shape.len())?;
     if sizes.is_empty() || sizes.iter().sum::<usize>() != x.shape[axis] {
-        return Err(format!(
-            "split sizes {sizes:?} do not add up to extent {} of {x}",
-            x.shape[axis]
-        ));
+        return Err(format!("split sizes {sizes:?} do not add up to extent {} of {x}", x.shape[axis]));
     }
     Ok(sizes
         .iter()

@@ -11,6 +11,7 @@
 pub mod builder;
 mod dtype;
 mod error;
+mod fused;
 mod graph;
 mod infer;
 pub mod onnx;
@@ -23,9 +24,10 @@ pub mod zoo;
 
 pub use dtype::{DType, Shape, TensorType, MAX_TENSOR_BYTES};
 pub use error::IrError;
+pub use fused::{Act, Expr, ExprNode};
 pub use graph::{Graph, Node, NodeId, ValueId};
 pub use infer::{broadcast, infer, slice_len};
-pub use op::{BinaryOp, Conv, Op, Pool, ReduceOp, UnaryOp};
+pub use op::{apply_binary, apply_unary, erf, BinaryOp, Conv, Op, Pool, ReduceOp, UnaryOp};
 pub use rng::Rng;
 pub use tensor::{Tensor, TensorData};
 pub use verify::verify;

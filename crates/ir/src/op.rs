@@ -3,6 +3,7 @@
 //! reshape targets), so passes never re-derive ONNX defaults.
 
 use crate::dtype::DType;
+use crate::fused::{Act, Expr};
 
 /// Attributes of a convolution (2-D or 1-D/3-D spatial, NCHW layout).
 /// Inputs: `x`, `w`, optionally `bias`.
@@ -246,6 +247,141 @@ pub enum Op {
         /// Target dtype.
         to: DType,
     },
+    /// A convolution with its epilogue applied in registers:
+    /// `act(conv(x, w) + bias + residual)`. Inputs: x, w, then bias `[M]` if
+    /// `bias`, then residual (the output's shape) if `residual`. Made by fusion.
+    FusedConv {
+        /// The convolution.
+        conv: Conv,
+        /// Whether a bias input follows the weight.
+        bias: bool,
+        /// Whether a residual input comes last.
+        residual: bool,
+        /// The activation.
+        act: Act,
+    },
+    /// A Gemm with an activation: `act(alpha * op(a) @ op(b) + beta * c)`.
+    FusedGemm {
+        /// Transpose a.
+        trans_a: bool,
+        /// Transpose b.
+        trans_b: bool,
+        /// Product scale.
+        alpha: f32,
+        /// Bias scale.
+        beta: f32,
+        /// The activation.
+        act: Act,
+    },
+    /// One elementwise kernel computing `expr` over its broadcast inputs.
+    Elementwise {
+        /// The expression; `$i` is input i.
+        expr: Expr,
+    },
+    /// A concatenation whose producers write straight into their slices of
+    /// the output: no copy kernel, and the memory planner may alias.
+    ConcatInPlace {
+        /// Concatenation axis.
+        axis: usize,
+    },
+}
+
+/// Applies a unary function to one value (the reference semantics every
+/// executor and kernel follows).
+#[inline]
+pub fn apply_unary(u: UnaryOp, x: f32) -> f32 {
+    match u {
+        UnaryOp::Relu => x.max(0.0),
+        UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
+        UnaryOp::Tanh => x.tanh(),
+        UnaryOp::Erf => erf(x),
+        UnaryOp::Sqrt => x.sqrt(),
+        UnaryOp::Exp => x.exp(),
+        UnaryOp::Log => x.ln(),
+        UnaryOp::Neg => -x,
+        UnaryOp::Abs => x.abs(),
+        UnaryOp::Reciprocal => x.recip(),
+        UnaryOp::Sign => {
+            if x > 0.0 {
+                1.0
+            } else if x < 0.0 {
+                -1.0
+            } else {
+                0.0
+            }
+        }
+        UnaryOp::Softplus => {
+            if x > 20.0 {
+                x
+            } else {
+                x.exp().ln_1p()
+            }
+        }
+        UnaryOp::LeakyRelu(a) => {
+            if x >= 0.0 {
+                x
+            } else {
+                a * x
+            }
+        }
+        UnaryOp::Elu(a) => {
+            if x >= 0.0 {
+                x
+            } else {
+                a * x.exp_m1()
+            }
+        }
+        UnaryOp::Selu(a, g) => g * if x > 0.0 { x } else { a * x.exp_m1() },
+    }
+}
+
+/// Applies a binary function to one pair of values.
+#[inline]
+pub fn apply_binary(b: BinaryOp, x: f32, y: f32) -> f32 {
+    match b {
+        BinaryOp::Add => x + y,
+        BinaryOp::Sub => x - y,
+        BinaryOp::Mul => x * y,
+        BinaryOp::Div => x / y,
+        BinaryOp::Pow => x.powf(y),
+        BinaryOp::Max => x.max(y),
+        BinaryOp::Min => x.min(y),
+        BinaryOp::PRelu => {
+            if x >= 0.0 {
+                x
+            } else {
+                y * x
+            }
+        }
+    }
+}
+
+/// erf in f64 (Abramowitz-Stegun 7.1.26 is too coarse for a reference): a
+/// series for small |x|, a continued fraction for the tail.
+pub fn erf(x: f32) -> f32 {
+    let x = x as f64;
+    let ax = x.abs();
+    let r = if ax < 2.5 {
+        // Maclaurin series: 2/sqrt(pi) * sum (-1)^n x^(2n+1) / (n! (2n+1))
+        let (mut term, mut sum, x2) = (ax, ax, ax * ax);
+        for n in 1..60 {
+            term *= -x2 / n as f64;
+            let add = term / (2 * n + 1) as f64;
+            sum += add;
+            if add.abs() < 1e-17 {
+                break;
+            }
+        }
+        sum * 2.0 / std::f64::consts::PI.sqrt()
+    } else {
+        // erfc continued fraction, converges fast for x >= 2.5.
+        let mut f = 0.0;
+        for k in (1..60).rev() {
+            f = (k as f64 / 2.0) / (ax + f);
+        }
+        1.0 - (-ax * ax).exp() / std::f64::consts::PI.sqrt() / (ax + f)
+    };
+    r.copysign(x) as f32
 }
 
 impl Op {
@@ -310,20 +446,22 @@ impl Op {
             Op::Dropout => "dropout",
             Op::Identity => "identity",
             Op::Cast { .. } => "cast",
+            Op::FusedConv { .. } => "fused_conv",
+            Op::FusedGemm { .. } => "fused_gemm",
+            Op::Elementwise { .. } => "elementwise",
+            Op::ConcatInPlace { .. } => "concat_in_place",
         }
+    }
+
+    /// Whether the op launches a kernel: not inputs, constants, views or
+    /// in-place concatenations.
+    pub fn is_kernel(&self) -> bool {
+        !matches!(self, Op::Input | Op::Constant | Op::ConcatInPlace { .. }) && !self.is_view()
     }
 
     /// Whether the op only reinterprets its input's elements (no arithmetic,
     /// same element order): a view once the memory planner exists.
     pub fn is_view(&self) -> bool {
-        matches!(
-            self,
-            Op::Reshape { .. }
-                | Op::Flatten { .. }
-                | Op::Squeeze { .. }
-                | Op::Unsqueeze { .. }
-                | Op::Dropout
-                | Op::Identity
-        )
+        matches!(self, Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze { .. } | Op::Unsqueeze { .. } | Op::Dropout | Op::Identity)
     }
 }

@@ -13,9 +13,7 @@ impl Rng {
 
     /// A generator seeded from a string (FNV-1a), e.g. a weight's name.
     pub fn from_name(name: &str) -> Rng {
-        Rng(name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-            (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
-        }))
+        Rng(name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3)))
     }
 
     /// The next 64 random bits.

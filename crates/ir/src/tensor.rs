@@ -135,24 +135,13 @@ impl Tensor {
         }
         let data = match dtype {
             DType::I64 => TensorData::I64(self.to_i64_vec()),
-            DType::I32 => {
-                TensorData::I32(self.to_i64_vec().into_iter().map(|x| x as i32).collect())
-            }
-            DType::Bool => {
-                TensorData::Bool(self.to_f32_vec().into_iter().map(|x| x != 0.0).collect())
-            }
+            DType::I32 => TensorData::I32(self.to_i64_vec().into_iter().map(|x| x as i32).collect()),
+            DType::Bool => TensorData::Bool(self.to_f32_vec().into_iter().map(|x| x != 0.0).collect()),
             DType::F32 => TensorData::F32(self.to_f32_vec()),
-            DType::F16 => {
-                TensorData::F16(self.to_f32_vec().into_iter().map(f16::from_f32).collect())
-            }
-            DType::BF16 => {
-                TensorData::BF16(self.to_f32_vec().into_iter().map(bf16::from_f32).collect())
-            }
+            DType::F16 => TensorData::F16(self.to_f32_vec().into_iter().map(f16::from_f32).collect()),
+            DType::BF16 => TensorData::BF16(self.to_f32_vec().into_iter().map(bf16::from_f32).collect()),
         };
-        Tensor {
-            ty: TensorType::new(dtype, self.ty.shape.clone()),
-            data,
-        }
+        Tensor { ty: TensorType::new(dtype, self.ty.shape.clone()), data }
     }
 
     /// A tensor of `ty` whose elements all equal `value`.
@@ -166,9 +155,6 @@ impl Tensor {
             DType::I32 => TensorData::I32(vec![value as i32; n]),
             DType::Bool => TensorData::Bool(vec![value != 0.0; n]),
         };
-        Tensor {
-            ty: ty.clone(),
-            data,
-        }
+        Tensor { ty: ty.clone(), data }
     }
 }

@@ -13,10 +13,7 @@ pub fn get(name: &str, batch: usize) -> Result<Graph, IrError> {
     match name {
         "resnet50" => resnet50(batch),
         "mobilenet_v2" => mobilenet_v2(batch),
-        _ => Err(IrError::Verify(format!(
-            "no built-in model {name:?}; the zoo has {}",
-            NAMES.join(", ")
-        ))),
+        _ => Err(IrError::Verify(format!("no built-in model {name:?}; the zoo has {}", NAMES.join(", ")))),
     }
 }
 
@@ -38,15 +35,7 @@ pub fn resnet50(batch: usize) -> Result<Graph, IrError> {
     b.finish("prob", x)
 }
 
-fn conv_bn(
-    b: &mut Builder,
-    x: ValueId,
-    out: usize,
-    k: usize,
-    stride: usize,
-    pad: usize,
-    relu: bool,
-) -> Res {
+fn conv_bn(b: &mut Builder, x: ValueId, out: usize, k: usize, stride: usize, pad: usize, relu: bool) -> Res {
     let y = b.conv(x, out, k, stride, pad)?;
     let y = b.batch_norm(y, 1.0)?;
     if relu {
@@ -62,11 +51,7 @@ fn bottleneck(b: &mut Builder, x: ValueId, width: usize, stride: usize) -> Res {
     let y = conv_bn(b, y, width, 3, stride, 1, true)?;
     let y = b.conv(y, width * 4, 1, 1, 0)?;
     let y = b.batch_norm(y, 0.2)?;
-    let skip = if stride != 1 || cin != width * 4 {
-        conv_bn(b, x, width * 4, 1, stride, 0, false)?
-    } else {
-        x
-    };
+    let skip = if stride != 1 || cin != width * 4 { conv_bn(b, x, width * 4, 1, stride, 0, false)? } else { x };
     let y = b.add(y, skip)?;
     b.relu(y)
 }
@@ -79,15 +64,7 @@ pub fn mobilenet_v2(batch: usize) -> Result<Graph, IrError> {
     let y = b.conv(x, 32, 3, 2, 1)?;
     let y = b.batch_norm(y, 1.0)?;
     let mut x = b.relu6(y)?;
-    for &(t, c, n, s) in &[
-        (1, 16, 1, 1),
-        (6, 24, 2, 2),
-        (6, 32, 3, 2),
-        (6, 64, 4, 2),
-        (6, 96, 3, 1),
-        (6, 160, 3, 2),
-        (6, 320, 1, 1),
-    ] {
+    for &(t, c, n, s) in &[(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1)] {
         for i in 0..n {
             x = inverted_residual(&mut b, x, t, c, if i == 0 { s } else { 1 })?;
         }

@@ -12,7 +12,5 @@ pub struct Stats {
 
 /// Removes dead nodes from `graph`.
 pub fn run(graph: &mut Graph) -> Stats {
-    Stats {
-        removed: graph.remove_dead(),
-    }
+    Stats { removed: graph.remove_dead() }
 }

@@ -1,9 +1,13 @@
 //! Graph passes. [`pipeline::run`] fixes their order and runs the verifier
-//! after each one in debug builds and tests. Today the pipeline holds dead
-//! code elimination; fusion and memory planning join it as their issues land.
+//! after each one in debug builds and tests. Fusion (`fusion`, `ew_cluster`, `concat`)
+//! runs between two dead-code eliminations; memory planning joins as its
+//! issue lands.
 #![deny(missing_docs)]
 
+pub mod concat;
 pub mod dce;
+pub mod ew_cluster;
+pub mod fusion;
 pub mod pipeline;
 
 /// Errors of the passes crate.

@@ -1,21 +1,64 @@
-//! The order of passes, with the verifier after each in debug builds.
+//! The order of passes, with the verifier after each in debug builds:
+//! `dce`, then with fusion on `fuse` (egg), `ew-cluster`, `concat`, `dce`.
 
-use crate::{dce, PassError};
+use crate::{concat, dce, ew_cluster, fusion, PassError};
 use smelt_ir::Graph;
 
+/// The names of the passes, in order (for `--dump-ir`).
+pub const PASSES: [&str; 5] = ["dce", "fuse", "ew-cluster", "concat", "final-dce"];
+
+/// Options of the pipeline.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Run fusion (`fuse`, `ew-cluster`, `concat`).
+    pub fuse: bool,
+    /// Limits of the e-graph run.
+    pub limits: fusion::Limits,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options { fuse: true, limits: fusion::Limits::default() }
+    }
+}
+
 /// What the pipeline did.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct Stats {
-    /// Dead code elimination.
-    pub dce: dce::Stats,
+    /// Dead nodes removed, first and last time.
+    pub dce_removed: usize,
+    /// The e-graph run (absent without fusion).
+    pub fusion: Option<fusion::Stats>,
+    /// Elementwise clustering.
+    pub ew_cluster: Option<ew_cluster::Stats>,
+    /// In-place concatenation.
+    pub concat: Option<concat::Stats>,
 }
 
 /// Runs every pass on `graph`, in order.
-pub fn run(graph: &mut Graph) -> Result<Stats, PassError> {
-    let stats = Stats {
-        dce: dce::run(graph),
-    };
+pub fn run(graph: &mut Graph, opts: &Options) -> Result<Stats, PassError> {
+    run_with(graph, opts, &mut |_, _| {})
+}
+
+/// As [`run`], calling `after(pass, graph)` after each pass that ran.
+pub fn run_with(graph: &mut Graph, opts: &Options, after: &mut dyn FnMut(&str, &Graph)) -> Result<Stats, PassError> {
+    let mut stats = Stats { dce_removed: dce::run(graph).removed, ..Default::default() };
     verify_if(graph, "dce")?;
+    after("dce", graph);
+    if opts.fuse {
+        stats.fusion = Some(fusion::run(graph, &opts.limits)?);
+        verify_if(graph, "fuse")?;
+        after("fuse", graph);
+        stats.ew_cluster = Some(ew_cluster::run(graph).map_err(|source| PassError::Verify { pass: "ew-cluster", source })?);
+        verify_if(graph, "ew-cluster")?;
+        after("ew-cluster", graph);
+        stats.concat = Some(concat::run(graph));
+        verify_if(graph, "concat")?;
+        after("concat", graph);
+        stats.dce_removed += dce::run(graph).removed;
+        verify_if(graph, "final-dce")?;
+        after("final-dce", graph);
+    }
     Ok(stats)
 }
 
@@ -32,8 +75,8 @@ mod tests {
     fn dce_removes_unused_branches_only() {
         let text = "graph {\n  %0 \"x\" = input : f32[2]\n  %1 = relu(%0) : f32[2]\n  %2 = neg(%0) : f32[2]\n  output \"y\" = %1\n}\n";
         let mut g = smelt_ir::text::parse(text).unwrap();
-        let stats = super::run(&mut g).unwrap();
-        assert_eq!(stats.dce.removed, 1);
+        let stats = super::run(&mut g, &super::Options { fuse: false, ..Default::default() }).unwrap();
+        assert_eq!(stats.dce_removed, 1);
         assert_eq!(smelt_ir::text::print(&g), "graph {\n  %0 \"x\" = input : f32[2]\n  %1 = relu(%0) : f32[2]\n  output \"y\" = %1\n}\n");
     }
 }

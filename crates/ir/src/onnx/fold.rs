@@ -18,10 +18,7 @@ pub fn gather(data: &Tensor, indices: &Tensor, axis: usize) -> Result<Tensor, St
         .into_iter()
         .map(|i| {
             let j = if i < 0 { i + dim } else { i };
-            (0..dim)
-                .contains(&j)
-                .then_some(j as usize)
-                .ok_or_else(|| format!("index {i} out of range for extent {dim}"))
+            (0..dim).contains(&j).then_some(j as usize).ok_or_else(|| format!("index {i} out of range for extent {dim}"))
         })
         .collect::<Result<_, _>>()?;
     let outer: usize = shape[..axis].iter().product();
@@ -42,11 +39,7 @@ pub fn gather(data: &Tensor, indices: &Tensor, axis: usize) -> Result<Tensor, St
 pub fn concat(parts: &[&Tensor], axis: usize) -> Result<Tensor, String> {
     let first = parts.first().ok_or("concat of nothing")?;
     let rank = first.shape().len();
-    if axis >= rank
-        || parts
-            .iter()
-            .any(|p| p.shape().len() != rank || p.ty().dtype != first.ty().dtype)
-    {
+    if axis >= rank || parts.iter().any(|p| p.shape().len() != rank || p.ty().dtype != first.ty().dtype) {
         return Err("concat of constants with different ranks or dtypes".into());
     }
     let outer: usize = first.shape()[..axis].iter().product();
@@ -74,18 +67,12 @@ pub fn slice_1d(data: &Tensor, start: i64, end: i64, step: i64) -> Result<Tensor
         return Err("folding slices of constants needs a 1-D constant".into());
     }
     let len = crate::infer::slice_len(data.shape()[0], start, end, step)?;
-    let order: Vec<usize> = (0..len)
-        .map(|i| (start + i as i64 * step) as usize)
-        .collect();
+    let order: Vec<usize> = (0..len).map(|i| (start + i as i64 * step) as usize).collect();
     Ok(pick(data, &order, vec![len]))
 }
 
 /// Elementwise integer arithmetic on i64/i32 constants with broadcasting.
-pub fn int_binary(
-    a: &Tensor,
-    b: &Tensor,
-    f: fn(i64, i64) -> Option<i64>,
-) -> Result<Tensor, String> {
+pub fn int_binary(a: &Tensor, b: &Tensor, f: fn(i64, i64) -> Option<i64>) -> Result<Tensor, String> {
     let shape = broadcast(a.shape(), b.shape()).ok_or("shapes do not broadcast")?;
     let (av, bv) = (a.to_i64_vec(), b.to_i64_vec());
     let n: usize = shape.iter().product();
@@ -105,14 +92,9 @@ pub fn int_binary(
         v[off]
     };
     let out = (0..n)
-        .map(|i| {
-            f(at(&av, a.shape(), i), at(&bv, b.shape(), i))
-                .ok_or("integer overflow or division by zero")
-        })
+        .map(|i| f(at(&av, a.shape(), i), at(&bv, b.shape(), i)).ok_or("integer overflow or division by zero"))
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(Tensor::new(shape, TensorData::I64(out))
-        .expect("count matches")
-        .cast(a.ty().dtype))
+    Ok(Tensor::new(shape, TensorData::I64(out)).expect("count matches").cast(a.ty().dtype))
 }
 
 fn join(parts: &[&Tensor]) -> Tensor {
@@ -120,25 +102,11 @@ fn join(parts: &[&Tensor]) -> Tensor {
     let n: usize = parts.iter().map(|p| p.ty().numel()).sum();
     let data = match dtype {
         DType::I64 => TensorData::I64(parts.iter().flat_map(|p| p.to_i64_vec()).collect()),
-        DType::I32 => TensorData::I32(
-            parts
-                .iter()
-                .flat_map(|p| p.to_i64_vec())
-                .map(|x| x as i32)
-                .collect(),
-        ),
-        DType::Bool => TensorData::Bool(
-            parts
-                .iter()
-                .flat_map(|p| p.to_i64_vec())
-                .map(|x| x != 0)
-                .collect(),
-        ),
+        DType::I32 => TensorData::I32(parts.iter().flat_map(|p| p.to_i64_vec()).map(|x| x as i32).collect()),
+        DType::Bool => TensorData::Bool(parts.iter().flat_map(|p| p.to_i64_vec()).map(|x| x != 0).collect()),
         _ => TensorData::F32(parts.iter().flat_map(|p| p.to_f32_vec()).collect()),
     };
-    Tensor::new(vec![n], data)
-        .expect("count matches")
-        .cast(dtype)
+    Tensor::new(vec![n], data).expect("count matches").cast(dtype)
 }
 
 fn pick(data: &Tensor, order: &[usize], shape: Vec<usize>) -> Tensor {

@@ -29,50 +29,21 @@ pub struct ImportOptions {
 
 /// Imports an `.onnx` file.
 pub fn import_file(path: &Path, opts: &ImportOptions) -> Result<Graph, IrError> {
-    let bytes = std::fs::read(path).map_err(|source| IrError::Io {
-        path: path.display().to_string(),
-        source,
-    })?;
+    let bytes = std::fs::read(path).map_err(|source| IrError::Io { path: path.display().to_string(), source })?;
     import(&bytes, opts)
 }
 
 /// Imports the bytes of an ONNX `ModelProto`.
 pub fn import(bytes: &[u8], opts: &ImportOptions) -> Result<Graph, IrError> {
-    let model = ModelProto::decode(bytes)
-        .map_err(|e| IrError::Malformed(format!("not an ONNX model: {e}")))?;
-    let graph = model
-        .graph
-        .as_ref()
-        .ok_or_else(|| IrError::Malformed("the model has no graph".into()))?;
-    let opset = model
-        .opset_import
-        .iter()
-        .find(|o| o.domain().is_empty() || o.domain() == "ai.onnx")
-        .map(|o| o.version())
-        .unwrap_or(1);
-    let used = graph
-        .node
-        .iter()
-        .flat_map(|n| n.input.iter().cloned())
-        .chain(graph.output.iter().map(|o| o.name().to_string()))
-        .collect();
-    let mut im = Importer {
-        g: Graph::new(),
-        env: HashMap::new(),
-        opset,
-        batch: None,
-        used,
-    };
+    let model = ModelProto::decode(bytes).map_err(|e| IrError::Malformed(format!("not an ONNX model: {e}")))?;
+    let graph = model.graph.as_ref().ok_or_else(|| IrError::Malformed("the model has no graph".into()))?;
+    let opset = model.opset_import.iter().find(|o| o.domain().is_empty() || o.domain() == "ai.onnx").map(|o| o.version()).unwrap_or(1);
+    let used = graph.node.iter().flat_map(|n| n.input.iter().cloned()).chain(graph.output.iter().map(|o| o.name().to_string())).collect();
+    let mut im = Importer { g: Graph::new(), env: HashMap::new(), opset, batch: None, used };
 
     for init in &graph.initializer {
         let t = tensor::from_proto(init)?;
-        im.env.insert(
-            init.name().to_string(),
-            Entry {
-                konst: Some(Arc::new(t)),
-                value: None,
-            },
-        );
+        im.env.insert(init.name().to_string(), Entry { konst: Some(Arc::new(t)), value: None });
     }
     for input in &graph.input {
         if im.env.contains_key(input.name()) {
@@ -80,21 +51,13 @@ pub fn import(bytes: &[u8], opts: &ImportOptions) -> Result<Graph, IrError> {
         }
         let ty = im.input_type(input, opts)?;
         let v = im.g.add_input(input.name(), ty)?;
-        im.env.insert(
-            input.name().to_string(),
-            Entry {
-                konst: None,
-                value: Some(v),
-            },
-        );
+        im.env.insert(input.name().to_string(), Entry { konst: None, value: Some(v) });
     }
     for node in &graph.node {
         nodes::convert(&mut im, node)?;
     }
     for out in &graph.output {
-        let v = im.value(out.name()).map_err(|_| {
-            IrError::Malformed(format!("graph output \"{}\" is never produced", out.name()))
-        })?;
+        let v = im.value(out.name()).map_err(|_| IrError::Malformed(format!("graph output \"{}\" is never produced", out.name())))?;
         im.g.add_output(out.name(), v);
     }
     if im.g.outputs().is_empty() {
@@ -124,11 +87,7 @@ pub(crate) struct Importer {
 }
 
 impl Importer {
-    fn input_type(
-        &mut self,
-        input: &smelt_onnx_proto::ValueInfoProto,
-        opts: &ImportOptions,
-    ) -> Result<TensorType, IrError> {
+    fn input_type(&mut self, input: &smelt_onnx_proto::ValueInfoProto, opts: &ImportOptions) -> Result<TensorType, IrError> {
         use smelt_onnx_proto::tensor_shape_proto::dimension::Value as Dim;
         use smelt_onnx_proto::type_proto::Value;
         let bad = |msg: String| IrError::Malformed(format!("input \"{}\": {msg}", input.name()));
@@ -136,8 +95,8 @@ impl Importer {
             Some(Value::TensorType(tt)) => tt,
             _ => return Err(bad("not a tensor".into())),
         };
-        let dtype = tensor::dtype_of(tt.elem_type())
-            .map_err(|m| IrError::UnsupportedFeature(format!("input \"{}\": {m}", input.name())))?;
+        let dtype =
+            tensor::dtype_of(tt.elem_type()).map_err(|m| IrError::UnsupportedFeature(format!("input \"{}\": {m}", input.name())))?;
         let dims = tt.shape.as_ref().map(|s| s.dim.as_slice()).unwrap_or(&[]);
         let mut shape = Vec::with_capacity(dims.len());
         for (i, d) in dims.iter().enumerate() {
@@ -156,36 +115,22 @@ impl Importer {
                     shape.push(v)
                 }
                 Some(Dim::DimParam(_)) if i == 0 => shape.push(opts.batch.unwrap_or(1)),
-                Some(Dim::DimParam(ref p)) => {
-                    return Err(bad(format!(
-                        "dimension {i} is symbolic ({p}); smelt needs static shapes"
-                    )))
-                }
-                _ => {
-                    return Err(bad(format!(
-                        "dimension {i} is unknown; smelt needs static shapes"
-                    )))
-                }
+                Some(Dim::DimParam(ref p)) => return Err(bad(format!("dimension {i} is symbolic ({p}); smelt needs static shapes"))),
+                _ => return Err(bad(format!("dimension {i} is unknown; smelt needs static shapes"))),
             }
         }
         let ty = TensorType::new(dtype, shape);
-        ty.checked_bytes()
-            .ok_or_else(|| bad(format!("shape {:?} is absurdly large", ty.shape)))?;
+        ty.checked_bytes().ok_or_else(|| bad(format!("shape {:?} is absurdly large", ty.shape)))?;
         Ok(ty)
     }
 
     /// The graph value for `name`, materialising a constant on first use.
     pub fn value(&mut self, name: &str) -> Result<ValueId, IrError> {
-        let e = self.env.get_mut(name).ok_or_else(|| {
-            IrError::Malformed(format!("value \"{name}\" is used before it is defined"))
-        })?;
+        let e = self.env.get_mut(name).ok_or_else(|| IrError::Malformed(format!("value \"{name}\" is used before it is defined")))?;
         if let Some(v) = e.value {
             return Ok(v);
         }
-        let t = e
-            .konst
-            .clone()
-            .expect("an entry holds a value or a constant");
+        let t = e.konst.clone().expect("an entry holds a value or a constant");
         let v = self.g.add_constant(name, (*t).clone());
         self.env.get_mut(name).expect("present").value = Some(v);
         Ok(v)
@@ -198,9 +143,7 @@ impl Importer {
 
     /// The type of `name`.
     pub fn ty(&self, name: &str) -> Result<TensorType, IrError> {
-        let e = self.env.get(name).ok_or_else(|| {
-            IrError::Malformed(format!("value \"{name}\" is used before it is defined"))
-        })?;
+        let e = self.env.get(name).ok_or_else(|| IrError::Malformed(format!("value \"{name}\" is used before it is defined")))?;
         Ok(match (&e.konst, e.value) {
             (Some(t), _) => t.ty().clone(),
             (None, Some(v)) => self.g.ty(v).clone(),

@@ -23,106 +23,62 @@ struct Cx<'a> {
 
 impl<'a> Cx<'a> {
     fn unsupported(&self, msg: impl Into<String>) -> IrError {
-        IrError::Unsupported {
-            op_type: self.node.op_type().to_string(),
-            node: self.name.clone(),
-            opset: self.opset,
-            msg: msg.into(),
-        }
+        IrError::Unsupported { op_type: self.node.op_type().to_string(), node: self.name.clone(), opset: self.opset, msg: msg.into() }
     }
     fn bad(&self, msg: impl std::fmt::Display) -> IrError {
-        IrError::Shape {
-            node: format!("\"{}\" ({})", self.name, self.node.op_type()),
-            msg: msg.to_string(),
-        }
+        IrError::Shape { node: format!("\"{}\" ({})", self.name, self.node.op_type()), msg: msg.to_string() }
     }
     fn attr(&self, k: &str, want: AttributeType) -> Result<Option<&'a AttributeProto>, IrError> {
         match self.attrs.get(k) {
             None => Ok(None),
             Some(a) if a.r#type() == want || a.r#type() == AttributeType::Undefined => Ok(Some(*a)),
-            Some(a) => Err(self.bad(format!(
-                "attribute {k} has type {:?}, expected {want:?}",
-                a.r#type()
-            ))),
+            Some(a) => Err(self.bad(format!("attribute {k} has type {:?}, expected {want:?}", a.r#type()))),
         }
     }
     fn int(&self, k: &str, default: i64) -> Result<i64, IrError> {
         Ok(self.attr(k, AttributeType::Int)?.map_or(default, |a| a.i()))
     }
     fn float(&self, k: &str, default: f32) -> Result<f32, IrError> {
-        Ok(self
-            .attr(k, AttributeType::Float)?
-            .map_or(default, |a| a.f()))
+        Ok(self.attr(k, AttributeType::Float)?.map_or(default, |a| a.f()))
     }
     fn ints(&self, k: &str) -> Result<Option<Vec<i64>>, IrError> {
         Ok(self.attr(k, AttributeType::Ints)?.map(|a| a.ints.clone()))
     }
     fn string(&self, k: &str) -> Result<Option<String>, IrError> {
-        Ok(self
-            .attr(k, AttributeType::String)?
-            .map(|a| String::from_utf8_lossy(a.s()).into_owned()))
+        Ok(self.attr(k, AttributeType::String)?.map(|a| String::from_utf8_lossy(a.s()).into_owned()))
     }
     /// Whether any output from the `from`-th on is read by someone.
     fn extra_outputs_used(&self, im: &Importer, from: usize) -> bool {
-        self.node
-            .output
-            .iter()
-            .skip(from)
-            .any(|o| !o.is_empty() && im.used.contains(o))
+        self.node.output.iter().skip(from).any(|o| !o.is_empty() && im.used.contains(o))
     }
     /// Input `i`'s name, `None` when absent or empty (an omitted optional input).
     fn input(&self, i: usize) -> Option<&'a str> {
-        self.node
-            .input
-            .get(i)
-            .map(|s| s.as_str())
-            .filter(|s| !s.is_empty())
+        self.node.input.get(i).map(|s| s.as_str()).filter(|s| !s.is_empty())
     }
     fn need(&self, i: usize) -> Result<&'a str, IrError> {
-        self.input(i)
-            .ok_or_else(|| self.bad(format!("missing input {i}")))
+        self.input(i).ok_or_else(|| self.bad(format!("missing input {i}")))
     }
     fn usizes(&self, v: Vec<i64>, what: &str) -> Result<Vec<usize>, IrError> {
-        v.into_iter()
-            .map(|x| {
-                usize::try_from(x)
-                    .map_err(|_| self.bad(format!("{what} must be non-negative, got {x}")))
-            })
-            .collect()
+        v.into_iter().map(|x| usize::try_from(x).map_err(|_| self.bad(format!("{what} must be non-negative, got {x}")))).collect()
     }
 }
 
 fn axis(cx: &Cx, a: i64, rank: usize) -> Result<usize, IrError> {
     let r = rank as i64;
     let x = if a < 0 { a + r } else { a };
-    (0..r.max(1))
-        .contains(&x)
-        .then_some(x as usize)
-        .ok_or_else(|| cx.bad(format!("axis {a} out of range for rank {rank}")))
+    (0..r.max(1)).contains(&x).then_some(x as usize).ok_or_else(|| cx.bad(format!("axis {a} out of range for rank {rank}")))
 }
 
 fn axes(cx: &Cx, v: &[i64], rank: usize) -> Result<Vec<usize>, IrError> {
-    let mut out = v
-        .iter()
-        .map(|&a| axis(cx, a, rank))
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut out = v.iter().map(|&a| axis(cx, a, rank)).collect::<Result<Vec<_>, _>>()?;
     out.sort_unstable();
     out.dedup();
     Ok(out)
 }
 
 pub(super) fn convert(im: &mut Importer, node: &NodeProto) -> Result<(), IrError> {
-    let name = if node.name().is_empty() {
-        node.output.first().cloned().unwrap_or_default()
-    } else {
-        node.name().to_string()
-    };
-    let cx = Cx {
-        node,
-        name,
-        opset: im.opset,
-        attrs: node.attribute.iter().map(|a| (a.name(), a)).collect(),
-    };
+    let name = if node.name().is_empty() { node.output.first().cloned().unwrap_or_default() } else { node.name().to_string() };
+    let cx = Cx { node, name, opset: im.opset, attrs: node.attribute.iter().map(|a| (a.name(), a)).collect() };
     if !(node.domain().is_empty() || node.domain() == "ai.onnx") {
         return Err(IrError::UnsupportedOp {
             op_type: format!("{}.{}", node.domain(), node.op_type()),
@@ -143,30 +99,16 @@ pub(super) fn convert(im: &mut Importer, node: &NodeProto) -> Result<(), IrError
 }
 
 fn konst(t: Tensor) -> Vec<Entry> {
-    vec![Entry {
-        konst: Some(Arc::new(t)),
-        value: None,
-    }]
+    vec![Entry { konst: Some(Arc::new(t)), value: None }]
 }
 
 fn values(id: crate::graph::NodeId, n: usize) -> Vec<Entry> {
-    (0..n)
-        .map(|slot| Entry {
-            konst: None,
-            value: Some(ValueId {
-                node: id,
-                slot: slot as u32,
-            }),
-        })
-        .collect()
+    (0..n).map(|slot| Entry { konst: None, value: Some(ValueId { node: id, slot: slot as u32 }) }).collect()
 }
 
 /// Adds `op` on the named inputs.
 fn emit(im: &mut Importer, cx: &Cx, op: Op, inputs: &[&str]) -> Result<Vec<Entry>, IrError> {
-    let vs = inputs
-        .iter()
-        .map(|n| im.value(n))
-        .collect::<Result<Vec<_>, _>>()?;
+    let vs = inputs.iter().map(|n| im.value(n)).collect::<Result<Vec<_>, _>>()?;
     emit_values(im, cx, op, &vs)
 }
 
@@ -184,22 +126,14 @@ fn emit_values(im: &mut Importer, cx: &Cx, op: Op, vs: &[ValueId]) -> Result<Vec
 fn reshaping(im: &mut Importer, cx: &Cx, op: Op, x: &str) -> Result<Vec<Entry>, IrError> {
     if let Some(t) = im.konst(x) {
         let out = crate::infer::infer(&op, &[t.ty()]).map_err(|m| cx.bad(m))?;
-        return Ok(konst(
-            (*t).clone()
-                .reshaped(out[0].shape.clone())
-                .expect("same element count"),
-        ));
+        return Ok(konst((*t).clone().reshaped(out[0].shape.clone()).expect("same element count")));
     }
     emit(im, cx, op, &[x])
 }
 
 fn const_input(im: &Importer, cx: &Cx, i: usize, what: &str) -> Result<Arc<Tensor>, IrError> {
     let n = cx.need(i)?;
-    im.konst(n).ok_or_else(|| {
-        cx.unsupported(format!(
-            "{what} (input {i}) must be a constant known at import"
-        ))
-    })
+    im.konst(n).ok_or_else(|| cx.unsupported(format!("{what} (input {i}) must be a constant known at import")))
 }
 
 fn const_ints(im: &Importer, cx: &Cx, i: usize, what: &str) -> Result<Option<Vec<i64>>, IrError> {
@@ -209,13 +143,7 @@ fn const_ints(im: &Importer, cx: &Cx, i: usize, what: &str) -> Result<Option<Vec
     }
 }
 
-fn window(
-    cx: &Cx,
-    spatial: &[usize],
-    kernel: &[usize],
-    strides: &[usize],
-    dil: &[usize],
-) -> Result<Vec<usize>, IrError> {
+fn window(cx: &Cx, spatial: &[usize], kernel: &[usize], strides: &[usize], dil: &[usize]) -> Result<Vec<usize>, IrError> {
     let n = kernel.len();
     let auto = cx.string("auto_pad")?.unwrap_or_else(|| "NOTSET".into());
     match auto.as_str() {
@@ -234,11 +162,7 @@ fn window(
                 let eff = dil[i] * (kernel[i].saturating_sub(1)) + 1;
                 let total = ((out.saturating_sub(1)) * strides[i] + eff).saturating_sub(spatial[i]);
                 let small = total / 2;
-                let (b, e) = if auto == "SAME_UPPER" {
-                    (small, total - small)
-                } else {
-                    (total - small, small)
-                };
+                let (b, e) = if auto == "SAME_UPPER" { (small, total - small) } else { (total - small, small) };
                 pads[i] = b;
                 pads[n + i] = e;
             }
@@ -261,11 +185,7 @@ fn pool_attrs(im: &Importer, cx: &Cx) -> Result<Pool, IrError> {
     if x.shape.len() < 3 {
         return Err(cx.bad(format!("needs an input of rank at least 3, got {x}")));
     }
-    let kernel = cx.usizes(
-        cx.ints("kernel_shape")?
-            .ok_or_else(|| cx.bad("missing kernel_shape"))?,
-        "kernel_shape",
-    )?;
+    let kernel = cx.usizes(cx.ints("kernel_shape")?.ok_or_else(|| cx.bad("missing kernel_shape"))?, "kernel_shape")?;
     let n = kernel.len();
     let strides = spatial_attr(cx, "strides", n)?;
     let dil = spatial_attr(cx, "dilations", n)?;
@@ -276,22 +196,12 @@ fn pool_attrs(im: &Importer, cx: &Cx) -> Result<Pool, IrError> {
         return Err(cx.bad(format!("kernel_shape {kernel:?} does not fit input {x}")));
     }
     let pads = window(cx, &x.shape[2..], &kernel, &strides, &dil)?;
-    Ok(Pool {
-        kernel,
-        strides,
-        pads,
-        ceil_mode: cx.int("ceil_mode", 0)? != 0,
-    })
+    Ok(Pool { kernel, strides, pads, ceil_mode: cx.int("ceil_mode", 0)? != 0 })
 }
 
 /// Resolves a Reshape target against the input shape (ONNX 0 and -1), after
 /// replacing a hard-coded exported batch when `--batch` changes it.
-fn reshape_target(
-    im: &Importer,
-    cx: &Cx,
-    mut target: Vec<i64>,
-    input: &[usize],
-) -> Result<Vec<usize>, IrError> {
+fn reshape_target(im: &Importer, cx: &Cx, mut target: Vec<i64>, input: &[usize]) -> Result<Vec<usize>, IrError> {
     if let Some((exported, new)) = im.batch {
         if !target.is_empty() && target[0] == exported as i64 && input.first() == Some(&new) {
             target[0] = new as i64;
@@ -307,11 +217,9 @@ fn reshape_target(
                 infer_at = Some(i);
                 out.push(1)
             }
-            0 if !allow_zero => out.push(*input.get(i).ok_or_else(|| {
-                cx.bad(format!(
-                    "target {target:?} copies dim {i} that the input lacks"
-                ))
-            })?),
+            0 if !allow_zero => {
+                out.push(*input.get(i).ok_or_else(|| cx.bad(format!("target {target:?} copies dim {i} that the input lacks")))?)
+            }
             d if d >= 0 => out.push(d as usize),
             _ => return Err(cx.bad(format!("invalid reshape target {target:?}"))),
         }
@@ -324,9 +232,7 @@ fn reshape_target(
         out[i] = numel / known;
     }
     if out.iter().product::<usize>() != numel {
-        return Err(cx.bad(format!(
-            "cannot reshape {input:?} ({numel} elements) to {target:?}"
-        )));
+        return Err(cx.bad(format!("cannot reshape {input:?} ({numel} elements) to {target:?}")));
     }
     Ok(out)
 }
@@ -365,10 +271,7 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
         "Softplus" => unary(UnaryOp::Softplus),
         "LeakyRelu" => unary(UnaryOp::LeakyRelu(cx.float("alpha", 0.01)?)),
         "Elu" => unary(UnaryOp::Elu(cx.float("alpha", 1.0)?)),
-        "Selu" => unary(UnaryOp::Selu(
-            cx.float("alpha", 1.673_263_2)?,
-            cx.float("gamma", 1.050_701)?,
-        )),
+        "Selu" => unary(UnaryOp::Selu(cx.float("alpha", 1.673_263_2)?, cx.float("gamma", 1.050_701)?)),
         "Pow" => Some(Op::Binary(BinaryOp::Pow)),
         "MatMul" => Some(Op::MatMul),
         "GlobalAveragePool" => Some(Op::GlobalAveragePool),
@@ -383,25 +286,13 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
             // Before opset 7 a 1-D slope of C elements is per channel.
             let (x, slope) = (cx.need(0)?, cx.need(1)?);
             let (xt, st) = (im.ty(x)?, im.ty(slope)?);
-            let per_channel = cx.opset < 7
-                && st.shape.len() == 1
-                && xt.shape.len() > 2
-                && xt.shape.get(1) == st.shape.first();
-            let slope = if per_channel {
-                align(im, cx, slope, xt.shape.len() - 2)?
-            } else {
-                slope.to_string()
-            };
+            let per_channel = cx.opset < 7 && st.shape.len() == 1 && xt.shape.len() > 2 && xt.shape.get(1) == st.shape.first();
+            let slope = if per_channel { align(im, cx, slope, xt.shape.len() - 2)? } else { slope.to_string() };
             emit(im, cx, Op::Binary(BinaryOp::PRelu), &[x, &slope])
         }
         "Constant" => {
-            let a = cx
-                .attrs
-                .get("value")
-                .ok_or_else(|| cx.unsupported("only the tensor form (value) of Constant"))?;
-            let t =
-                a.t.as_ref()
-                    .ok_or_else(|| cx.bad("value attribute holds no tensor"))?;
+            let a = cx.attrs.get("value").ok_or_else(|| cx.unsupported("only the tensor form (value) of Constant"))?;
+            let t = a.t.as_ref().ok_or_else(|| cx.bad("value attribute holds no tensor"))?;
             Ok(konst(tensor::from_proto(t)?))
         }
         "ConstantOfShape" => {
@@ -413,17 +304,10 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
             let (shape, _) = tensor::numel_of(&dims, value.ty().dtype).map_err(|m| cx.bad(m))?;
             let ty = TensorType::new(value.ty().dtype, shape);
             if ty.bytes() > FOLD_LIMIT_BYTES {
-                return Err(cx.bad(format!(
-                    "constant of {} bytes is too large to fold",
-                    ty.bytes()
-                )));
+                return Err(cx.bad(format!("constant of {} bytes is too large to fold", ty.bytes())));
             }
             let v = value.to_f32_vec().first().copied().unwrap_or(0.0);
-            let v = if value.ty().dtype.is_float() {
-                v as f64
-            } else {
-                value.to_i64_vec()[0] as f64
-            };
+            let v = if value.ty().dtype.is_float() { v as f64 } else { value.to_i64_vec()[0] as f64 };
             Ok(konst(Tensor::full(&ty, v)))
         }
         "Shape" => {
@@ -432,10 +316,7 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
             let clamp = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
             let start = clamp(cx.int("start", 0)?);
             let end = clamp(cx.int("end", r)?);
-            let dims: Vec<i64> = ty.shape[start..end.max(start)]
-                .iter()
-                .map(|&d| d as i64)
-                .collect();
+            let dims: Vec<i64> = ty.shape[start..end.max(start)].iter().map(|&d| d as i64).collect();
             Ok(konst(Tensor::from_i64(vec![dims.len()], dims)))
         }
         "Gather" => {
@@ -458,11 +339,7 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
             if cx.extra_outputs_used(im, 1) {
                 return Err(cx.unsupported("the mask output of Dropout"));
             }
-            let op = if op_type == "Identity" {
-                Op::Identity
-            } else {
-                Op::Dropout
-            };
+            let op = if op_type == "Identity" { Op::Identity } else { Op::Dropout };
             reshaping(im, cx, op, cx.need(0)?)
         }
         "Reshape" => {
@@ -488,11 +365,7 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
         "Squeeze" | "Unsqueeze" => {
             let x = cx.need(0)?;
             let shape = im.ty(x)?.shape;
-            let given = if cx.opset >= 13 {
-                const_ints(im, cx, 1, "axes")?
-            } else {
-                cx.ints("axes")?
-            };
+            let given = if cx.opset >= 13 { const_ints(im, cx, 1, "axes")? } else { cx.ints("axes")? };
             if op_type == "Squeeze" {
                 let ax = match given {
                     Some(v) => axes(cx, &v, shape.len())?,
@@ -506,13 +379,7 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
             }
         }
         "Concat" => {
-            let ins: Vec<&str> = cx
-                .node
-                .input
-                .iter()
-                .map(|s| s.as_str())
-                .filter(|s| !s.is_empty())
-                .collect();
+            let ins: Vec<&str> = cx.node.input.iter().map(|s| s.as_str()).filter(|s| !s.is_empty()).collect();
             let first = im.ty(ins.first().copied().ok_or_else(|| cx.bad("no inputs"))?)?;
             let ax = axis(
                 cx,
@@ -538,25 +405,15 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
             let x = cx.need(0)?;
             let shape = im.ty(x)?.shape;
             let ax = axis(cx, cx.int("axis", 0)?, shape.len())?;
-            let given = if cx.opset >= 13 {
-                const_ints(im, cx, 1, "split")?
-            } else {
-                cx.ints("split")?
-            };
+            let given = if cx.opset >= 13 { const_ints(im, cx, 1, "split")? } else { cx.ints("split")? };
             let n_out = cx.node.output.len();
             let sizes = match given {
                 Some(v) => cx.usizes(v, "split")?,
                 None => {
-                    let parts = if cx.opset >= 18 {
-                        cx.int("num_outputs", n_out as i64)? as usize
-                    } else {
-                        n_out
-                    };
+                    let parts = if cx.opset >= 18 { cx.int("num_outputs", n_out as i64)? as usize } else { n_out };
                     let d = shape[ax];
                     let chunk = d.div_ceil(parts.max(1));
-                    (0..parts)
-                        .map(|i| chunk.min(d.saturating_sub(i * chunk)))
-                        .collect()
+                    (0..parts).map(|i| chunk.min(d.saturating_sub(i * chunk))).collect()
                 }
             };
             emit(im, cx, Op::Split { axis: ax, sizes }, &[x])
@@ -565,12 +422,7 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
             let x = cx.need(0)?;
             let shape = im.ty(x)?.shape;
             let (starts, ends, ax, steps) = if cx.opset < 10 {
-                (
-                    cx.ints("starts")?.unwrap_or_default(),
-                    cx.ints("ends")?.unwrap_or_default(),
-                    cx.ints("axes")?,
-                    None,
-                )
+                (cx.ints("starts")?.unwrap_or_default(), cx.ints("ends")?.unwrap_or_default(), cx.ints("axes")?, None)
             } else {
                 (
                     const_input(im, cx, 1, "starts")?.to_i64_vec(),
@@ -597,10 +449,7 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
                 let (s, e) = if step > 0 {
                     (fix(starts[i]).clamp(0, d), fix(ends[i]).clamp(0, d))
                 } else {
-                    (
-                        fix(starts[i]).clamp(0, d - 1),
-                        fix(ends[i]).clamp(-1, d - 1),
-                    )
+                    (fix(starts[i]).clamp(0, d - 1), fix(ends[i]).clamp(-1, d - 1))
                 };
                 norm.0.push(a);
                 norm.1.push(s);
@@ -609,23 +458,10 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
             }
             if let (Some(t), 1, [0]) = (im.konst(x), n, norm.0.as_slice()) {
                 if !t.ty().dtype.is_float() {
-                    return Ok(konst(
-                        fold::slice_1d(&t, norm.1[0], norm.2[0], norm.3[0])
-                            .map_err(|m| cx.bad(m))?,
-                    ));
+                    return Ok(konst(fold::slice_1d(&t, norm.1[0], norm.2[0], norm.3[0]).map_err(|m| cx.bad(m))?));
                 }
             }
-            emit(
-                im,
-                cx,
-                Op::Slice {
-                    axes: norm.0,
-                    starts: norm.1,
-                    ends: norm.2,
-                    steps: norm.3,
-                },
-                &[x],
-            )
+            emit(im, cx, Op::Slice { axes: norm.0, starts: norm.1, ends: norm.2, steps: norm.3 }, &[x])
         }
         "Add" | "Sub" | "Mul" | "Div" | "Max" | "Min" => {
             let mut ins: Vec<String> = cx.node.input.iter().cloned().collect();
@@ -636,13 +472,11 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
                     Some(a) => axis(cx, a.i(), at.shape.len())?,
                     None => at.shape.len().saturating_sub(bt.shape.len()),
                 };
-                let trailing =
-                    at.shape
-                        .len()
-                        .checked_sub(ax + bt.shape.len())
-                        .ok_or_else(|| {
-                            cx.bad(format!("cannot broadcast {bt} into {at} at axis {ax}"))
-                        })?;
+                let trailing = at
+                    .shape
+                    .len()
+                    .checked_sub(ax + bt.shape.len())
+                    .ok_or_else(|| cx.bad(format!("cannot broadcast {bt} into {at} at axis {ax}")))?;
                 ins[1] = align(im, cx, &ins[1], trailing)?;
             }
             let ins: Vec<&str> = ins.iter().map(|s| s.as_str()).collect();
@@ -655,12 +489,7 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
                 _ => BinaryOp::Min,
             };
             let consts: Option<Vec<Arc<Tensor>>> = ins.iter().map(|n| im.konst(n)).collect();
-            if let Some(cs) = consts.filter(|cs| {
-                cs.len() == 2
-                    && cs
-                        .iter()
-                        .all(|c| matches!(c.ty().dtype, DType::I64 | DType::I32))
-            }) {
+            if let Some(cs) = consts.filter(|cs| cs.len() == 2 && cs.iter().all(|c| matches!(c.ty().dtype, DType::I64 | DType::I32))) {
                 let f: fn(i64, i64) -> Option<i64> = match b {
                     BinaryOp::Add => i64::checked_add,
                     BinaryOp::Sub => i64::checked_sub,
@@ -669,9 +498,7 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
                     BinaryOp::Max => |a, b| Some(a.max(b)),
                     _ => |a, b| Some(a.min(b)),
                 };
-                return Ok(konst(
-                    fold::int_binary(&cs[0], &cs[1], f).map_err(|m| cx.bad(m))?,
-                ));
+                return Ok(konst(fold::int_binary(&cs[0], &cs[1], f).map_err(|m| cx.bad(m))?));
             }
             if ins.len() == 2 {
                 return emit(im, cx, Op::Binary(b), &ins);
@@ -683,14 +510,9 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
             let mut acc = im.value(ins[0])?;
             for n in &ins[1..] {
                 let v = im.value(n)?;
-                acc = emit_values(im, cx, Op::Binary(b), &[acc, v])?[0]
-                    .value
-                    .expect("a value");
+                acc = emit_values(im, cx, Op::Binary(b), &[acc, v])?[0].value.expect("a value");
             }
-            Ok(vec![Entry {
-                konst: None,
-                value: Some(acc),
-            }])
+            Ok(vec![Entry { konst: None, value: Some(acc) }])
         }
         "Sum" => {
             let ins: Vec<&str> = cx.node.input.iter().map(|s| s.as_str()).collect();
@@ -700,38 +522,23 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
             let (x, w) = (cx.need(0)?, cx.need(1)?);
             let (xt, wt) = (im.ty(x)?, im.ty(w)?);
             if wt.shape.len() < 3 || xt.shape.len() != wt.shape.len() {
-                return Err(cx.bad(format!(
-                    "input {xt} and weight {wt} do not fit a convolution"
-                )));
+                return Err(cx.bad(format!("input {xt} and weight {wt} do not fit a convolution")));
             }
             let kernel = match cx.ints("kernel_shape")? {
                 Some(k) => cx.usizes(k, "kernel_shape")?,
                 None => wt.shape[2..].to_vec(),
             };
             if kernel != wt.shape[2..] {
-                return Err(cx.bad(format!(
-                    "kernel_shape {kernel:?} does not match weight {wt}"
-                )));
+                return Err(cx.bad(format!("kernel_shape {kernel:?} does not match weight {wt}")));
             }
             let n = kernel.len();
             let strides = spatial_attr(cx, "strides", n)?;
             let dilations = spatial_attr(cx, "dilations", n)?;
             let pads = window(cx, &xt.shape[2..], &kernel, &strides, &dilations)?;
-            let group =
-                usize::try_from(cx.int("group", 1)?).map_err(|_| cx.bad("negative group"))?;
+            let group = usize::try_from(cx.int("group", 1)?).map_err(|_| cx.bad("negative group"))?;
             let mut ins = vec![x, w];
             ins.extend(cx.input(2));
-            emit(
-                im,
-                cx,
-                Op::Conv(Conv {
-                    strides,
-                    pads,
-                    dilations,
-                    group,
-                }),
-                &ins,
-            )
+            emit(im, cx, Op::Conv(Conv { strides, pads, dilations, group }), &ins)
         }
         "BatchNormalization" => {
             if cx.extra_outputs_used(im, 1) {
@@ -741,30 +548,16 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
                 return Err(cx.unsupported("non-spatial or training-mode batch normalization"));
             }
             let ins = (0..5).map(|i| cx.need(i)).collect::<Result<Vec<_>, _>>()?;
-            emit(
-                im,
-                cx,
-                Op::BatchNorm {
-                    epsilon: cx.float("epsilon", 1e-5)?,
-                },
-                &ins,
-            )
+            emit(im, cx, Op::BatchNorm { epsilon: cx.float("epsilon", 1e-5)? }, &ins)
         }
         "Clip" => {
             let x = cx.need(0)?;
             let (min, max) = if cx.opset < 11 {
-                (
-                    cx.float("min", f32::NEG_INFINITY)?,
-                    cx.float("max", f32::INFINITY)?,
-                )
+                (cx.float("min", f32::NEG_INFINITY)?, cx.float("max", f32::INFINITY)?)
             } else {
                 let bound = |i: usize, d: f32| -> Result<f32, IrError> {
                     Ok(match cx.input(i) {
-                        Some(_) => const_input(im, cx, i, "a clip bound")?
-                            .to_f32_vec()
-                            .first()
-                            .copied()
-                            .unwrap_or(d),
+                        Some(_) => const_input(im, cx, i, "a clip bound")?.to_f32_vec().first().copied().unwrap_or(d),
                         None => d,
                     })
                 };
@@ -785,30 +578,16 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
         "AveragePool" => {
             let p = pool_attrs(im, cx)?;
             let cip = cx.int("count_include_pad", 0)? != 0;
-            emit(
-                im,
-                cx,
-                Op::AveragePool {
-                    pool: p,
-                    count_include_pad: cip,
-                },
-                &[cx.need(0)?],
-            )
+            emit(im, cx, Op::AveragePool { pool: p, count_include_pad: cip }, &[cx.need(0)?])
         }
         "ReduceMean" | "ReduceSum" | "ReduceMax" => {
             let x = cx.need(0)?;
             let rank = im.ty(x)?.shape.len();
             let axes_in = (op_type == "ReduceSum" && cx.opset >= 13) || cx.opset >= 18;
-            let given = if axes_in {
-                const_ints(im, cx, 1, "axes")?
-            } else {
-                cx.ints("axes")?
-            };
+            let given = if axes_in { const_ints(im, cx, 1, "axes")? } else { cx.ints("axes")? };
             let ax = match given {
                 Some(v) if !v.is_empty() => axes(cx, &v, rank)?,
-                _ if cx.int("noop_with_empty_axes", 0)? != 0 => {
-                    return reshaping(im, cx, Op::Identity, x)
-                }
+                _ if cx.int("noop_with_empty_axes", 0)? != 0 => return reshaping(im, cx, Op::Identity, x),
                 _ => (0..rank).collect(),
             };
             let op = match op_type {
@@ -816,16 +595,7 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
                 "ReduceSum" => ReduceOp::Sum,
                 _ => ReduceOp::Max,
             };
-            emit(
-                im,
-                cx,
-                Op::Reduce {
-                    op,
-                    axes: ax,
-                    keepdims: cx.int("keepdims", 1)? != 0,
-                },
-                &[x],
-            )
+            emit(im, cx, Op::Reduce { op, axes: ax, keepdims: cx.int("keepdims", 1)? != 0 }, &[x])
         }
         "Gemm" => {
             let mut ins = vec![cx.need(0)?, cx.need(1)?];
@@ -865,19 +635,8 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
             // Before opset 13 the input is coerced to 2-D at `axis`.
             let outer: usize = shape[..ax].iter().product();
             let inner: usize = shape[ax..].iter().product();
-            let flat = emit(
-                im,
-                cx,
-                Op::Reshape {
-                    shape: vec![outer, inner],
-                },
-                &[x],
-            )?[0]
-                .value
-                .expect("a value");
-            let sm = emit_values(im, cx, make(1), &[flat])?[0]
-                .value
-                .expect("a value");
+            let flat = emit(im, cx, Op::Reshape { shape: vec![outer, inner] }, &[x])?[0].value.expect("a value");
+            let sm = emit_values(im, cx, make(1), &[flat])?[0].value.expect("a value");
             emit_values(im, cx, Op::Reshape { shape }, &[sm])
         }
         "LayerNormalization" => {
@@ -889,30 +648,13 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
             let ax = axis(cx, cx.int("axis", -1)?, rank)?;
             let mut ins = vec![x, cx.need(1)?];
             ins.extend(cx.input(2));
-            emit(
-                im,
-                cx,
-                Op::LayerNorm {
-                    axis: ax,
-                    epsilon: cx.float("epsilon", 1e-5)?,
-                },
-                &ins,
-            )
+            emit(im, cx, Op::LayerNorm { axis: ax, epsilon: cx.float("epsilon", 1e-5)? }, &ins)
         }
         "LRN" => {
             let size = usize::try_from(cx.int("size", 0)?).map_err(|_| cx.bad("negative size"))?;
-            let op = Op::Lrn {
-                size,
-                alpha: cx.float("alpha", 1e-4)?,
-                beta: cx.float("beta", 0.75)?,
-                bias: cx.float("bias", 1.0)?,
-            };
+            let op = Op::Lrn { size, alpha: cx.float("alpha", 1e-4)?, beta: cx.float("beta", 0.75)?, bias: cx.float("bias", 1.0)? };
             emit(im, cx, op, &[cx.need(0)?])
         }
-        _ => Err(IrError::UnsupportedOp {
-            op_type: op_type.to_string(),
-            node: cx.name.clone(),
-            opset: cx.opset,
-        }),
+        _ => Err(IrError::UnsupportedOp { op_type: op_type.to_string(), node: cx.name.clone(), opset: cx.opset }),
     }
 }

@@ -34,19 +34,14 @@ fn code_of(d: DType) -> DataType {
 
 /// Checked element count of ONNX dims.
 pub fn numel_of(dims: &[i64], dtype: DType) -> Result<(Vec<usize>, usize), String> {
-    let shape = dims
-        .iter()
-        .map(|&d| usize::try_from(d).map_err(|_| format!("negative dimension {d}")))
-        .collect::<Result<Vec<_>, _>>()?;
+    let shape = dims.iter().map(|&d| usize::try_from(d).map_err(|_| format!("negative dimension {d}"))).collect::<Result<Vec<_>, _>>()?;
     let ty = crate::TensorType::new(dtype, shape.clone());
-    ty.checked_bytes()
-        .ok_or_else(|| format!("shape {dims:?} is absurdly large"))?;
+    ty.checked_bytes().ok_or_else(|| format!("shape {dims:?} is absurdly large"))?;
     Ok((shape, ty.numel()))
 }
 
 fn chunks<const N: usize>(raw: &[u8]) -> impl Iterator<Item = [u8; N]> + '_ {
-    raw.chunks_exact(N)
-        .map(|c| c.try_into().expect("exact chunk"))
+    raw.chunks_exact(N).map(|c| c.try_into().expect("exact chunk"))
 }
 
 /// Converts a `TensorProto`. Errors name the tensor.
@@ -61,24 +56,12 @@ pub fn from_proto(t: &TensorProto) -> Result<Tensor, IrError> {
     let raw = t.raw_data();
     let data = if t.raw_data.is_some() {
         if raw.len() != n * dtype.size() {
-            return Err(bad(format!(
-                "raw data has {} bytes, {n} elements of {dtype} need {}",
-                raw.len(),
-                n * dtype.size()
-            )));
+            return Err(bad(format!("raw data has {} bytes, {n} elements of {dtype} need {}", raw.len(), n * dtype.size())));
         }
         match dtype {
             DType::F32 => TensorData::F32(chunks::<4>(raw).map(f32::from_le_bytes).collect()),
-            DType::F16 => TensorData::F16(
-                chunks::<2>(raw)
-                    .map(|b| f16::from_bits(u16::from_le_bytes(b)))
-                    .collect(),
-            ),
-            DType::BF16 => TensorData::BF16(
-                chunks::<2>(raw)
-                    .map(|b| bf16::from_bits(u16::from_le_bytes(b)))
-                    .collect(),
-            ),
+            DType::F16 => TensorData::F16(chunks::<2>(raw).map(|b| f16::from_bits(u16::from_le_bytes(b))).collect()),
+            DType::BF16 => TensorData::BF16(chunks::<2>(raw).map(|b| bf16::from_bits(u16::from_le_bytes(b))).collect()),
             DType::I64 => TensorData::I64(chunks::<8>(raw).map(i64::from_le_bytes).collect()),
             DType::I32 => TensorData::I32(chunks::<4>(raw).map(i32::from_le_bytes).collect()),
             DType::Bool => TensorData::Bool(raw.iter().map(|&b| b != 0).collect()),
@@ -90,27 +73,14 @@ pub fn from_proto(t: &TensorProto) -> Result<Tensor, IrError> {
             _ => t.int32_data.len(),
         };
         if len != n {
-            return Err(bad(format!(
-                "has {len} elements, its shape {:?} needs {n}",
-                t.dims
-            )));
+            return Err(bad(format!("has {len} elements, its shape {:?} needs {n}", t.dims)));
         }
         match dtype {
             DType::F32 => TensorData::F32(t.float_data.clone()),
             DType::I64 => TensorData::I64(t.int64_data.clone()),
             DType::I32 => TensorData::I32(t.int32_data.clone()),
-            DType::F16 => TensorData::F16(
-                t.int32_data
-                    .iter()
-                    .map(|&b| f16::from_bits(b as u16))
-                    .collect(),
-            ),
-            DType::BF16 => TensorData::BF16(
-                t.int32_data
-                    .iter()
-                    .map(|&b| bf16::from_bits(b as u16))
-                    .collect(),
-            ),
+            DType::F16 => TensorData::F16(t.int32_data.iter().map(|&b| f16::from_bits(b as u16)).collect()),
+            DType::BF16 => TensorData::BF16(t.int32_data.iter().map(|&b| bf16::from_bits(b as u16)).collect()),
             DType::Bool => TensorData::Bool(t.int32_data.iter().map(|&b| b != 0).collect()),
         }
     };
@@ -138,19 +108,12 @@ pub fn to_proto(name: &str, t: &Tensor) -> TensorProto {
 
 /// Reads a `.pb` file holding one `TensorProto`; returns its name and data.
 pub fn read_tensor_file(path: &std::path::Path) -> Result<(String, Tensor), IrError> {
-    let bytes = std::fs::read(path).map_err(|source| IrError::Io {
-        path: path.display().to_string(),
-        source,
-    })?;
-    let t = TensorProto::decode(bytes.as_slice())
-        .map_err(|e| IrError::Malformed(format!("{}: not a TensorProto: {e}", path.display())))?;
+    let bytes = std::fs::read(path).map_err(|source| IrError::Io { path: path.display().to_string(), source })?;
+    let t = TensorProto::decode(bytes.as_slice()).map_err(|e| IrError::Malformed(format!("{}: not a TensorProto: {e}", path.display())))?;
     Ok((t.name().to_string(), from_proto(&t)?))
 }
 
 /// Writes a tensor as a `.pb` file holding one `TensorProto`.
 pub fn write_tensor_file(path: &std::path::Path, name: &str, t: &Tensor) -> Result<(), IrError> {
-    std::fs::write(path, to_proto(name, t).encode_to_vec()).map_err(|source| IrError::Io {
-        path: path.display().to_string(),
-        source,
-    })
+    std::fs::write(path, to_proto(name, t).encode_to_vec()).map_err(|source| IrError::Io { path: path.display().to_string(), source })
 }

@@ -19,6 +19,8 @@ pub enum Attr {
     Bool(bool),
     /// A dtype.
     DType(DType),
+    /// A string (activations, expressions), printed quoted.
+    Str(String),
 }
 
 impl fmt::Display for Attr {
@@ -38,6 +40,7 @@ impl fmt::Display for Attr {
             }
             Attr::Bool(b) => write!(f, "{b}"),
             Attr::DType(d) => write!(f, "{d}"),
+            Attr::Str(s) => f.write_str(&super::print::quote(s)),
         }
     }
 }
@@ -50,29 +53,18 @@ fn ints(v: &[usize]) -> Attr {
 pub fn attrs_of(op: &Op) -> Vec<(&'static str, Attr)> {
     use Attr::*;
     let pool = |p: &Pool| {
-        vec![
-            ("kernel", ints(&p.kernel)),
-            ("strides", ints(&p.strides)),
-            ("pads", ints(&p.pads)),
-            ("ceil_mode", Bool(p.ceil_mode)),
-        ]
+        vec![("kernel", ints(&p.kernel)), ("strides", ints(&p.strides)), ("pads", ints(&p.pads)), ("ceil_mode", Bool(p.ceil_mode))]
     };
     match op {
-        Op::Conv(c) => vec![
-            ("strides", ints(&c.strides)),
-            ("pads", ints(&c.pads)),
-            ("dilations", ints(&c.dilations)),
-            ("group", Int(c.group as i64)),
-        ],
+        Op::Conv(c) => {
+            vec![("strides", ints(&c.strides)), ("pads", ints(&c.pads)), ("dilations", ints(&c.dilations)), ("group", Int(c.group as i64))]
+        }
         Op::BatchNorm { epsilon } => vec![("epsilon", Float(*epsilon))],
         Op::Unary(UnaryOp::LeakyRelu(a)) | Op::Unary(UnaryOp::Elu(a)) => vec![("alpha", Float(*a))],
         Op::Unary(UnaryOp::Selu(a, g)) => vec![("alpha", Float(*a)), ("gamma", Float(*g))],
         Op::Clip { min, max } => vec![("min", Float(*min)), ("max", Float(*max))],
         Op::MaxPool(p) => pool(p),
-        Op::AveragePool {
-            pool: p,
-            count_include_pad,
-        } => {
+        Op::AveragePool { pool: p, count_include_pad } => {
             let mut a = pool(p);
             a.push(("count_include_pad", Bool(*count_include_pad)));
             a
@@ -80,51 +72,36 @@ pub fn attrs_of(op: &Op) -> Vec<(&'static str, Attr)> {
         Op::Reduce { axes, keepdims, .. } => {
             vec![("axes", ints(axes)), ("keepdims", Bool(*keepdims))]
         }
-        Op::Gemm {
-            trans_a,
-            trans_b,
-            alpha,
-            beta,
-        } => vec![
-            ("trans_a", Bool(*trans_a)),
-            ("trans_b", Bool(*trans_b)),
-            ("alpha", Float(*alpha)),
-            ("beta", Float(*beta)),
-        ],
-        Op::Concat { axis }
-        | Op::Flatten { axis }
-        | Op::Softmax { axis }
-        | Op::LogSoftmax { axis } => vec![("axis", Int(*axis as i64))],
+        Op::Gemm { trans_a, trans_b, alpha, beta } => {
+            vec![("trans_a", Bool(*trans_a)), ("trans_b", Bool(*trans_b)), ("alpha", Float(*alpha)), ("beta", Float(*beta))]
+        }
+        Op::Concat { axis } | Op::Flatten { axis } | Op::Softmax { axis } | Op::LogSoftmax { axis } => vec![("axis", Int(*axis as i64))],
         Op::Split { axis, sizes } => vec![("axis", Int(*axis as i64)), ("sizes", ints(sizes))],
-        Op::Slice {
-            axes,
-            starts,
-            ends,
-            steps,
-        } => vec![
-            ("axes", ints(axes)),
-            ("starts", Ints(starts.clone())),
-            ("ends", Ints(ends.clone())),
-            ("steps", Ints(steps.clone())),
-        ],
+        Op::Slice { axes, starts, ends, steps } => {
+            vec![("axes", ints(axes)), ("starts", Ints(starts.clone())), ("ends", Ints(ends.clone())), ("steps", Ints(steps.clone()))]
+        }
         Op::Reshape { shape } => vec![("shape", ints(shape))],
         Op::Transpose { perm } => vec![("perm", ints(perm))],
         Op::Squeeze { axes } | Op::Unsqueeze { axes } => vec![("axes", ints(axes))],
         Op::LayerNorm { axis, epsilon } => {
             vec![("axis", Int(*axis as i64)), ("epsilon", Float(*epsilon))]
         }
-        Op::Lrn {
-            size,
-            alpha,
-            beta,
-            bias,
-        } => vec![
-            ("size", Int(*size as i64)),
-            ("alpha", Float(*alpha)),
-            ("beta", Float(*beta)),
-            ("bias", Float(*bias)),
-        ],
+        Op::Lrn { size, alpha, beta, bias } => {
+            vec![("size", Int(*size as i64)), ("alpha", Float(*alpha)), ("beta", Float(*beta)), ("bias", Float(*bias))]
+        }
         Op::Cast { to } => vec![("to", DType(*to))],
+        Op::FusedConv { conv: c, bias, residual, act } => {
+            let mut a = attrs_of(&Op::Conv(c.clone()));
+            a.extend([("bias", Bool(*bias)), ("residual", Bool(*residual)), ("act", Str(act.to_string()))]);
+            a
+        }
+        Op::FusedGemm { trans_a, trans_b, alpha, beta, act } => {
+            let mut a = attrs_of(&Op::Gemm { trans_a: *trans_a, trans_b: *trans_b, alpha: *alpha, beta: *beta });
+            a.push(("act", Str(act.to_string())));
+            a
+        }
+        Op::Elementwise { expr } => vec![("expr", Str(expr.to_string()))],
+        Op::ConcatInPlace { axis } => vec![("axis", Int(*axis as i64))],
         Op::Input
         | Op::Constant
         | Op::Unary(_)
@@ -143,9 +120,7 @@ pub struct Attrs(pub BTreeMap<String, Attr>);
 
 impl Attrs {
     fn take(&mut self, k: &str) -> Result<Attr, String> {
-        self.0
-            .remove(k)
-            .ok_or_else(|| format!("missing attribute {k}"))
+        self.0.remove(k).ok_or_else(|| format!("missing attribute {k}"))
     }
     fn int(&mut self, k: &str) -> Result<i64, String> {
         match self.take(k)? {
@@ -176,10 +151,21 @@ impl Attrs {
         }
     }
     fn usizes(&mut self, k: &str) -> Result<Vec<usize>, String> {
-        self.ints(k)?
-            .into_iter()
-            .map(|x| usize::try_from(x).map_err(|_| format!("attribute {k} must be non-negative")))
-            .collect()
+        self.ints(k)?.into_iter().map(|x| usize::try_from(x).map_err(|_| format!("attribute {k} must be non-negative"))).collect()
+    }
+    fn parsed<T: std::str::FromStr<Err = String>>(&mut self, k: &str) -> Result<T, String> {
+        match self.take(k)? {
+            Attr::Str(s) => s.parse(),
+            a => Err(format!("attribute {k}={a} must be a string")),
+        }
+    }
+    fn conv(&mut self) -> Result<Conv, String> {
+        Ok(Conv {
+            strides: self.usizes("strides")?,
+            pads: self.usizes("pads")?,
+            dilations: self.usizes("dilations")?,
+            group: self.usize("group")?,
+        })
     }
     fn pool(&mut self) -> Result<Pool, String> {
         Ok(Pool {
@@ -198,15 +184,18 @@ pub fn op_from(name: &str, mut a: Attrs) -> Result<Op, String> {
     let op = match name {
         "input" => Ok(Op::Input),
         "const" => Ok(Op::Constant),
-        "conv" => Ok(Op::Conv(Conv {
-            strides: a.usizes("strides")?,
-            pads: a.usizes("pads")?,
-            dilations: a.usizes("dilations")?,
-            group: a.usize("group")?,
-        })),
-        "batch_norm" => Ok(Op::BatchNorm {
-            epsilon: a.float("epsilon")?,
+        "conv" => Ok(Op::Conv(a.conv()?)),
+        "fused_conv" => Ok(Op::FusedConv { conv: a.conv()?, bias: a.bool("bias")?, residual: a.bool("residual")?, act: a.parsed("act")? }),
+        "fused_gemm" => Ok(Op::FusedGemm {
+            trans_a: a.bool("trans_a")?,
+            trans_b: a.bool("trans_b")?,
+            alpha: a.float("alpha")?,
+            beta: a.float("beta")?,
+            act: a.parsed("act")?,
         }),
+        "elementwise" => Ok(Op::Elementwise { expr: a.parsed("expr")? }),
+        "concat_in_place" => Ok(Op::ConcatInPlace { axis: a.usize("axis")? }),
+        "batch_norm" => Ok(Op::BatchNorm { epsilon: a.float("epsilon")? }),
         "relu" => unary(UnaryOp::Relu),
         "sigmoid" => unary(UnaryOp::Sigmoid),
         "tanh" => unary(UnaryOp::Tanh),
@@ -222,10 +211,7 @@ pub fn op_from(name: &str, mut a: Attrs) -> Result<Op, String> {
         "leaky_relu" => unary(UnaryOp::LeakyRelu(a.float("alpha")?)),
         "elu" => unary(UnaryOp::Elu(a.float("alpha")?)),
         "selu" => unary(UnaryOp::Selu(a.float("alpha")?, a.float("gamma")?)),
-        "clip" => Ok(Op::Clip {
-            min: a.float("min")?,
-            max: a.float("max")?,
-        }),
+        "clip" => Ok(Op::Clip { min: a.float("min")?, max: a.float("max")? }),
         "add" => binary(BinaryOp::Add),
         "sub" => binary(BinaryOp::Sub),
         "mul" => binary(BinaryOp::Mul),
@@ -236,10 +222,7 @@ pub fn op_from(name: &str, mut a: Attrs) -> Result<Op, String> {
         "prelu" => binary(BinaryOp::PRelu),
         "sum" => Ok(Op::Sum),
         "max_pool" => Ok(Op::MaxPool(a.pool()?)),
-        "avg_pool" => Ok(Op::AveragePool {
-            pool: a.pool()?,
-            count_include_pad: a.bool("count_include_pad")?,
-        }),
+        "avg_pool" => Ok(Op::AveragePool { pool: a.pool()?, count_include_pad: a.bool("count_include_pad")? }),
         "global_avg_pool" => Ok(Op::GlobalAveragePool),
         "reduce_mean" | "reduce_sum" | "reduce_max" => {
             let op = match name {
@@ -247,63 +230,24 @@ pub fn op_from(name: &str, mut a: Attrs) -> Result<Op, String> {
                 "reduce_sum" => ReduceOp::Sum,
                 _ => ReduceOp::Max,
             };
-            Ok(Op::Reduce {
-                op,
-                axes: a.usizes("axes")?,
-                keepdims: a.bool("keepdims")?,
-            })
+            Ok(Op::Reduce { op, axes: a.usizes("axes")?, keepdims: a.bool("keepdims")? })
         }
-        "gemm" => Ok(Op::Gemm {
-            trans_a: a.bool("trans_a")?,
-            trans_b: a.bool("trans_b")?,
-            alpha: a.float("alpha")?,
-            beta: a.float("beta")?,
-        }),
+        "gemm" => {
+            Ok(Op::Gemm { trans_a: a.bool("trans_a")?, trans_b: a.bool("trans_b")?, alpha: a.float("alpha")?, beta: a.float("beta")? })
+        }
         "matmul" => Ok(Op::MatMul),
-        "concat" => Ok(Op::Concat {
-            axis: a.usize("axis")?,
-        }),
-        "split" => Ok(Op::Split {
-            axis: a.usize("axis")?,
-            sizes: a.usizes("sizes")?,
-        }),
-        "slice" => Ok(Op::Slice {
-            axes: a.usizes("axes")?,
-            starts: a.ints("starts")?,
-            ends: a.ints("ends")?,
-            steps: a.ints("steps")?,
-        }),
-        "reshape" => Ok(Op::Reshape {
-            shape: a.usizes("shape")?,
-        }),
-        "flatten" => Ok(Op::Flatten {
-            axis: a.usize("axis")?,
-        }),
-        "transpose" => Ok(Op::Transpose {
-            perm: a.usizes("perm")?,
-        }),
-        "squeeze" => Ok(Op::Squeeze {
-            axes: a.usizes("axes")?,
-        }),
-        "unsqueeze" => Ok(Op::Unsqueeze {
-            axes: a.usizes("axes")?,
-        }),
-        "softmax" => Ok(Op::Softmax {
-            axis: a.usize("axis")?,
-        }),
-        "log_softmax" => Ok(Op::LogSoftmax {
-            axis: a.usize("axis")?,
-        }),
-        "layer_norm" => Ok(Op::LayerNorm {
-            axis: a.usize("axis")?,
-            epsilon: a.float("epsilon")?,
-        }),
-        "lrn" => Ok(Op::Lrn {
-            size: a.usize("size")?,
-            alpha: a.float("alpha")?,
-            beta: a.float("beta")?,
-            bias: a.float("bias")?,
-        }),
+        "concat" => Ok(Op::Concat { axis: a.usize("axis")? }),
+        "split" => Ok(Op::Split { axis: a.usize("axis")?, sizes: a.usizes("sizes")? }),
+        "slice" => Ok(Op::Slice { axes: a.usizes("axes")?, starts: a.ints("starts")?, ends: a.ints("ends")?, steps: a.ints("steps")? }),
+        "reshape" => Ok(Op::Reshape { shape: a.usizes("shape")? }),
+        "flatten" => Ok(Op::Flatten { axis: a.usize("axis")? }),
+        "transpose" => Ok(Op::Transpose { perm: a.usizes("perm")? }),
+        "squeeze" => Ok(Op::Squeeze { axes: a.usizes("axes")? }),
+        "unsqueeze" => Ok(Op::Unsqueeze { axes: a.usizes("axes")? }),
+        "softmax" => Ok(Op::Softmax { axis: a.usize("axis")? }),
+        "log_softmax" => Ok(Op::LogSoftmax { axis: a.usize("axis")? }),
+        "layer_norm" => Ok(Op::LayerNorm { axis: a.usize("axis")?, epsilon: a.float("epsilon")? }),
+        "lrn" => Ok(Op::Lrn { size: a.usize("size")?, alpha: a.float("alpha")?, beta: a.float("beta")?, bias: a.float("bias")? }),
         "dropout" => Ok(Op::Dropout),
         "identity" => Ok(Op::Identity),
         "cast" => match a.take("to")? {

@@ -20,6 +20,11 @@ mod parse;
 mod print;
 
 pub use attrs::Attr;
+
+/// The op named `name` when it takes no attributes (`relu`, `add`...).
+pub fn op_by_name(name: &str) -> Option<crate::Op> {
+    attrs::op_from(name, attrs::Attrs(Default::default())).ok()
+}
 pub use parse::parse;
 pub use print::print;
 

@@ -35,15 +35,11 @@ fn lex(line: &str) -> Result<Vec<Tok>, String> {
             i += 1;
         } else if c == '%' {
             i += 1;
-            let n = digits(&mut i)
-                .parse()
-                .map_err(|_| "expected a node number after %".to_string())?;
+            let n = digits(&mut i).parse().map_err(|_| "expected a node number after %".to_string())?;
             let mut slot = 0;
             if i < cs.len() && cs[i] == ':' && cs.get(i + 1).is_some_and(|c| c.is_ascii_digit()) {
                 i += 1;
-                slot = digits(&mut i)
-                    .parse()
-                    .map_err(|_| "slot number too large".to_string())?;
+                slot = digits(&mut i).parse().map_err(|_| "slot number too large".to_string())?;
             }
             out.push(Tok::Value(n, slot));
         } else if c == '"' {
@@ -73,18 +69,11 @@ fn lex(line: &str) -> Result<Vec<Tok>, String> {
                 i += 1;
             }
             out.push(Tok::Ident(cs[s..i].iter().collect()));
-        } else if c.is_ascii_digit()
-            || (c == '-'
-                && cs
-                    .get(i + 1)
-                    .is_some_and(|c| c.is_ascii_digit() || *c == 'i'))
-        {
+        } else if c.is_ascii_digit() || (c == '-' && cs.get(i + 1).is_some_and(|c| c.is_ascii_digit() || *c == 'i')) {
             let s = i;
             i += 1;
             while i < cs.len()
-                && (cs[i].is_ascii_alphanumeric()
-                    || cs[i] == '.'
-                    || ((cs[i] == '-' || cs[i] == '+') && matches!(cs[i - 1], 'e' | 'E')))
+                && (cs[i].is_ascii_alphanumeric() || cs[i] == '.' || ((cs[i] == '-' || cs[i] == '+') && matches!(cs[i - 1], 'e' | 'E')))
             {
                 i += 1;
             }
@@ -109,11 +98,7 @@ impl Cursor {
         self.toks.get(self.pos)
     }
     fn next(&mut self) -> Result<Tok, String> {
-        let t = self
-            .toks
-            .get(self.pos)
-            .cloned()
-            .ok_or("unexpected end of line")?;
+        let t = self.toks.get(self.pos).cloned().ok_or("unexpected end of line")?;
         self.pos += 1;
         Ok(t)
     }
@@ -129,11 +114,7 @@ impl Cursor {
         if self.eat(c) {
             Ok(())
         } else {
-            Err(format!(
-                "expected '{c}', found {}",
-                self.peek()
-                    .map_or("end of line".into(), |t| format!("{t:?}"))
-            ))
+            Err(format!("expected '{c}', found {}", self.peek().map_or("end of line".into(), |t| format!("{t:?}"))))
         }
     }
     fn done(&self) -> Result<(), String> {
@@ -166,11 +147,8 @@ impl Cursor {
     fn ty(&mut self) -> Result<TensorType, String> {
         let d = self.ident()?;
         let dtype = DType::from_name(&d).ok_or_else(|| format!("unknown dtype {d}"))?;
-        let dims = self
-            .num_list()?
-            .iter()
-            .map(|s| s.parse::<usize>().map_err(|_| format!("bad dimension {s}")))
-            .collect::<Result<Vec<_>, _>>()?;
+        let dims =
+            self.num_list()?.iter().map(|s| s.parse::<usize>().map_err(|_| format!("bad dimension {s}"))).collect::<Result<Vec<_>, _>>()?;
         let ty = TensorType::new(dtype, dims);
         if ty.checked_bytes().is_none() {
             return Err(format!("type {ty} is absurdly large"));
@@ -180,28 +158,15 @@ impl Cursor {
     fn attr(&mut self) -> Result<Attr, String> {
         if self.peek() == Some(&Tok::Punct('[')) {
             let v = self.num_list()?;
-            return v
-                .iter()
-                .map(|s| s.parse().map_err(|_| format!("bad integer {s}")))
-                .collect::<Result<_, _>>()
-                .map(Attr::Ints);
+            return v.iter().map(|s| s.parse().map_err(|_| format!("bad integer {s}"))).collect::<Result<_, _>>().map(Attr::Ints);
         }
         match self.next()? {
             Tok::Ident(s) if s == "true" || s == "false" => Ok(Attr::Bool(s == "true")),
-            Tok::Ident(s) if s == "inf" || s == "NaN" => {
-                Ok(Attr::Float(s.parse().expect("inf and NaN parse")))
-            }
-            Tok::Ident(s) => DType::from_name(&s)
-                .map(Attr::DType)
-                .ok_or_else(|| format!("bad attribute value {s}")),
-            Tok::Num(s) if s.contains(['.', 'e', 'E', 'i']) => s
-                .parse()
-                .map(Attr::Float)
-                .map_err(|_| format!("bad float {s}")),
-            Tok::Num(s) => s
-                .parse()
-                .map(Attr::Int)
-                .map_err(|_| format!("bad integer {s}")),
+            Tok::Ident(s) if s == "inf" || s == "NaN" => Ok(Attr::Float(s.parse().expect("inf and NaN parse"))),
+            Tok::Ident(s) => DType::from_name(&s).map(Attr::DType).ok_or_else(|| format!("bad attribute value {s}")),
+            Tok::Str(s) => Ok(Attr::Str(s)),
+            Tok::Num(s) if s.contains(['.', 'e', 'E', 'i']) => s.parse().map(Attr::Float).map_err(|_| format!("bad float {s}")),
+            Tok::Num(s) => s.parse().map(Attr::Int).map_err(|_| format!("bad integer {s}")),
             t => Err(format!("bad attribute value {t:?}")),
         }
     }
@@ -224,27 +189,11 @@ fn values_tensor(ty: &TensorType, vals: &[String]) -> Result<Tensor, String> {
     let i = |s: &String| s.parse::<i64>().map_err(|_| format!("bad integer {s}"));
     let data = match ty.dtype {
         DType::F32 => TensorData::F32(vals.iter().map(f).collect::<Result<_, _>>()?),
-        DType::F16 => TensorData::F16(
-            vals.iter()
-                .map(|s| f(s).map(f16::from_f32))
-                .collect::<Result<_, _>>()?,
-        ),
-        DType::BF16 => TensorData::BF16(
-            vals.iter()
-                .map(|s| f(s).map(bf16::from_f32))
-                .collect::<Result<_, _>>()?,
-        ),
+        DType::F16 => TensorData::F16(vals.iter().map(|s| f(s).map(f16::from_f32)).collect::<Result<_, _>>()?),
+        DType::BF16 => TensorData::BF16(vals.iter().map(|s| f(s).map(bf16::from_f32)).collect::<Result<_, _>>()?),
         DType::I64 => TensorData::I64(vals.iter().map(i).collect::<Result<_, _>>()?),
-        DType::I32 => TensorData::I32(
-            vals.iter()
-                .map(|s| i(s).map(|x| x as i32))
-                .collect::<Result<_, _>>()?,
-        ),
-        DType::Bool => TensorData::Bool(
-            vals.iter()
-                .map(|s| i(s).map(|x| x != 0))
-                .collect::<Result<_, _>>()?,
-        ),
+        DType::I32 => TensorData::I32(vals.iter().map(|s| i(s).map(|x| x as i32)).collect::<Result<_, _>>()?),
+        DType::Bool => TensorData::Bool(vals.iter().map(|s| i(s).map(|x| x != 0)).collect::<Result<_, _>>()?),
     };
     Ok(Tensor::new(ty.shape.clone(), data).expect("count checked above"))
 }
@@ -265,10 +214,7 @@ pub fn parse(text: &str) -> Result<Graph, IrError> {
         if closed {
             return Err(err("text after the closing '}'".into()));
         }
-        let mut c = Cursor {
-            toks: lex(t).map_err(err)?,
-            pos: 0,
-        };
+        let mut c = Cursor { toks: lex(t).map_err(err)?, pos: 0 };
         match c.peek() {
             Some(Tok::Ident(k)) if k == "graph" => {
                 if opened {
@@ -318,10 +264,7 @@ pub fn parse(text: &str) -> Result<Graph, IrError> {
         }
     }
     if !closed {
-        return Err(IrError::Parse {
-            line: text.lines().count(),
-            msg: "missing closing '}'".into(),
-        });
+        return Err(IrError::Parse { line: text.lines().count(), msg: "missing closing '}'".into() });
     }
     build(stmts, input_order, outputs)
 }
@@ -369,11 +312,7 @@ fn parse_node(c: &mut Cursor, line: usize) -> Result<Stmt, String> {
     while c.eat(',') {
         outputs.push(c.ty()?);
     }
-    let values = if c.eat('=') {
-        Some(c.num_list()?)
-    } else {
-        None
-    };
+    let values = if c.eat('=') { Some(c.num_list()?) } else { None };
     c.done()?;
     if values.is_some() && op != Op::Constant {
         return Err("only constants take values".into());
@@ -381,28 +320,14 @@ fn parse_node(c: &mut Cursor, line: usize) -> Result<Stmt, String> {
     if matches!(op, Op::Input | Op::Constant) && name.is_empty() {
         return Err(format!("{opname} needs a name"));
     }
-    Ok(Stmt {
-        line,
-        name,
-        op,
-        inputs,
-        outputs,
-        values,
-    })
+    Ok(Stmt { line, name, op, inputs, outputs, values })
 }
 
-fn build(
-    stmts: BTreeMap<usize, Stmt>,
-    input_order: Vec<usize>,
-    outputs: Vec<(usize, String, (usize, u32))>,
-) -> Result<Graph, IrError> {
+fn build(stmts: BTreeMap<usize, Stmt>, input_order: Vec<usize>, outputs: Vec<(usize, String, (usize, u32))>) -> Result<Graph, IrError> {
     let mut g = Graph::new();
     let max = stmts.keys().next_back().copied();
     if max.is_some_and(|m| m > stmts.len() * 4 + 1024) {
-        return Err(IrError::Parse {
-            line: 1,
-            msg: "node numbers are too sparse".into(),
-        });
+        return Err(IrError::Parse { line: 1, msg: "node numbers are too sparse".into() });
     }
     // Create nodes so that %N gets index N: placeholders fill the gaps and
     // are removed once every node exists.
@@ -411,28 +336,14 @@ fn build(
     for n in 0..=max.unwrap_or(0) {
         match stmts.get(&n) {
             Some(s) => {
-                ids.insert(
-                    n,
-                    g.add_raw(Node {
-                        op: s.op.clone(),
-                        name: s.name.clone(),
-                        outputs: s.outputs.clone(),
-                    }),
-                );
+                ids.insert(n, g.add_raw(Node { op: s.op.clone(), name: s.name.clone(), outputs: s.outputs.clone() }));
             }
-            None if max.is_some() => holes.push(g.add_raw(Node {
-                op: Op::Identity,
-                name: String::new(),
-                outputs: vec![],
-            })),
+            None if max.is_some() => holes.push(g.add_raw(Node { op: Op::Identity, name: String::new(), outputs: vec![] })),
             None => {}
         }
     }
     let value = |line: usize, (n, s): (usize, u32)| -> Result<ValueId, IrError> {
-        let node = *ids.get(&n).ok_or(IrError::Parse {
-            line,
-            msg: format!("%{n} is not defined"),
-        })?;
+        let node = *ids.get(&n).ok_or(IrError::Parse { line, msg: format!("%{n} is not defined") })?;
         Ok(ValueId { node, slot: s })
     };
     for (&n, s) in &stmts {
@@ -441,8 +352,7 @@ fn build(
             g.connect(v, ids[&n], port as u32);
         }
         if let Some(vals) = &s.values {
-            let t = values_tensor(&s.outputs[0], vals)
-                .map_err(|msg| IrError::Parse { line: s.line, msg })?;
+            let t = values_tensor(&s.outputs[0], vals).map_err(|msg| IrError::Parse { line: s.line, msg })?;
             g.set_weight(ids[&n], t)?;
         }
     }

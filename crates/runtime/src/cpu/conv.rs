@@ -24,14 +24,7 @@ pub(crate) struct Window {
 
 impl Window {
     /// Lifts 1-D or 2-D attributes to 2-D. `pads` is begins then ends.
-    pub fn new(
-        x: &[usize],
-        out: &[usize],
-        kernel: &[usize],
-        strides: &[usize],
-        dil: &[usize],
-        pads: &[usize],
-    ) -> Result<Window, String> {
+    pub fn new(x: &[usize], out: &[usize], kernel: &[usize], strides: &[usize], dil: &[usize], pads: &[usize]) -> Result<Window, String> {
         match x.len() {
             3 => Ok(Window {
                 c: x[1],
@@ -63,9 +56,7 @@ impl Window {
                 oh: out[2],
                 ow: out[3],
             }),
-            r => Err(format!(
-                "the CPU executor supports 1-D and 2-D windows, not rank {r}"
-            )),
+            r => Err(format!("the CPU executor supports 1-D and 2-D windows, not rank {r}")),
         }
     }
 
@@ -79,13 +70,7 @@ impl Window {
     }
 }
 
-pub(crate) fn conv(
-    c: &Conv,
-    x: &Tensor,
-    w: &Tensor,
-    bias: Option<&Tensor>,
-    out: &TensorType,
-) -> Result<Vec<f32>, String> {
+pub(crate) fn conv(c: &Conv, x: &Tensor, w: &Tensor, bias: Option<&Tensor>, out: &TensorType) -> Result<Vec<f32>, String> {
     let (xs, ws) = (x.shape(), w.shape());
     let win = Window::new(xs, &out.shape, &ws[2..], &c.strides, &c.dilations, &c.pads)?;
     let (n, m, g) = (xs[0], ws[0], c.group);
@@ -101,18 +86,8 @@ pub(crate) fn conv(
         }
     }
     let beta = if bias.is_some() { 1.0 } else { 0.0 };
-    let direct = win.kh == 1
-        && win.kw == 1
-        && win.sh == 1
-        && win.sw == 1
-        && win.ph == 0
-        && win.pw == 0
-        && c.pads.iter().all(|&p| p == 0);
-    let mut col = if direct {
-        Vec::new()
-    } else {
-        vec![0f32; k * plane]
-    };
+    let direct = win.kh == 1 && win.kw == 1 && win.sh == 1 && win.sw == 1 && win.ph == 0 && win.pw == 0 && c.pads.iter().all(|&p| p == 0);
+    let mut col = if direct { Vec::new() } else { vec![0f32; k * plane] };
     for b in 0..n {
         for gi in 0..g {
             let xin = &xv[(b * win.c + gi * cg) * win.h * win.w..][..cg * win.h * win.w];
@@ -142,9 +117,7 @@ fn im2col(win: &Window, cg: usize, x: &[f32], col: &mut [f32]) {
                 for oy in 0..win.oh {
                     let dst = &mut row[oy * win.ow..][..win.ow];
                     for (ox, d) in dst.iter_mut().enumerate() {
-                        *d = win
-                            .src(oy, ox, ky, kx)
-                            .map_or(0.0, |(y, x)| xc[y * win.w + x]);
+                        *d = win.src(oy, ox, ky, kx).map_or(0.0, |(y, x)| xc[y * win.w + x]);
                     }
                 }
             }

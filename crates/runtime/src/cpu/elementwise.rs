@@ -1,77 +1,11 @@
 //! Elementwise ops with numpy broadcasting.
 
 use super::f32s;
-use smelt_ir::{BinaryOp, Tensor, UnaryOp};
+use smelt_ir::{apply_binary, apply_unary, BinaryOp, Expr, Tensor, UnaryOp};
 use std::sync::Arc;
 
 pub(crate) fn unary(u: UnaryOp, x: &[f32]) -> Vec<f32> {
-    let f: Box<dyn Fn(f32) -> f32> = match u {
-        UnaryOp::Relu => Box::new(|x| x.max(0.0)),
-        UnaryOp::Sigmoid => Box::new(|x| 1.0 / (1.0 + (-x).exp())),
-        UnaryOp::Tanh => Box::new(f32::tanh),
-        UnaryOp::Erf => Box::new(erf),
-        UnaryOp::Sqrt => Box::new(f32::sqrt),
-        UnaryOp::Exp => Box::new(f32::exp),
-        UnaryOp::Log => Box::new(f32::ln),
-        UnaryOp::Neg => Box::new(|x| -x),
-        UnaryOp::Abs => Box::new(f32::abs),
-        UnaryOp::Reciprocal => Box::new(f32::recip),
-        UnaryOp::Sign => Box::new(|x| {
-            if x > 0.0 {
-                1.0
-            } else if x < 0.0 {
-                -1.0
-            } else {
-                0.0
-            }
-        }),
-        UnaryOp::Softplus => Box::new(|x| if x > 20.0 { x } else { x.exp().ln_1p() }),
-        UnaryOp::LeakyRelu(a) => Box::new(move |x| if x >= 0.0 { x } else { a * x }),
-        UnaryOp::Elu(a) => Box::new(move |x| if x >= 0.0 { x } else { a * x.exp_m1() }),
-        UnaryOp::Selu(a, g) => Box::new(move |x| g * if x > 0.0 { x } else { a * x.exp_m1() }),
-    };
-    x.iter().map(|&v| f(v)).collect()
-}
-
-/// erf in f64 (Abramowitz-Stegun 7.1.26 is too coarse for a reference):
-/// a series for small |x|, a continued fraction for the tail.
-fn erf(x: f32) -> f32 {
-    let x = x as f64;
-    let ax = x.abs();
-    let r = if ax < 2.5 {
-        // Maclaurin series: 2/sqrt(pi) * sum (-1)^n x^(2n+1) / (n! (2n+1))
-        let (mut term, mut sum, x2) = (ax, ax, ax * ax);
-        for n in 1..60 {
-            term *= -x2 / n as f64;
-            let add = term / (2 * n + 1) as f64;
-            sum += add;
-            if add.abs() < 1e-17 {
-                break;
-            }
-        }
-        sum * 2.0 / std::f64::consts::PI.sqrt()
-    } else {
-        // erfc continued fraction (Lentz), converges fast for x >= 2.5.
-        let mut f = 0.0;
-        for k in (1..60).rev() {
-            f = (k as f64 / 2.0) / (ax + f);
-        }
-        1.0 - (-ax * ax).exp() / std::f64::consts::PI.sqrt() / (ax + f)
-    };
-    (r.copysign(x)) as f32
-}
-
-fn apply(b: BinaryOp) -> fn(f32, f32) -> f32 {
-    match b {
-        BinaryOp::Add => |a, b| a + b,
-        BinaryOp::Sub => |a, b| a - b,
-        BinaryOp::Mul => |a, b| a * b,
-        BinaryOp::Div => |a, b| a / b,
-        BinaryOp::Pow => f32::powf,
-        BinaryOp::Max => f32::max,
-        BinaryOp::Min => f32::min,
-        BinaryOp::PRelu => |a, s| if a >= 0.0 { a } else { s * a },
-    }
+    x.iter().map(|&v| apply_unary(u, v)).collect()
 }
 
 /// Element strides of `shape` broadcast to `full` (0 along broadcast dims).
@@ -127,18 +61,13 @@ fn for_each2(full: &[usize], sa: &[usize], sb: &[usize], mut f: impl FnMut(usize
 }
 
 pub(crate) fn binary(b: BinaryOp, x: &Tensor, y: &Tensor, full: &[usize]) -> Vec<f32> {
-    let f = apply(b);
+    let f = |x, y| apply_binary(b, x, y);
     let (xv, yv) = (f32s(x), f32s(y));
     if x.shape() == full && y.shape() == full {
         return xv.iter().zip(yv.iter()).map(|(&a, &b)| f(a, b)).collect();
     }
     let mut out = vec![0f32; full.iter().product()];
-    for_each2(
-        full,
-        &bstrides(x.shape(), full),
-        &bstrides(y.shape(), full),
-        |o, i, j| out[o] = f(xv[i], yv[j]),
-    );
+    for_each2(full, &bstrides(x.shape(), full), &bstrides(y.shape(), full), |o, i, j| out[o] = f(xv[i], yv[j]));
     out
 }
 
@@ -147,30 +76,44 @@ pub(crate) fn sum(args: &[Arc<Tensor>], full: &[usize]) -> Vec<f32> {
     let zero = vec![0; full.len()];
     for a in args {
         let av = f32s(a);
-        for_each2(full, &zero, &bstrides(a.shape(), full), |o, _, j| {
-            acc[o] += av[j]
-        });
+        for_each2(full, &zero, &bstrides(a.shape(), full), |o, _, j| acc[o] += av[j]);
     }
     acc
+}
+
+/// Evaluates a fused elementwise expression element by element, reading
+/// each input through its broadcast strides.
+pub(crate) fn fused(expr: &Expr, args: &[Arc<Tensor>], full: &[usize]) -> Vec<f32> {
+    let vals: Vec<_> = args.iter().map(|a| f32s(a)).collect();
+    let strides: Vec<Vec<usize>> = args.iter().map(|a| bstrides(a.shape(), full)).collect();
+    let n: usize = full.iter().product();
+    let mut out = Vec::with_capacity(n);
+    let (mut ins, mut scratch) = (vec![0f32; args.len()], Vec::new());
+    let mut coord = vec![0usize; full.len()];
+    for _ in 0..n {
+        for (k, st) in strides.iter().enumerate() {
+            ins[k] = vals[k][coord.iter().zip(st).map(|(c, s)| c * s).sum::<usize>()];
+        }
+        out.push(expr.eval(&ins, &mut scratch));
+        for d in (0..full.len()).rev() {
+            coord[d] += 1;
+            if coord[d] < full[d] {
+                break;
+            }
+            coord[d] = 0;
+        }
+    }
+    out
 }
 
 #[cfg(test)]
 mod tests {
     #[test]
     fn erf_matches_known_values() {
-        for (x, want) in [
-            (0.0f32, 0.0f32),
-            (0.5, 0.520_499_9),
-            (1.0, 0.842_700_8),
-            (2.0, 0.995_322_3),
-            (3.0, 0.999_977_9),
-            (-1.0, -0.842_700_8),
-        ] {
-            assert!(
-                (super::erf(x) - want).abs() < 1e-6,
-                "erf({x}) = {} not {want}",
-                super::erf(x)
-            );
+        for (x, want) in
+            [(0.0f32, 0.0f32), (0.5, 0.520_499_9), (1.0, 0.842_700_8), (2.0, 0.995_322_3), (3.0, 0.999_977_9), (-1.0, -0.842_700_8)]
+        {
+            assert!((smelt_ir::erf(x) - want).abs() < 1e-6, "erf({x}) = {} not {want}", smelt_ir::erf(x));
         }
     }
 }

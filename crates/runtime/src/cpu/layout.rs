@@ -94,13 +94,7 @@ pub(crate) fn split(x: &Tensor, axis: usize, outs: &[TensorType]) -> Vec<Tensor>
         .collect()
 }
 
-pub(crate) fn slice(
-    x: &Tensor,
-    axes: &[usize],
-    starts: &[i64],
-    steps: &[i64],
-    out: &TensorType,
-) -> Tensor {
+pub(crate) fn slice(x: &Tensor, axes: &[usize], starts: &[i64], steps: &[i64], out: &TensorType) -> Tensor {
     let st = strides(x.shape());
     let r = x.shape().len();
     let (mut start, mut step) = (vec![0i64; r], vec![1i64; r]);
@@ -109,21 +103,13 @@ pub(crate) fn slice(
         step[axes[i]] = steps[i];
     }
     let mut idx = Vec::with_capacity(out.numel());
-    coords(&out.shape, |c| {
-        idx.push(
-            (0..r)
-                .map(|d| (start[d] + c[d] as i64 * step[d]) as usize * st[d])
-                .sum(),
-        )
-    });
+    coords(&out.shape, |c| idx.push((0..r).map(|d| (start[d] + c[d] as i64 * step[d]) as usize * st[d]).sum()));
     make(out, gather(x.data(), idx.into_iter()))
 }
 
 pub(crate) fn transpose(x: &Tensor, perm: &[usize], out: &TensorType) -> Tensor {
     let st = strides(x.shape());
     let mut idx = Vec::with_capacity(out.numel());
-    coords(&out.shape, |c| {
-        idx.push(perm.iter().enumerate().map(|(i, &p)| c[i] * st[p]).sum())
-    });
+    coords(&out.shape, |c| idx.push(perm.iter().enumerate().map(|(i, &p)| c[i] * st[p]).sum()));
     make(out, gather(x.data(), idx.into_iter()))
 }

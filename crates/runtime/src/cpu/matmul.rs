@@ -22,10 +22,7 @@ pub(crate) fn sgemm(
     if m == 0 || n == 0 {
         return;
     }
-    assert!(
-        k == 0
-            || (a.len() > (m - 1) * rsa + (k - 1) * csa && b.len() > (k - 1) * rsb + (n - 1) * csb)
-    );
+    assert!(k == 0 || (a.len() > (m - 1) * rsa + (k - 1) * csa && b.len() > (k - 1) * rsb + (n - 1) * csb));
     // SAFETY: the asserts above keep every access in bounds.
     unsafe {
         matrixmultiply::sgemm(
@@ -47,14 +44,7 @@ pub(crate) fn sgemm(
     }
 }
 
-pub(crate) fn gemm(
-    args: &[Arc<Tensor>],
-    ta: bool,
-    tb: bool,
-    alpha: f32,
-    beta: f32,
-    out: &TensorType,
-) -> Vec<f32> {
+pub(crate) fn gemm(args: &[Arc<Tensor>], ta: bool, tb: bool, alpha: f32, beta: f32, out: &TensorType) -> Vec<f32> {
     let (a, b) = (&args[0], &args[1]);
     let (m, n) = (out.shape[0], out.shape[1]);
     let k = if ta { a.shape()[0] } else { a.shape()[1] };
@@ -83,16 +73,8 @@ pub(crate) fn gemm(
 }
 
 pub(crate) fn matmul(a: &Tensor, b: &Tensor, out: &TensorType) -> Vec<f32> {
-    let a2 = if a.shape().len() == 1 {
-        vec![1, a.shape()[0]]
-    } else {
-        a.shape().to_vec()
-    };
-    let b2 = if b.shape().len() == 1 {
-        vec![b.shape()[0], 1]
-    } else {
-        b.shape().to_vec()
-    };
+    let a2 = if a.shape().len() == 1 { vec![1, a.shape()[0]] } else { a.shape().to_vec() };
+    let b2 = if b.shape().len() == 1 { vec![b.shape()[0], 1] } else { b.shape().to_vec() };
     let (m, k, n) = (a2[a2.len() - 2], a2[a2.len() - 1], b2[b2.len() - 1]);
     let (ab, bb) = (&a2[..a2.len() - 2], &b2[..b2.len() - 2]);
     let batch = broadcast(ab, bb).expect("inference checked the batch dims");
@@ -103,18 +85,7 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor, out: &TensorType) -> Vec<f32> {
     for i in 0..nb {
         let ai = broadcast_index(i, &batch, ab);
         let bi = broadcast_index(i, &batch, bb);
-        sgemm(
-            m,
-            k,
-            n,
-            1.0,
-            &av[ai * m * k..][..m * k],
-            (k, 1),
-            &bv[bi * k * n..][..k * n],
-            (n, 1),
-            0.0,
-            &mut c[i * m * n..][..m * n],
-        );
+        sgemm(m, k, n, 1.0, &av[ai * m * k..][..m * k], (k, 1), &bv[bi * k * n..][..k * n], (n, 1), 0.0, &mut c[i * m * n..][..m * n]);
     }
     c
 }

@@ -22,20 +22,12 @@ pub fn run(g: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>, RuntimeError> {
 }
 
 /// As [`run`], calling `progress(done, total)` after each node.
-pub fn run_with_progress(
-    g: &Graph,
-    inputs: &[Tensor],
-    progress: &mut dyn FnMut(usize, usize),
-) -> Result<Vec<Tensor>, RuntimeError> {
+pub fn run_with_progress(g: &Graph, inputs: &[Tensor], progress: &mut dyn FnMut(usize, usize)) -> Result<Vec<Tensor>, RuntimeError> {
     if inputs.len() != g.inputs().len() {
         return Err(RuntimeError::Input {
             index: inputs.len(),
             name: String::new(),
-            msg: format!(
-                "the graph takes {} inputs, {} given",
-                g.inputs().len(),
-                inputs.len()
-            ),
+            msg: format!("the graph takes {} inputs, {} given", g.inputs().len(), inputs.len()),
         });
     }
     let order = g.topo_order()?;
@@ -53,11 +45,7 @@ pub fn run_with_progress(
     for (i, (&id, t)) in g.inputs().iter().zip(inputs).enumerate() {
         let want = &g.node(id).outputs[0];
         if t.ty() != want {
-            return Err(RuntimeError::Input {
-                index: i,
-                name: g.node(id).name.clone(),
-                msg: format!("expected {want}, got {}", t.ty()),
-            });
+            return Err(RuntimeError::Input { index: i, name: g.node(id).name.clone(), msg: format!("expected {want}, got {}", t.ty()) });
         }
         vals.insert(ValueId { node: id, slot: 0 }, Arc::new(t.clone()));
     }
@@ -66,34 +54,17 @@ pub fn run_with_progress(
         match node.op {
             Op::Input => {}
             Op::Constant => {
-                let w = g
-                    .weight(id)
-                    .ok_or_else(|| RuntimeError::MissingWeight(node.name.clone()))?;
+                let w = g.weight(id).ok_or_else(|| RuntimeError::MissingWeight(node.name.clone()))?;
                 vals.insert(ValueId { node: id, slot: 0 }, w.clone());
             }
             _ => {
                 let ins = g.inputs_of(id);
                 let args: Vec<Arc<Tensor>> = ins.iter().map(|v| vals[v].clone()).collect();
-                let outs = eval(&node.op, &args, &node.outputs).map_err(|msg| {
-                    RuntimeError::Unsupported {
-                        node: format!("{id} \"{}\" ({})", node.name, node.op.name()),
-                        msg,
-                    }
-                })?;
+                let outs = eval(&node.op, &args, &node.outputs)
+                    .map_err(|msg| RuntimeError::Unsupported { node: format!("{id} \"{}\" ({})", node.name, node.op.name()), msg })?;
                 for (slot, t) in outs.into_iter().enumerate() {
-                    debug_assert_eq!(
-                        t.ty(),
-                        &node.outputs[slot],
-                        "{} produced the wrong type",
-                        node.op.name()
-                    );
-                    vals.insert(
-                        ValueId {
-                            node: id,
-                            slot: slot as u32,
-                        },
-                        Arc::new(t),
-                    );
+                    debug_assert_eq!(t.ty(), &node.outputs[slot], "{} produced the wrong type", node.op.name());
+                    vals.insert(ValueId { node: id, slot: slot as u32 }, Arc::new(t));
                 }
                 for v in ins {
                     let u = uses.get_mut(&v.node).expect("counted");
@@ -106,10 +77,7 @@ pub fn run_with_progress(
         }
         progress(done + 1, order.len());
     }
-    Ok(g.outputs()
-        .iter()
-        .map(|(_, v)| Arc::unwrap_or_clone(vals[v].clone()))
-        .collect())
+    Ok(g.outputs().iter().map(|(_, v)| Arc::unwrap_or_clone(vals[v].clone())).collect())
 }
 
 /// The elements of `t` as f32, borrowed when they already are.
@@ -138,65 +106,45 @@ fn eval(op: &Op, args: &[Arc<Tensor>], out: &[TensorType]) -> Result<Vec<Tensor>
     let float = |v: Vec<f32>| Ok(vec![tensor_of(o, v)]);
     match op {
         Op::Input | Op::Constant => unreachable!("handled by the caller"),
-        Op::Conv(c) => float(conv::conv(
-            c,
-            &args[0],
-            &args[1],
-            args.get(2).map(|a| a.as_ref()),
-            o,
-        )?),
+        Op::Conv(c) => float(conv::conv(c, &args[0], &args[1], args.get(2).map(|a| a.as_ref()), o)?),
         Op::BatchNorm { epsilon } => float(norm::batch_norm(args, *epsilon)),
         Op::Unary(u) => float(elementwise::unary(*u, &f32s(&args[0]))),
-        Op::Clip { min, max } => float(
-            f32s(&args[0])
-                .iter()
-                .map(|&x| x.max(*min).min(*max))
-                .collect(),
-        ),
+        Op::Clip { min, max } => float(f32s(&args[0]).iter().map(|&x| x.max(*min).min(*max)).collect()),
         Op::Binary(b) => float(elementwise::binary(*b, &args[0], &args[1], &o.shape)),
         Op::Sum => float(elementwise::sum(args, &o.shape)),
         Op::MaxPool(p) => float(pool::pool(p, &args[0], o, None)?),
-        Op::AveragePool {
-            pool: p,
-            count_include_pad,
-        } => float(pool::pool(p, &args[0], o, Some(*count_include_pad))?),
+        Op::AveragePool { pool: p, count_include_pad } => float(pool::pool(p, &args[0], o, Some(*count_include_pad))?),
         Op::GlobalAveragePool => float(pool::global_avg(&args[0])),
         Op::Reduce { op, axes, .. } => float(norm::reduce(*op, &args[0], axes)),
-        Op::Gemm {
-            trans_a,
-            trans_b,
-            alpha,
-            beta,
-        } => float(matmul::gemm(args, *trans_a, *trans_b, *alpha, *beta, o)),
+        Op::Gemm { trans_a, trans_b, alpha, beta } => float(matmul::gemm(args, *trans_a, *trans_b, *alpha, *beta, o)),
         Op::MatMul => float(matmul::matmul(&args[0], &args[1], o)),
         Op::Softmax { axis } => float(norm::softmax(&args[0], *axis, false)),
         Op::LogSoftmax { axis } => float(norm::softmax(&args[0], *axis, true)),
         Op::LayerNorm { axis, epsilon } => float(norm::layer_norm(args, *axis, *epsilon)),
-        Op::Lrn {
-            size,
-            alpha,
-            beta,
-            bias,
-        } => float(norm::lrn(&args[0], *size, *alpha, *beta, *bias)),
+        Op::Lrn { size, alpha, beta, bias } => float(norm::lrn(&args[0], *size, *alpha, *beta, *bias)),
         Op::Cast { to } => Ok(vec![args[0].cast(*to)]),
-        Op::Reshape { .. }
-        | Op::Flatten { .. }
-        | Op::Squeeze { .. }
-        | Op::Unsqueeze { .. }
-        | Op::Dropout
-        | Op::Identity => Ok(vec![args[0]
-            .as_ref()
-            .clone()
-            .reshaped(o.shape.clone())
-            .expect("views keep the element count")]),
-        Op::Concat { axis } => Ok(vec![layout::concat(args, *axis, o)]),
+        Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze { .. } | Op::Unsqueeze { .. } | Op::Dropout | Op::Identity => {
+            Ok(vec![args[0].as_ref().clone().reshaped(o.shape.clone()).expect("views keep the element count")])
+        }
+        Op::Concat { axis } | Op::ConcatInPlace { axis } => Ok(vec![layout::concat(args, *axis, o)]),
+        Op::FusedConv { conv: c, bias, residual, act } => {
+            let b = if *bias { Some(args[2].as_ref()) } else { None };
+            let mut y = conv::conv(c, &args[0], &args[1], b, o)?;
+            if *residual {
+                let r = f32s(args.last().expect("arity checked"));
+                y.iter_mut().zip(r.iter()).for_each(|(y, r)| *y += r);
+            }
+            y.iter_mut().for_each(|v| *v = act.apply(*v));
+            float(y)
+        }
+        Op::FusedGemm { trans_a, trans_b, alpha, beta, act } => {
+            let mut y = matmul::gemm(args, *trans_a, *trans_b, *alpha, *beta, o);
+            y.iter_mut().for_each(|v| *v = act.apply(*v));
+            float(y)
+        }
+        Op::Elementwise { expr } => float(elementwise::fused(expr, args, &o.shape)),
         Op::Split { axis, .. } => Ok(layout::split(&args[0], *axis, out)),
-        Op::Slice {
-            axes,
-            starts,
-            steps,
-            ..
-        } => Ok(vec![layout::slice(&args[0], axes, starts, steps, o)]),
+        Op::Slice { axes, starts, steps, .. } => Ok(vec![layout::slice(&args[0], axes, starts, steps, o)]),
         Op::Transpose { perm } => Ok(vec![layout::transpose(&args[0], perm, o)]),
     }
 }

@@ -1,0 +1,238 @@
+//! The payloads of fused ops: activations applied in a kernel's epilogue
+//! and the expression of a fused elementwise kernel. Both print to and parse
+//! from the compact strings the text format uses (`relu`, `clip(0.0,6.0)`,
+//! `relu(add($0,mul($1,$2)))`).
+
+use crate::op::{BinaryOp, UnaryOp};
+use std::fmt;
+
+/// An activation applied in a kernel's epilogue, in registers.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Act {
+    /// No activation.
+    None,
+    /// max(x, 0).
+    Relu,
+    /// Clamp to `[min, max]` (ReLU6 is `clip(0,6)`).
+    Clip(f32, f32),
+    /// 1 / (1 + e^-x).
+    Sigmoid,
+    /// x * sigmoid(x) (SiLU, swish).
+    Silu,
+}
+
+impl Act {
+    /// Applies the activation to one value.
+    #[inline]
+    pub fn apply(self, x: f32) -> f32 {
+        match self {
+            Act::None => x,
+            Act::Relu => x.max(0.0),
+            Act::Clip(lo, hi) => x.max(lo).min(hi),
+            Act::Sigmoid => 1.0 / (1.0 + (-x).exp()),
+            Act::Silu => x / (1.0 + (-x).exp()),
+        }
+    }
+}
+
+impl fmt::Display for Act {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Act::None => f.write_str("none"),
+            Act::Relu => f.write_str("relu"),
+            Act::Clip(lo, hi) => write!(f, "clip({lo:?},{hi:?})"),
+            Act::Sigmoid => f.write_str("sigmoid"),
+            Act::Silu => f.write_str("silu"),
+        }
+    }
+}
+
+impl std::str::FromStr for Act {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Act, String> {
+        Ok(match s {
+            "none" => Act::None,
+            "relu" => Act::Relu,
+            "sigmoid" => Act::Sigmoid,
+            "silu" => Act::Silu,
+            _ => {
+                let inner = s.strip_prefix("clip(").and_then(|r| r.strip_suffix(')')).ok_or_else(|| format!("unknown activation {s:?}"))?;
+                let (lo, hi) = inner.split_once(',').ok_or_else(|| format!("bad clip {s:?}"))?;
+                let num = |x: &str| x.trim().parse::<f32>().map_err(|_| format!("bad clip bound {x:?}"));
+                Act::Clip(num(lo)?, num(hi)?)
+            }
+        })
+    }
+}
+
+/// One node of an elementwise expression; operands index earlier nodes.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ExprNode {
+    /// Input `i` of the kernel, broadcast to the output shape.
+    Input(usize),
+    /// A scalar constant.
+    Const(f32),
+    /// A function of one operand.
+    Unary(UnaryOp, usize),
+    /// A function of two operands.
+    Binary(BinaryOp, usize, usize),
+    /// Clamp to `[min, max]`.
+    Clip(f32, f32, usize),
+}
+
+/// An elementwise expression: nodes in dependency order, the last is the result.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct Expr {
+    /// The nodes.
+    pub nodes: Vec<ExprNode>,
+}
+
+impl Expr {
+    /// Appends a node, returning its index.
+    pub fn push(&mut self, n: ExprNode) -> usize {
+        self.nodes.push(n);
+        self.nodes.len() - 1
+    }
+
+    /// The largest input index used, plus one.
+    pub fn arity(&self) -> usize {
+        self.nodes.iter().filter_map(|n| if let ExprNode::Input(i) = n { Some(i + 1) } else { None }).max().unwrap_or(0)
+    }
+
+    /// Whether operands only point backwards and the expression is non-empty.
+    pub fn is_well_formed(&self) -> bool {
+        !self.nodes.is_empty()
+            && self.nodes.iter().enumerate().all(|(i, n)| match *n {
+                ExprNode::Unary(_, a) | ExprNode::Clip(_, _, a) => a < i,
+                ExprNode::Binary(_, a, b) => a < i && b < i,
+                _ => true,
+            })
+    }
+
+    /// Evaluates the expression for one element given input values.
+    pub fn eval(&self, inputs: &[f32], scratch: &mut Vec<f32>) -> f32 {
+        scratch.clear();
+        for n in &self.nodes {
+            let v = match *n {
+                ExprNode::Input(i) => inputs[i],
+                ExprNode::Const(c) => c,
+                ExprNode::Unary(u, a) => crate::op::apply_unary(u, scratch[a]),
+                ExprNode::Binary(b, x, y) => crate::op::apply_binary(b, scratch[x], scratch[y]),
+                ExprNode::Clip(lo, hi, a) => scratch[a].max(lo).min(hi),
+            };
+            scratch.push(v);
+        }
+        *scratch.last().expect("non-empty expression")
+    }
+
+    fn write(&self, i: usize, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.nodes[i] {
+            ExprNode::Input(k) => write!(f, "${k}"),
+            ExprNode::Const(c) => write!(f, "{c:?}"),
+            ExprNode::Unary(u, a) => {
+                write!(f, "{}(", crate::op::Op::Unary(u).name())?;
+                if let UnaryOp::LeakyRelu(p) | UnaryOp::Elu(p) = u {
+                    write!(f, "{p:?},")?;
+                }
+                if let UnaryOp::Selu(p, g) = u {
+                    write!(f, "{p:?},{g:?},")?;
+                }
+                self.write(a, f)?;
+                f.write_str(")")
+            }
+            ExprNode::Binary(b, x, y) => {
+                write!(f, "{}(", crate::op::Op::Binary(b).name())?;
+                self.write(x, f)?;
+                f.write_str(",")?;
+                self.write(y, f)?;
+                f.write_str(")")
+            }
+            ExprNode::Clip(lo, hi, a) => {
+                write!(f, "clip({lo:?},{hi:?},")?;
+                self.write(a, f)?;
+                f.write_str(")")
+            }
+        }
+    }
+}
+
+impl fmt::Display for Expr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.nodes.is_empty() {
+            return f.write_str("<empty>");
+        }
+        self.write(self.nodes.len() - 1, f)
+    }
+}
+
+impl std::str::FromStr for Expr {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Expr, String> {
+        let mut e = Expr::default();
+        let cs: Vec<char> = s.chars().filter(|c| !c.is_whitespace()).collect();
+        let mut pos = 0;
+        parse_node(&cs, &mut pos, &mut e)?;
+        if pos != cs.len() {
+            return Err(format!("trailing text in expression {s:?}"));
+        }
+        Ok(e)
+    }
+}
+
+fn read_word(cs: &[char], pos: &mut usize) -> String {
+    let start = *pos;
+    while *pos < cs.len() && !matches!(cs[*pos], '(' | ')' | ',') {
+        *pos += 1;
+    }
+    cs[start..*pos].iter().collect()
+}
+
+fn expect(cs: &[char], pos: &mut usize, c: char) -> Result<(), String> {
+    if cs.get(*pos) == Some(&c) {
+        *pos += 1;
+        Ok(())
+    } else {
+        Err(format!("expected '{c}' in expression"))
+    }
+}
+
+fn parse_node(cs: &[char], pos: &mut usize, e: &mut Expr) -> Result<usize, String> {
+    let word = read_word(cs, pos);
+    if let Some(k) = word.strip_prefix('$') {
+        return Ok(e.push(ExprNode::Input(k.parse().map_err(|_| format!("bad input {word}"))?)));
+    }
+    if cs.get(*pos) != Some(&'(') {
+        return Ok(e.push(ExprNode::Const(word.parse().map_err(|_| format!("bad constant {word:?}"))?)));
+    }
+    *pos += 1;
+    // Numeric parameters (clip bounds, alphas) come first.
+    let n_params = match word.as_str() {
+        "clip" | "selu" => 2,
+        "leaky_relu" | "elu" => 1,
+        _ => 0,
+    };
+    let mut p = Vec::new();
+    for _ in 0..n_params {
+        let w = read_word(cs, pos);
+        p.push(w.parse::<f32>().map_err(|_| format!("bad parameter {w:?} of {word}"))?);
+        expect(cs, pos, ',')?;
+    }
+    let mut args = vec![parse_node(cs, pos, e)?];
+    while cs.get(*pos) == Some(&',') {
+        *pos += 1;
+        args.push(parse_node(cs, pos, e)?);
+    }
+    expect(cs, pos, ')')?;
+    let node = match (word.as_str(), args.as_slice()) {
+        ("clip", &[a]) => ExprNode::Clip(p[0], p[1], a),
+        ("leaky_relu", &[a]) => ExprNode::Unary(UnaryOp::LeakyRelu(p[0]), a),
+        ("elu", &[a]) => ExprNode::Unary(UnaryOp::Elu(p[0]), a),
+        ("selu", &[a]) => ExprNode::Unary(UnaryOp::Selu(p[0], p[1]), a),
+        (name, args) => match (crate::text::op_by_name(name), args) {
+            (Some(crate::op::Op::Unary(u)), &[a]) => ExprNode::Unary(u, a),
+            (Some(crate::op::Op::Binary(b)), &[x, y]) => ExprNode::Binary(b, x, y),
+            _ => return Err(format!("{name} with {} operands is not an elementwise function", args.len())),
+        },
+    };
+    Ok(e.push(node))
+}

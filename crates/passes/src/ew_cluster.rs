@@ -1,0 +1,135 @@
+//! Elementwise clustering: merges each tree of elementwise ops (unary,
+//! binary with broadcasting, clip, sum, earlier clusters) into one
+//! `elementwise` kernel, so its intermediates never reach memory.
+//!
+//! A producer joins its consumer's kernel only when the consumer is its
+//! single user and it is not a graph output: a value with several consumers
+//! is materialised once, never recomputed in each (the safe choice for
+//! memory; recomputing a cheap op would save a round trip but needs the
+//! memory planner to judge). Broadcasting inside a tree is exact:
+//! elementwise functions commute with broadcasting.
+
+use smelt_ir::{Expr, ExprNode, Graph, IrError, NodeId, Op, ValueId};
+use std::collections::{HashMap, HashSet};
+
+/// What the pass did.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Stats {
+    /// Elementwise kernels made from two or more ops.
+    pub clusters: usize,
+    /// Ops absorbed into a consumer's kernel.
+    pub absorbed: usize,
+}
+
+fn is_elementwise(op: &Op) -> bool {
+    matches!(op, Op::Unary(_) | Op::Binary(_) | Op::Clip { .. } | Op::Sum | Op::Elementwise { .. })
+}
+
+/// Clusters `g` in place.
+pub fn run(g: &mut Graph) -> Result<Stats, IrError> {
+    let order = g.topo_order()?;
+    let outputs: HashSet<NodeId> = g.outputs().iter().map(|(_, v)| v.node).collect();
+    // A node is absorbed into its single elementwise user.
+    let absorbed: HashSet<NodeId> = order
+        .iter()
+        .copied()
+        .filter(|&id| {
+            let users = g.users_of(id);
+            is_elementwise(&g.node(id).op)
+                && users.len() == 1
+                && !outputs.contains(&id)
+                && is_elementwise(&g.node(users[0]).op)
+                && g.node(users[0]).outputs[0].dtype == g.node(id).outputs[0].dtype
+        })
+        .collect();
+    let mut out = Graph::new();
+    let mut map: HashMap<ValueId, ValueId> = HashMap::new();
+    let mut stats = Stats::default();
+    for &id in &order {
+        if absorbed.contains(&id) {
+            continue;
+        }
+        let node = g.node(id);
+        let has_absorbed_input = g.inputs_of(id).iter().any(|v| absorbed.contains(&v.node));
+        let new = if has_absorbed_input {
+            let mut b = ExprBuilder { g, absorbed: &absorbed, expr: Expr::default(), leaves: Vec::new(), count: 0 };
+            b.visit(id);
+            stats.clusters += 1;
+            stats.absorbed += b.count;
+            let ins: Vec<ValueId> = b.leaves.iter().map(|v| map[v]).collect();
+            out.add(Op::Elementwise { expr: b.expr }, node.name.clone(), &ins)?
+        } else {
+            let ins: Vec<ValueId> = g.inputs_of(id).iter().map(|v| map[v]).collect();
+            out.copy_node_from(g, id, &ins)?
+        };
+        for slot in 0..node.outputs.len() as u32 {
+            map.insert(ValueId { node: id, slot }, ValueId { node: new, slot });
+        }
+    }
+    let outs: Vec<(String, ValueId)> = g.outputs().iter().map(|(n, v)| (n.clone(), map[v])).collect();
+    out.set_outputs(outs);
+    *g = out;
+    Ok(stats)
+}
+
+struct ExprBuilder<'a> {
+    g: &'a Graph,
+    absorbed: &'a HashSet<NodeId>,
+    expr: Expr,
+    leaves: Vec<ValueId>,
+    count: usize,
+}
+
+impl ExprBuilder<'_> {
+    fn leaf(&mut self, v: ValueId) -> usize {
+        let i = self.leaves.iter().position(|&l| l == v).unwrap_or_else(|| {
+            self.leaves.push(v);
+            self.leaves.len() - 1
+        });
+        self.expr.push(ExprNode::Input(i))
+    }
+
+    fn operand(&mut self, v: ValueId) -> usize {
+        if self.absorbed.contains(&v.node) {
+            self.count += 1;
+            self.visit(v.node)
+        } else {
+            self.leaf(v)
+        }
+    }
+
+    /// Appends the expression of node `id`; returns its index.
+    fn visit(&mut self, id: smelt_ir::NodeId) -> usize {
+        let ins = self.g.inputs_of(id);
+        let args: Vec<usize> = ins.iter().map(|&v| self.operand(v)).collect();
+        let node = match &self.g.node(id).op {
+            Op::Unary(u) => ExprNode::Unary(*u, args[0]),
+            Op::Clip { min, max } => ExprNode::Clip(*min, *max, args[0]),
+            Op::Binary(b) => ExprNode::Binary(*b, args[0], args[1]),
+            Op::Sum => {
+                let mut acc = args[0];
+                for &a in &args[1..] {
+                    acc = self.expr.push(ExprNode::Binary(smelt_ir::BinaryOp::Add, acc, a));
+                }
+                return acc;
+            }
+            Op::Elementwise { expr } => {
+                // Inline an earlier cluster: its inputs are our operands.
+                let mut remap = Vec::with_capacity(expr.nodes.len());
+                for n in &expr.nodes {
+                    let k = match *n {
+                        ExprNode::Input(i) => args[i],
+                        ExprNode::Const(c) => self.expr.push(ExprNode::Const(c)),
+                        ExprNode::Unary(u, a) => self.expr.push(ExprNode::Unary(u, remap[a])),
+                        ExprNode::Binary(b, x, y) => self.expr.push(ExprNode::Binary(b, remap[x], remap[y])),
+                        ExprNode::Clip(lo, hi, a) => self.expr.push(ExprNode::Clip(lo, hi, remap[a])),
+                    };
+                    remap.push(k);
+                }
+                return *remap.last().expect("non-empty expression");
+            }
+            op => unreachable!("{} is not elementwise", op.name()),
+        };
+        self.expr.push(node)
+    }
+}

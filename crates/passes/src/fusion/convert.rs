@@ -1,0 +1,255 @@
+//! From a [`Graph`] into the e-graph, and from the extracted choice back.
+
+use super::lang::{attr_of, symbol_of, AttrEntry, AttrRef, Fl, FusionAnalysis, Origin, ValInfo, ValRef};
+use egg::{EGraph, Id, Symbol};
+use smelt_ir::{text::op_by_name, Act, Conv, Graph, IrError, NodeId, Op, UnaryOp, ValueId};
+use std::collections::HashMap;
+
+/// A graph encoded in an e-graph.
+pub struct Encoded {
+    /// The e-graph.
+    pub egraph: EGraph<Fl, FusionAnalysis>,
+    /// The graph outputs, by name, as e-classes.
+    pub outputs: Vec<(String, Id)>,
+    /// The original node's name for each class it created.
+    pub names: HashMap<Id, String>,
+    /// Number of nodes that computed something in the input graph.
+    pub ops_before: usize,
+}
+
+fn attr(eg: &mut EGraph<Fl, FusionAnalysis>, e: AttrEntry) -> Id {
+    eg.analysis.attrs.push(e);
+    let r = AttrRef(eg.analysis.attrs.len() - 1);
+    eg.add(Fl::Attr(r))
+}
+
+fn sym(eg: &mut EGraph<Fl, FusionAnalysis>, s: &str) -> Id {
+    eg.add(Fl::Symbol(Symbol::from(s)))
+}
+
+/// Encodes `g`.
+pub fn encode(g: &Graph) -> Result<Encoded, IrError> {
+    let mut eg: EGraph<Fl, FusionAnalysis> = EGraph::new(FusionAnalysis::default());
+    let mut ids: HashMap<ValueId, Id> = HashMap::new();
+    let mut names = HashMap::new();
+    let mut ops_before = 0;
+    for id in g.topo_order()? {
+        let node = g.node(id);
+        let ins: Vec<Id> = g.inputs_of(id).iter().map(|v| ids[v]).collect();
+        let none = sym(&mut eg, "none");
+        ops_before += node.op.is_kernel() as usize;
+        let class = match &node.op {
+            Op::Input | Op::Constant => {
+                let origin = if node.op == Op::Input { Origin::Input(id) } else { Origin::Constant(node.name.clone()) };
+                eg.analysis.vals.push(ValInfo { ty: node.outputs[0].clone(), data: g.weight(id).cloned(), origin });
+                eg.add(Fl::Val(ValRef(eg.analysis.vals.len() - 1)))
+            }
+            Op::Conv(c) => {
+                let a = attr(&mut eg, AttrEntry::Op(Op::Conv(c.clone())));
+                let b = ins.get(2).copied().unwrap_or(none);
+                eg.add(Fl::Conv([a, ins[0], ins[1], b, none, none]))
+            }
+            Op::BatchNorm { .. } => {
+                let a = attr(&mut eg, AttrEntry::Op(node.op.clone()));
+                eg.add(Fl::Bn([a, ins[0], ins[1], ins[2], ins[3], ins[4]]))
+            }
+            Op::Gemm { .. } => {
+                let a = attr(&mut eg, AttrEntry::Op(node.op.clone()));
+                eg.add(Fl::Gemm([a, ins[0], ins[1], ins.get(2).copied().unwrap_or(none), none]))
+            }
+            Op::MatMul => eg.add(Fl::MatMul([ins[0], ins[1]])),
+            Op::Unary(UnaryOp::LeakyRelu(_) | UnaryOp::Elu(_) | UnaryOp::Selu(..)) | Op::Clip { .. } => {
+                let a = attr(&mut eg, AttrEntry::Op(node.op.clone()));
+                eg.add(Fl::Unary([a, ins[0]]))
+            }
+            Op::Unary(_) | Op::Identity | Op::Dropout => {
+                let k = sym(&mut eg, node.op.name());
+                eg.add(Fl::Unary([k, ins[0]]))
+            }
+            Op::Binary(_) => {
+                let k = sym(&mut eg, node.op.name());
+                eg.add(Fl::Binary([k, ins[0], ins[1]]))
+            }
+            Op::Sum if ins.len() >= 2 => {
+                let k = sym(&mut eg, "add");
+                ins[1..].iter().fold(ins[0], |acc, &x| eg.add(Fl::Binary([k, acc, x])))
+            }
+            op => {
+                let a = attr(&mut eg, AttrEntry::Opaque { op: op.clone(), name: node.name.clone(), outputs: node.outputs.clone() });
+                let opaque = eg.add(Fl::Opaque(std::iter::once(a).chain(ins.iter().copied()).collect()));
+                if node.outputs.len() == 1 {
+                    opaque
+                } else {
+                    for (slot, ty) in node.outputs.iter().enumerate() {
+                        let s = attr(&mut eg, AttrEntry::Slot { slot: slot as u32, ty: ty.clone() });
+                        let out = eg.add(Fl::Out([s, opaque]));
+                        ids.insert(ValueId { node: id, slot: slot as u32 }, out);
+                        names.entry(out).or_insert_with(|| node.name.clone());
+                    }
+                    continue;
+                }
+            }
+        };
+        ids.insert(ValueId { node: id, slot: 0 }, class);
+        names.entry(class).or_insert_with(|| node.name.clone());
+    }
+    let outputs = g.outputs().iter().map(|(n, v)| (n.clone(), ids[v])).collect();
+    Ok(Encoded { egraph: eg, outputs, names, ops_before })
+}
+
+/// Rebuilds a graph from the extracted choice of each class.
+pub fn decode(
+    eg: &EGraph<Fl, FusionAnalysis>,
+    choice: &HashMap<Id, Fl>,
+    outputs: &[(String, Id)],
+    names: HashMap<Id, String>,
+    original: &Graph,
+) -> Result<Graph, IrError> {
+    // Classes merged during saturation: keep the name of the earliest node.
+    let mut canon: HashMap<Id, String> = HashMap::new();
+    let mut sorted: Vec<_> = names.into_iter().collect();
+    sorted.sort_by_key(|(id, _)| *id);
+    for (id, name) in sorted {
+        canon.entry(eg.find(id)).or_insert(name);
+    }
+    let mut d = Decoder { eg, choice, names: &canon, g: Graph::new(), memo: HashMap::new(), vals: HashMap::new(), inputs: HashMap::new() };
+    // Graph inputs first, in their original order.
+    for &i in original.inputs() {
+        let n = original.node(i);
+        let v = d.g.add_input(n.name.clone(), n.outputs[0].clone())?;
+        d.inputs.insert(i, v);
+    }
+    for (name, id) in outputs {
+        let v = d.value(*id)?;
+        d.g.add_output(name.clone(), v);
+    }
+    d.g.remove_dead();
+    Ok(d.g)
+}
+
+struct Decoder<'a> {
+    eg: &'a EGraph<Fl, FusionAnalysis>,
+    choice: &'a HashMap<Id, Fl>,
+    names: &'a HashMap<Id, String>,
+    g: Graph,
+    memo: HashMap<Id, ValueId>,
+    vals: HashMap<ValRef, ValueId>,
+    inputs: HashMap<NodeId, ValueId>,
+}
+
+impl Decoder<'_> {
+    fn bug(msg: impl Into<String>) -> IrError {
+        IrError::Verify(format!("fusion extraction: {}", msg.into()))
+    }
+
+    fn entry(&self, id: Id) -> Result<&AttrEntry, IrError> {
+        attr_of(self.eg, id).map(|a| &self.eg.analysis.attrs[a.0]).ok_or_else(|| Self::bug("missing attribute"))
+    }
+
+    fn op_attr(&self, id: Id) -> Result<Op, IrError> {
+        match self.entry(id)? {
+            AttrEntry::Op(op) => Ok(op.clone()),
+            _ => Err(Self::bug("expected an op attribute")),
+        }
+    }
+
+    fn is_none(&self, id: Id) -> bool {
+        symbol_of(self.eg, id).is_some_and(|s| s.as_str() == "none")
+    }
+
+    fn act(&self, id: Id) -> Result<Act, IrError> {
+        if let Some(s) = symbol_of(self.eg, id) {
+            return s.as_str().parse().map_err(Self::bug);
+        }
+        match self.op_attr(id)? {
+            Op::Clip { min, max } => Ok(Act::Clip(min, max)),
+            op => Err(Self::bug(format!("{} is not an activation", op.name()))),
+        }
+    }
+
+    fn node(&mut self, id: Id, op: Op, ins: &[Id]) -> Result<ValueId, IrError> {
+        let vs = ins.iter().map(|&c| self.value(c)).collect::<Result<Vec<_>, _>>()?;
+        let name = self.names.get(&self.eg.find(id)).cloned().unwrap_or_default();
+        let n = self.g.add(op, name, &vs)?;
+        Ok(ValueId { node: n, slot: 0 })
+    }
+
+    fn value(&mut self, id: Id) -> Result<ValueId, IrError> {
+        let id = self.eg.find(id);
+        if let Some(&v) = self.memo.get(&id) {
+            return Ok(v);
+        }
+        let n = self.choice.get(&id).ok_or_else(|| Self::bug(format!("class {id} has no choice")))?.clone();
+        let v = match &n {
+            Fl::Val(r) => {
+                if let Some(&v) = self.vals.get(r) {
+                    v
+                } else {
+                    let info = &self.eg.analysis.vals[r.0];
+                    let v = match (&info.origin, &info.data) {
+                        (Origin::Input(i), _) => self.inputs[i],
+                        (Origin::Constant(name), Some(t)) => self.g.add_shared_constant(name.clone(), t.clone()),
+                        (Origin::Constant(name), None) => self.g.add_weight_ref(name.clone(), info.ty.clone()),
+                    };
+                    self.vals.insert(*r, v);
+                    v
+                }
+            }
+            Fl::Attr(_) | Fl::Symbol(_) => return Err(Self::bug("a leaf used as a value")),
+            Fl::Conv([c, x, w, b, r, act]) => {
+                let conv: Conv = match self.op_attr(*c)? {
+                    Op::Conv(c) => c,
+                    _ => return Err(Self::bug("conv without conv attributes")),
+                };
+                let (has_b, has_r, act) = (!self.is_none(*b), !self.is_none(*r), self.act(*act)?);
+                let mut ins = vec![*x, *w];
+                ins.extend(has_b.then_some(*b));
+                ins.extend(has_r.then_some(*r));
+                let op =
+                    if !has_r && act == Act::None { Op::Conv(conv) } else { Op::FusedConv { conv, bias: has_b, residual: has_r, act } };
+                self.node(id, op, &ins)?
+            }
+            Fl::Bn([e, x, s, b, m, v]) => {
+                let op = self.op_attr(*e)?;
+                self.node(id, op, &[*x, *s, *b, *m, *v])?
+            }
+            Fl::Gemm([g, a, b, c, act]) => {
+                let Op::Gemm { trans_a, trans_b, alpha, beta } = self.op_attr(*g)? else { return Err(Self::bug("gemm attributes")) };
+                let act = self.act(*act)?;
+                let mut ins = vec![*a, *b];
+                ins.extend((!self.is_none(*c)).then_some(*c));
+                let op = if act == Act::None {
+                    Op::Gemm { trans_a, trans_b, alpha, beta }
+                } else {
+                    Op::FusedGemm { trans_a, trans_b, alpha, beta, act }
+                };
+                self.node(id, op, &ins)?
+            }
+            Fl::MatMul([a, b]) => self.node(id, Op::MatMul, &[*a, *b])?,
+            Fl::Unary([k, x]) => {
+                let op = match symbol_of(self.eg, *k) {
+                    Some(s) => op_by_name(s.as_str()).ok_or_else(|| Self::bug(format!("unknown op {s}")))?,
+                    None => self.op_attr(*k)?,
+                };
+                self.node(id, op, &[*x])?
+            }
+            Fl::Binary([k, x, y]) => {
+                let s = symbol_of(self.eg, *k).ok_or_else(|| Self::bug("binary kind"))?;
+                let op = op_by_name(s.as_str()).ok_or_else(|| Self::bug(format!("unknown op {s}")))?;
+                self.node(id, op, &[*x, *y])?
+            }
+            Fl::Opaque(ch) => {
+                let AttrEntry::Opaque { op, .. } = self.entry(ch[0])?.clone() else { return Err(Self::bug("opaque attributes")) };
+                self.node(id, op, &ch[1..])?
+            }
+            Fl::Out([s, x]) => {
+                let AttrEntry::Slot { slot, .. } = self.entry(*s)? else { return Err(Self::bug("slot attributes")) };
+                let slot = *slot;
+                let base = self.value(*x)?;
+                ValueId { node: base.node, slot }
+            }
+        };
+        self.memo.insert(id, v);
+        Ok(v)
+    }
+}
