@@ -13,7 +13,13 @@ fn run(args: &[&str]) -> (i32, String, String) {
 fn no_arguments_runs_the_default_model() {
     let (code, out, err) = run(&[]);
     assert_eq!(code, 0, "{err}");
-    assert!(out.contains("zoo:resnet50") && out.contains("conv                  53") && out.contains("ran on the CPU"), "{out}");
+    assert!(
+        out.contains("zoo:resnet50")
+            && out.contains("176 ops before")
+            && out.contains("57 kernels after")
+            && out.contains("ran on the CPU"),
+        "{out}"
+    );
 }
 
 #[test]
@@ -94,4 +100,35 @@ fn errors_are_clear_and_exit_2() {
     let (code, _, err) = run(&["run", "zoo:resnet50", "--batch", "0"]);
     assert_eq!(code, 2);
     assert!(err.contains("--batch must be at least 1"), "{err}");
+}
+
+#[test]
+fn compile_dumps_the_ir_after_a_pass() {
+    let m = common::light_model("resnet50");
+    let (code, out, err) = run(&["compile", m.to_str().unwrap(), "--dump-ir", "fuse"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("graph {") && out.contains("fused_conv(") && out.contains("residual=true, act=\"relu\""), "{out}");
+    let (_, before, _) = run(&["compile", m.to_str().unwrap(), "--dump-ir", "dce"]);
+    assert!(before.contains("batch_norm(") && !before.contains("fused_conv"));
+    let (code, _, err) = run(&["compile", m.to_str().unwrap(), "--dump-ir", "nonsense"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("possible values: dce, fuse, ew-cluster, concat, final-dce"), "{err}");
+    let (code, json, _) = run(&["compile", m.to_str().unwrap(), "--json"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["fusion"]["stop_reason"], "Saturated");
+    assert_eq!(v["fusion"]["rule_hits"]["fold-bn-into-conv"], 53);
+}
+
+#[test]
+fn inspect_shows_kernels_before_and_after_fusion() {
+    let m = common::light_model("resnet50");
+    let (_, out, _) = run(&["inspect", m.to_str().unwrap(), "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["ops"], 176);
+    assert_eq!(v["kernels"], 57);
+    assert_eq!(v["kernel_histogram"]["fused_conv"], 49);
+    let (_, out, _) = run(&["inspect", m.to_str().unwrap(), "--json", "--no-fuse"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["kernels"], 175, "without fusion every op but the reshape view is a kernel");
 }

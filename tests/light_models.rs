@@ -40,6 +40,10 @@ fn random_weight_variants_match_onnxruntime() {
             ["--input", v.join("input_0.pb").to_str().unwrap(), "--expect", v.join("output_0.pb").to_str().unwrap()].map(String::from);
         let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
         run_expect(&args, &v.join("model.onnx"), "1e-3", "1e-4");
+        // And without fusion: the reference path stays right too.
+        let mut no_fuse = args.clone();
+        no_fuse.push("--no-fuse");
+        run_expect(&no_fuse, &v.join("model.onnx"), "1e-3", "1e-4");
     }
 }
 

@@ -1,6 +1,7 @@
 //! Shared helpers of the integration tests: where the test data lives.
 #![allow(dead_code)]
 
+use smelt_ir::{builder::Builder, BinaryOp, Graph, Op, Rng, UnaryOp, ValueId};
 use std::path::PathBuf;
 
 /// The nine light models of the onnx wheel.
@@ -39,4 +40,57 @@ pub fn variant(name: &str) -> PathBuf {
 /// The `smelt` binary built for this test run.
 pub fn smelt() -> std::process::Command {
     std::process::Command::new(env!("CARGO_BIN_EXE_smelt"))
+}
+
+/// A random graph of convs (with batch norm, residuals, activations), pools,
+/// elementwise ops with broadcasting, concat, flatten and softmax.
+pub fn random_graph(seed: u64) -> Graph {
+    let mut r = Rng::new(seed);
+    let mut b = Builder::new(seed);
+    let c = 1 + r.below(4);
+    let x = b.input("x", &[1 + r.below(2), c, 4 + r.below(5), 4 + r.below(5)]).unwrap();
+    let mut vals: Vec<ValueId> = vec![x];
+    for _ in 0..3 + r.below(10) {
+        let v = vals[r.below(vals.len())];
+        let ty = b.ty(v).clone();
+        let out = match r.below(12) {
+            0 => b.conv(v, 1 + r.below(4), 1 + 2 * r.below(2), 1 + r.below(2), r.below(2)),
+            1 => b.batch_norm(v, 1.0),
+            2 => b.relu(v),
+            3 => b.op(Op::Unary([UnaryOp::Sigmoid, UnaryOp::Tanh, UnaryOp::LeakyRelu(0.1), UnaryOp::Exp][r.below(4)]), &[v]),
+            4 => {
+                // Broadcast against a per-channel constant.
+                let k = b.weight(format!("k{}", r.next_u64()), &[ty.shape[1], 1, 1], |r| r.normal());
+                b.op(Op::Binary([BinaryOp::Add, BinaryOp::Mul, BinaryOp::Sub, BinaryOp::Max][r.below(4)]), &[v, k])
+            }
+            5 if ty.shape.len() == 4 && ty.shape[2] >= 3 => b.max_pool(v, 2, 1 + r.below(2), r.below(2)),
+            6 => {
+                let w = vals.iter().copied().find(|&w| w != v && b.ty(w).shape == ty.shape);
+                match w {
+                    Some(w) => b.op(Op::Concat { axis: 1 }, &[v, w]),
+                    None => b.op(Op::Clip { min: -1.0, max: 1.5 }, &[v]),
+                }
+            }
+            7 => b.op(Op::Flatten { axis: 1 }, &[v]),
+            8 => {
+                // A conv-bn-act chain, sometimes with a residual.
+                let c = ty.shape.get(1).copied().unwrap_or(1);
+                let y = b.conv(v, c, 3, 1, 1).and_then(|y| b.batch_norm(y, 1.0));
+                match (y, r.below(3)) {
+                    (Ok(y), 0) => b.add(y, v).and_then(|s| b.relu(s)),
+                    (Ok(y), 1) => b.op(Op::Unary(UnaryOp::Sigmoid), &[y]).and_then(|s| b.op(Op::Binary(BinaryOp::Mul), &[y, s])),
+                    (Ok(y), _) => b.relu6(y),
+                    (Err(e), _) => Err(e),
+                }
+            }
+            9 => b.op(Op::Identity, &[v]),
+            _ => b.op(Op::Softmax { axis: ty.shape.len() - 1 }, &[v]),
+        };
+        // Ops that do not fit the chosen value (a conv on a flattened one) are skipped.
+        if let Ok(o) = out {
+            vals.push(o);
+        }
+    }
+    let last = *vals.last().unwrap();
+    b.finish("y", last).unwrap()
 }

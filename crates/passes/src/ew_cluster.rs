@@ -2,12 +2,14 @@
 //! binary with broadcasting, clip, sum, earlier clusters) into one
 //! `elementwise` kernel, so its intermediates never reach memory.
 //!
-//! A producer joins its consumer's kernel only when the consumer is its
-//! single user and it is not a graph output: a value with several consumers
-//! is materialised once, never recomputed in each (the safe choice for
-//! memory; recomputing a cheap op would save a round trip but needs the
-//! memory planner to judge). Broadcasting inside a tree is exact:
-//! elementwise functions commute with broadcasting.
+//! A producer joins its consumers' kernels when every user is elementwise,
+//! it is not a graph output, and either it has a single user or it is a
+//! cheap op (one unary, binary or clip, not a whole earlier cluster): a
+//! cheap value read by several elementwise consumers is recomputed in each
+//! of them (an ALU op costs far less than a write and a read of memory),
+//! anything else with several consumers is materialised once. Inside one
+//! kernel a value used twice is computed once. Broadcasting inside a tree is
+//! exact: elementwise functions commute with broadcasting.
 
 use smelt_ir::{Expr, ExprNode, Graph, IrError, NodeId, Op, ValueId};
 use std::collections::{HashMap, HashSet};
@@ -35,11 +37,13 @@ pub fn run(g: &mut Graph) -> Result<Stats, IrError> {
         .copied()
         .filter(|&id| {
             let users = g.users_of(id);
-            is_elementwise(&g.node(id).op)
-                && users.len() == 1
+            let op = &g.node(id).op;
+            let cheap = matches!(op, Op::Unary(_) | Op::Binary(_) | Op::Clip { .. });
+            is_elementwise(op)
+                && !users.is_empty()
+                && (users.len() == 1 || cheap)
                 && !outputs.contains(&id)
-                && is_elementwise(&g.node(users[0]).op)
-                && g.node(users[0]).outputs[0].dtype == g.node(id).outputs[0].dtype
+                && users.iter().all(|&u| is_elementwise(&g.node(u).op) && g.node(u).outputs[0].dtype == g.node(id).outputs[0].dtype)
         })
         .collect();
     let mut out = Graph::new();
@@ -52,7 +56,7 @@ pub fn run(g: &mut Graph) -> Result<Stats, IrError> {
         let node = g.node(id);
         let has_absorbed_input = g.inputs_of(id).iter().any(|v| absorbed.contains(&v.node));
         let new = if has_absorbed_input {
-            let mut b = ExprBuilder { g, absorbed: &absorbed, expr: Expr::default(), leaves: Vec::new(), count: 0 };
+            let mut b = ExprBuilder { g, absorbed: &absorbed, expr: Expr::default(), leaves: Vec::new(), count: 0, memo: HashMap::new() };
             b.visit(id);
             stats.clusters += 1;
             stats.absorbed += b.count;
@@ -78,6 +82,8 @@ struct ExprBuilder<'a> {
     expr: Expr,
     leaves: Vec<ValueId>,
     count: usize,
+    /// Expression index of each absorbed node already visited in this kernel.
+    memo: HashMap<NodeId, usize>,
 }
 
 impl ExprBuilder<'_> {
@@ -91,8 +97,13 @@ impl ExprBuilder<'_> {
 
     fn operand(&mut self, v: ValueId) -> usize {
         if self.absorbed.contains(&v.node) {
+            if let Some(&i) = self.memo.get(&v.node) {
+                return i;
+            }
             self.count += 1;
-            self.visit(v.node)
+            let i = self.visit(v.node);
+            self.memo.insert(v.node, i);
+            i
         } else {
             self.leaf(v)
         }

@@ -1,0 +1,64 @@
+//! Filetests: text IR in, the IR after a pass out, compared with an insta
+//! snapshot (`INSTA_UPDATE=always cargo test --test filetests` accepts a
+//! change). `tests/filetests/<pass>/*.tir`; the folder names the pass. Each
+//! case also runs on the CPU before and after: the numbers must agree.
+
+use smelt_ir::{text, Graph, Rng, Tensor};
+use std::collections::BTreeSet;
+use std::path::Path;
+
+fn random_inputs(g: &Graph, seed: u64) -> Vec<Tensor> {
+    let mut r = Rng::new(seed);
+    g.inputs()
+        .iter()
+        .map(|&i| {
+            let ty = &g.node(i).outputs[0];
+            Tensor::from_f32(ty.shape.clone(), (0..ty.numel()).map(|_| r.normal()).collect()).cast(ty.dtype)
+        })
+        .collect()
+}
+
+/// Runs the `fuse` filetest `path`; returns the snapshot text and the rules that fired.
+fn check_fuse(path: &Path) -> (String, BTreeSet<String>) {
+    let src = std::fs::read_to_string(path).unwrap();
+    let mut before = text::parse(&src).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    smelt::fill_missing_weights(&mut before);
+    let mut after = before.clone();
+    let stats = smelt::compile(&mut after, true, &mut |_, _| {}).unwrap();
+    let inputs = random_inputs(&before, 1);
+    let want = smelt_runtime::cpu::run(&before, &inputs).unwrap();
+    let got = smelt_runtime::cpu::run(&after, &inputs).unwrap();
+    for (a, b) in got.iter().zip(&want) {
+        let c = smelt::compare(a, b, 1e-4, 1e-5);
+        assert!(c.ok, "{}: fused numbers differ: {c:?}", path.display());
+    }
+    let fusion = stats.fusion.unwrap();
+    let hits: BTreeSet<String> = fusion.rule_hits.iter().filter(|(_, &n)| n > 0).map(|(r, _)| r.clone()).collect();
+    let kernels = after.node_ids().filter(|&n| after.node(n).op.is_kernel()).count();
+    let header =
+        format!("; rules: {}\n; kernels: {} -> {kernels}\n", hits.iter().cloned().collect::<Vec<_>>().join(", "), fusion.kernels_before);
+    (header + &text::print(&after), hits)
+}
+
+#[test]
+fn fuse_filetests() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/filetests/fuse");
+    let mut files: Vec<_> =
+        std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|e| e == "tir")).collect();
+    files.sort();
+    let mut fired = BTreeSet::new();
+    let mut settings = insta::Settings::clone_current();
+    settings.set_snapshot_path(dir.join("snapshots"));
+    settings.set_prepend_module_to_snapshot(false);
+    settings.set_omit_expression(true);
+    for f in &files {
+        let (out, hits) = check_fuse(f);
+        fired.extend(hits);
+        let name = f.file_stem().unwrap().to_string_lossy().into_owned();
+        settings.bind(|| insta::assert_snapshot!(name, out));
+    }
+    // Every rule has a filetest in which it fires.
+    let all: BTreeSet<String> = smelt_passes::fusion::rules::rules().iter().map(|r| r.name.to_string()).collect();
+    let missing: Vec<_> = all.difference(&fired).collect();
+    assert!(missing.is_empty(), "rules without a filetest: {missing:?}");
+}

@@ -1,0 +1,84 @@
+//! Fusion keeps the numbers and fuses what it promises: on the nine light
+//! models (random-weight variants) and on random graphs.
+
+mod common;
+
+use smelt_ir::onnx::{import_file, read_tensor_file, ImportOptions};
+use smelt_ir::{Graph, NodeId, Op, Rng, Tensor, UnaryOp};
+
+fn fused(g: &Graph) -> Graph {
+    let mut f = g.clone();
+    smelt::compile(&mut f, true, &mut |_, _| {}).unwrap();
+    f
+}
+
+fn kernels(g: &Graph, name: &str) -> usize {
+    g.node_ids().filter(|&n| g.node(n).op.is_kernel() && g.node(n).op.name() == name).count()
+}
+
+/// Whether `id` is a standalone activation reading a convolution that nobody
+/// else reads: a Conv+...+ReLU chain that was not fused.
+fn unfused_activation(g: &Graph, id: NodeId) -> bool {
+    let is_act = matches!(g.node(id).op, Op::Unary(UnaryOp::Relu | UnaryOp::Sigmoid) | Op::Clip { .. } | Op::Elementwise { .. });
+    is_act
+        && g.inputs_of(id).iter().any(|v| matches!(g.node(v.node).op, Op::Conv(_) | Op::FusedConv { .. }) && g.users_of(v.node).len() == 1)
+}
+
+#[test]
+fn light_variants_fused_match_unfused_and_onnxruntime() {
+    for name in common::LIGHT {
+        let v = common::variant(name);
+        let g = import_file(&v.join("model.onnx"), &ImportOptions::default()).unwrap();
+        let f = fused(&g);
+        let input = read_tensor_file(&v.join("input_0.pb")).unwrap().1;
+        let expected = read_tensor_file(&v.join("output_0.pb")).unwrap().1;
+        let a = smelt_runtime::cpu::run(&g, std::slice::from_ref(&input)).unwrap();
+        let b = smelt_runtime::cpu::run(&f, &[input]).unwrap();
+        let c = smelt::compare(&b[0], &a[0], 1e-3, 1e-4);
+        assert!(c.ok, "{name}: fused differs from unfused: {c:?}");
+        let c = smelt::compare(&b[0], &expected, 1e-3, 1e-4);
+        assert!(c.ok, "{name}: fused differs from onnxruntime: {c:?}");
+
+        let before = g.node_ids().filter(|&n| g.node(n).op.is_kernel()).count();
+        let after = f.node_ids().filter(|&n| f.node(n).op.is_kernel()).count();
+        assert!(after < before, "{name}: {before} kernels before, {after} after");
+        assert_eq!(kernels(&f, "batch_norm"), 0, "{name}: a batch norm survived fusion");
+        let stray: Vec<_> = f.node_ids().filter(|&n| unfused_activation(&f, n)).map(|n| f.node(n).name.clone()).collect();
+        assert!(stray.is_empty(), "{name}: activations not fused into their conv: {stray:?}");
+    }
+}
+
+/// ResNet-50: every Conv+BN(+ReLU) and every residual tail is one kernel.
+#[test]
+fn resnet50_is_one_kernel_per_conv() {
+    let g = import_file(&common::light_model("resnet50"), &ImportOptions::default()).unwrap();
+    let f = fused(&g);
+    assert_eq!(kernels(&f, "fused_conv") + kernels(&f, "conv"), 53);
+    assert_eq!(kernels(&f, "relu") + kernels(&f, "add") + kernels(&f, "sum") + kernels(&f, "elementwise"), 0);
+    let residual = f.node_ids().filter(|&n| matches!(f.node(n).op, Op::FusedConv { residual: true, .. })).count();
+    assert_eq!(residual, 16);
+}
+
+/// Random graphs: the fused graph computes the same numbers.
+#[test]
+fn random_graphs_fuse_without_changing_results() {
+    for seed in 0..150 {
+        let g = common::random_graph(seed);
+        let f = fused(&g);
+        let mut r = Rng::new(seed + 1000);
+        let inputs: Vec<Tensor> = g
+            .inputs()
+            .iter()
+            .map(|&i| {
+                let ty = &g.node(i).outputs[0];
+                Tensor::from_f32(ty.shape.clone(), (0..ty.numel()).map(|_| r.normal()).collect())
+            })
+            .collect();
+        let a = smelt_runtime::cpu::run(&g, &inputs).unwrap();
+        let b = smelt_runtime::cpu::run(&f, &inputs).unwrap();
+        for (x, y) in b.iter().zip(&a) {
+            let c = smelt::compare(x, y, 1e-4, 1e-5);
+            assert!(c.ok, "seed {seed}: {c:?}\nbefore:\n{}\nafter:\n{}", smelt_ir::text::print(&g), smelt_ir::text::print(&f));
+        }
+    }
+}
