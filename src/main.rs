@@ -57,6 +57,30 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Plan activation memory: a memory-aware schedule, liveness, and offsets
+    /// in one arena, checked by an independent checker.
+    ///
+    /// Shows weights bytes, naive activation bytes (every value in its own
+    /// buffer), the liveness lower bound of the chosen schedule, the arena,
+    /// their ratios and the peak step with the largest tensors live there,
+    /// with fusion and without. The arena holds every activation, graph
+    /// inputs and outputs included; weights are separate.
+    Plan {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// Print JSON instead of text (fields documented in docs/guide.md).
+        #[arg(long)]
+        json: bool,
+        /// Draw live bytes per step and the arena layout to FILE (SVG).
+        #[arg(long, value_name = "FILE")]
+        svg: Option<PathBuf>,
+        /// Fail when the arena exceeds SIZE (B, KiB, MiB, GiB, KB, MB, GB; e.g. 6GiB).
+        #[arg(long, value_name = "SIZE", value_parser = smelt::plan::parse_size)]
+        memory_limit: Option<usize>,
+        /// Print the time of each phase (import, passes, planning, check).
+        #[arg(long)]
+        timings: bool,
+    },
     /// Run the model on the CPU reference executor.
     ///
     /// With no --input, each float input is the ONNX backend runner's input:
@@ -195,6 +219,7 @@ fn real_main() -> Result<()> {
             eprintln!("{}", serde_json::to_string(&stats)?);
             Ok(())
         }
+        Some(Command::Plan { model, json, svg, memory_limit, timings }) => cmd_plan(&model, json, svg, memory_limit, timings),
         Some(Command::Run { model, inputs, expects, rtol, atol, save_outputs, json }) => {
             let (_, g, _) = model.compile(&mut |_, _| {})?;
             let ok = cmd_run(&g, &inputs, &expects, rtol, atol, save_outputs, json)?;
@@ -320,4 +345,112 @@ fn cmd_run(g: &Graph, inputs: &[PathBuf], expects: &[PathBuf], rtol: f64, atol: 
         }
     }
     Ok(ok)
+}
+
+/// Plans `g` (following `hint` too) and checks the plan; returns the plan
+/// and the time taken to plan and to check.
+fn plan_checked(g: &Graph, hint: Option<&[String]>) -> Result<(smelt_passes::memory::Plan, f64, f64)> {
+    let t = Instant::now();
+    let plan = smelt_passes::memory::plan_with_hint(g, hint)?;
+    let plan_s = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    smelt_passes::memory::check::check(g, &plan).map_err(|e| anyhow::anyhow!("the memory plan failed its check (a compiler bug): {e}"))?;
+    Ok((plan, plan_s, t.elapsed().as_secs_f64()))
+}
+
+fn cmd_plan(model: &ModelArgs, json: bool, svg: Option<PathBuf>, limit: Option<usize>, timings: bool) -> Result<()> {
+    let t0 = Instant::now();
+    let loaded = model.load()?;
+    let import_s = t0.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let mut fused = loaded.graph.clone();
+    let stats = smelt::compile(&mut fused, !model.no_fuse, &mut |_, _| {})?;
+    let passes_s = t.elapsed().as_secs_f64();
+    // Without fusion first: for comparison, and its schedule is a hint for
+    // the fused graph (so fusion never raises the peak).
+    let mut plain = loaded.graph.clone();
+    smelt::compile(&mut plain, false, &mut |_, _| {})?;
+    let (plain_plan, _, _) = plan_checked(&plain, None)?;
+    let hint = smelt_passes::memory::schedule_names(&plain, &plain_plan);
+    let (plan, plan_s, check_s) = plan_checked(&fused, Some(&hint))?;
+    let report = smelt::plan::report(&fused, &plan, !model.no_fuse, true);
+    let plain_report = smelt::plan::report(&plain, &plain_plan, false, true);
+    if let Some(path) = &svg {
+        let title = format!("smelt plan {}{}", model.model, model.batch.map_or(String::new(), |b| format!(" --batch {b}")));
+        let other = (!model.no_fuse).then_some(&plain_plan);
+        std::fs::write(path, smelt::plan::svg(&title, &plan, &fused, other)).with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    if json {
+        let v = json!({
+            "model": model.model,
+            "batch": model.batch,
+            "plan": report,
+            "without_fusion": plain_report,
+            "fusion": stats.fusion,
+            "timings_seconds": {"import": import_s, "passes": passes_s, "plan": plan_s, "check": check_s},
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        println!("model: {}{}\n", model.model, model.batch.map_or(String::new(), |b| format!(" (batch {b})")));
+        let cols: Vec<&smelt::plan::MemoryReport> = if model.no_fuse { vec![&plain_report] } else { vec![&report, &plain_report] };
+        let head: Vec<&str> = if model.no_fuse { vec!["without fusion"] } else { vec!["with fusion", "without fusion"] };
+        println!("{:<34}{}", "", head.iter().map(|h| format!("{h:>18}")).collect::<String>());
+        let row = |label: &str, f: &dyn Fn(&smelt::plan::MemoryReport) -> String| {
+            println!("{label:<34}{}", cols.iter().map(|r| format!("{:>18}", f(r))).collect::<String>())
+        };
+        row("weights", &|r| human_bytes(r.weights_bytes));
+        row("kernels", &|r| r.kernels.to_string());
+        row("naive activations", &|r| human_bytes(r.naive_activation_bytes));
+        row("lower bound (live bytes at peak)", &|r| human_bytes(r.lower_bound_bytes));
+        row("arena", &|r| human_bytes(r.arena_bytes));
+        row("arena / lower bound", &|r| format!("{:.4}", r.arena_over_lower_bound));
+        row("arena / naive", &|r| format!("{:.3}", r.arena_over_naive));
+        row("schedule", &|r| r.schedule.clone());
+        println!(
+            "\nschedules tried: {}",
+            report.schedules.iter().map(|c| format!("{} {}", c.name, human_bytes(c.lower_bound))).collect::<Vec<_>>().join(", ")
+        );
+        println!("peak at step {} (node \"{}\"), largest tensors live there:", report.peak_step, report.peak_node);
+        for l in &report.peak_live {
+            println!("  {:<40} {:>10}  {}", l.name, human_bytes(l.bytes), l.ty);
+        }
+        println!("\nthe arena holds every activation, graph inputs and outputs included; weights are separate. Checked: no two live buffers overlap.");
+        if let Some(p) = &svg {
+            println!("picture: {}", p.display());
+        }
+    }
+    if timings {
+        eprintln!(
+            "timings: import {:.1} ms, passes {:.1} ms, plan {:.1} ms, check {:.1} ms",
+            import_s * 1e3,
+            passes_s * 1e3,
+            plan_s * 1e3,
+            check_s * 1e3
+        );
+    }
+    if let Some(limit) = limit {
+        if report.arena_bytes > limit {
+            // Find the largest smaller batch that fits, when the batch can change.
+            let mut fit = None;
+            let batch = model.batch.unwrap_or(1);
+            if !model.model.ends_with(".tir") {
+                let mut b = batch / 2;
+                while b >= 1 && fit.is_none() {
+                    let m = ModelArgs { model: model.model.clone(), batch: Some(b), no_fuse: model.no_fuse };
+                    let g = load(&m.model, m.batch)?.graph;
+                    let (mut fused, mut plain) = (g.clone(), g);
+                    smelt::compile(&mut fused, !m.no_fuse, &mut |_, _| {})?;
+                    smelt::compile(&mut plain, false, &mut |_, _| {})?;
+                    let hint = smelt_passes::memory::schedule_names(&plain, &smelt_passes::memory::plan(&plain)?);
+                    let p = smelt_passes::memory::plan_with_hint(&fused, Some(&hint))?;
+                    if p.arena <= limit {
+                        fit = Some((b, p.arena));
+                    }
+                    b /= 2;
+                }
+            }
+            bail!("{}", smelt::plan::over_limit(&report, limit, fit));
+        }
+    }
+    Ok(())
 }

@@ -8,6 +8,7 @@ pub mod concat;
 pub mod dce;
 pub mod ew_cluster;
 pub mod fusion;
+pub mod memory;
 pub mod pipeline;
 
 /// Errors of the passes crate.

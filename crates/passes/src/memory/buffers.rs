@@ -1,0 +1,201 @@
+//! Liveness and aliasing: which values share a buffer, and when each
+//! buffer is live.
+//!
+//! - A view (reshape, flatten, squeeze, unsqueeze, identity, dropout) shares
+//!   its source's bytes.
+//! - The inputs of an in-place concatenation live in their slices of its
+//!   output (strided intervals when the axis is not the outermost), unless
+//!   the planner chose to copy it: aliasing makes the whole output live from
+//!   its first slice's producer on, which can raise the peak.
+//! - An elementwise kernel (or batch norm) whose input has the output's type
+//!   and dies at this kernel writes over that input; a fused convolution
+//!   writes over its residual when the residual dies there and is not also
+//!   read as an ordinary operand.
+//!
+//! Graph inputs are never overwritten; graph outputs live until the end.
+
+use smelt_ir::{Graph, NodeId, Op, ValueId};
+use std::collections::HashMap;
+
+/// A buffer: bytes `[offset, offset + size)` of the arena, live from step
+/// `start` to step `end` inclusive (steps index the schedule).
+#[derive(Clone, Debug)]
+pub struct Buffer {
+    /// Index in the plan's buffer list.
+    pub id: usize,
+    /// Bytes used.
+    pub size: usize,
+    /// First step at which it is written.
+    pub start: usize,
+    /// Last step at which it is read (the last step for graph outputs).
+    pub end: usize,
+    /// Offset in the arena (set by assignment).
+    pub offset: usize,
+    /// The values it holds, in definition order.
+    pub values: Vec<ValueId>,
+    /// A name to show: the first value's node name.
+    pub name: String,
+}
+
+/// A value's place relative to its buffer.
+#[derive(Clone, Debug)]
+pub struct Rel {
+    /// The buffer.
+    pub buffer: usize,
+    /// Byte intervals relative to the buffer's start.
+    pub intervals: Vec<(usize, usize)>,
+}
+
+impl Rel {
+    /// Absolute placement once offsets are assigned.
+    pub fn place(&self, bufs: &[Buffer]) -> super::Placement {
+        let o = bufs[self.buffer].offset;
+        super::Placement { buffer: self.buffer, intervals: self.intervals.iter().map(|&(a, b)| (a + o, b + o)).collect() }
+    }
+}
+
+#[derive(Clone)]
+struct Group {
+    members: Vec<ValueId>,
+    start: usize,
+    end: usize,
+    input: bool,
+}
+
+/// Whether `op` reads each input only at the index it writes (so its output
+/// may overwrite an input of the same type).
+fn elementwise(op: &Op) -> bool {
+    matches!(op, Op::Unary(_) | Op::Binary(_) | Op::Clip { .. } | Op::Sum | Op::Elementwise { .. } | Op::BatchNorm { .. })
+}
+
+/// Builds the buffers of `g` under `schedule` and the place of each value.
+/// In-place concatenations listed in `copied` are planned as copies.
+pub fn build(g: &Graph, schedule: &[NodeId], copied: &std::collections::HashSet<NodeId>) -> (Vec<Buffer>, HashMap<ValueId, Rel>) {
+    let n = schedule.len();
+    let step: HashMap<NodeId, usize> = schedule.iter().enumerate().map(|(i, &id)| (id, i)).collect();
+    // Last read of each value; graph outputs are read "at the end".
+    let mut last: HashMap<ValueId, usize> = HashMap::new();
+    for &id in schedule {
+        for v in g.inputs_of(id) {
+            let e = last.entry(v).or_insert(0);
+            *e = (*e).max(step[&id]);
+        }
+    }
+    for (_, v) in g.outputs() {
+        last.insert(*v, n.saturating_sub(1));
+    }
+    // value -> (group, intervals relative to the group)
+    let mut rel: HashMap<ValueId, (usize, Vec<(usize, usize)>)> = HashMap::new();
+    let mut groups: Vec<Group> = Vec::new();
+    let bytes = |v: ValueId| g.ty(v).bytes();
+    for &id in schedule {
+        let node = g.node(id);
+        let t = step[&id];
+        let ins = g.inputs_of(id);
+        for slot in 0..node.outputs.len() as u32 {
+            let v = ValueId { node: id, slot };
+            let end = last.get(&v).copied().unwrap_or(t).max(t);
+            if node.op.is_view() {
+                // Shares the source's bytes (nothing when the source is a constant).
+                if let Some((gr, iv)) = rel.get(&ins[0]).cloned() {
+                    groups[gr].members.push(v);
+                    groups[gr].end = groups[gr].end.max(end);
+                    rel.insert(v, (gr, iv));
+                }
+                continue;
+            }
+            groups.push(Group { members: vec![v], start: t, end, input: node.op == Op::Input });
+            rel.insert(v, (groups.len() - 1, vec![(0, bytes(v))]));
+        }
+        match &node.op {
+            Op::ConcatInPlace { axis } if !copied.contains(&id) => {
+                // Move each input into its slice of the output.
+                let v = ValueId { node: id, slot: 0 };
+                let gr = rel[&v].0;
+                let out = g.ty(v);
+                let outer: usize = out.shape[..*axis].iter().product();
+                let row = out.bytes() / outer.max(1);
+                let mut at = 0;
+                for u in &ins {
+                    let chunk = g.ty(*u).bytes() / outer.max(1);
+                    let mut iv: Vec<(usize, usize)> = Vec::new();
+                    for o in 0..outer {
+                        let (a, b) = (o * row + at, o * row + at + chunk);
+                        match iv.last_mut() {
+                            Some(l) if l.1 == a => l.1 = b,
+                            _ => iv.push((a, b)),
+                        }
+                    }
+                    at += chunk;
+                    let old = rel[u].0;
+                    let moved = std::mem::take(&mut groups[old].members);
+                    let (s, e) = (groups[old].start, groups[old].end);
+                    groups[gr].start = groups[gr].start.min(s);
+                    groups[gr].end = groups[gr].end.max(e);
+                    for m in moved {
+                        rel.insert(m, (gr, iv.clone()));
+                        groups[gr].members.push(m);
+                    }
+                }
+            }
+            op if elementwise(op) || matches!(op, Op::FusedConv { residual: true, .. }) => {
+                let v = ValueId { node: id, slot: 0 };
+                let vg = rel[&v].0;
+                let candidates: Vec<ValueId> = if elementwise(op) { ins.clone() } else { ins.last().copied().into_iter().collect() };
+                for u in candidates {
+                    let Some((ug, uiv)) = rel.get(&u).cloned() else { continue };
+                    let others_read_it = !elementwise(op) && ins[..ins.len() - 1].iter().any(|w| rel.get(w).is_some_and(|r| r.0 == ug));
+                    let ok = ug != vg
+                        && !groups[ug].input
+                        && groups[ug].end == t
+                        && !g.outputs().iter().any(|(_, o)| rel.get(o).is_some_and(|r| r.0 == ug))
+                        && g.ty(u) == g.ty(v)
+                        && uiv == [(0, bytes(u))]
+                        && !others_read_it
+                        && groups[vg].members.iter().all(|m| rel[m].1 == [(0, bytes(v))]);
+                    if ok {
+                        let moved = std::mem::take(&mut groups[vg].members);
+                        groups[ug].end = groups[ug].end.max(groups[vg].end);
+                        for m in moved {
+                            rel.insert(m, (ug, uiv.clone()));
+                            groups[ug].members.push(m);
+                        }
+                        break;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    // Non-empty groups become buffers.
+    let mut id_of: HashMap<usize, usize> = HashMap::new();
+    let mut bufs = Vec::new();
+    for (i, gr) in groups.iter().enumerate() {
+        if gr.members.is_empty() {
+            continue;
+        }
+        let size = gr.members.iter().flat_map(|m| rel[m].1.iter().map(|iv| iv.1)).max().unwrap_or(0);
+        let name = g.node(gr.members[0].node).name.clone();
+        id_of.insert(i, bufs.len());
+        bufs.push(Buffer { id: bufs.len(), size, start: gr.start, end: gr.end, offset: 0, values: gr.members.clone(), name });
+    }
+    let rel = rel.into_iter().map(|(v, (gr, iv))| (v, Rel { buffer: id_of[&gr], intervals: iv })).collect();
+    (bufs, rel)
+}
+
+/// Sum of live buffer bytes at each of `steps` steps.
+pub fn live_bytes(bufs: &[Buffer], steps: usize) -> Vec<usize> {
+    let mut delta = vec![0i64; steps + 1];
+    for b in bufs {
+        delta[b.start] += b.size as i64;
+        delta[b.end + 1] -= b.size as i64;
+    }
+    let mut acc = 0i64;
+    delta[..steps]
+        .iter()
+        .map(|d| {
+            acc += d;
+            acc as usize
+        })
+        .collect()
+}

@@ -1,0 +1,230 @@
+//! The independent checker. It trusts nothing the planner computed but the
+//! schedule, the placements and the arena size: it recomputes liveness from
+//! the graph and the schedule, then verifies that
+//!
+//! 1. the schedule runs every non-constant node once, after its operands;
+//! 2. every value sits inside the arena, views exactly on their source and
+//!    slices of an in-place concatenation exactly on their slice;
+//! 3. no two values live at the same time overlap in the arena (a value is
+//!    live from just after the step that writes it through its last read,
+//!    reads of a step happening before its writes);
+//! 4. a kernel overwrites one of its own inputs only where it reads each
+//!    element once before writing it: elementwise ops on an input of the
+//!    output's type, a fused convolution on its residual;
+//! 5. simulating the schedule, every read finds the bytes its writer left,
+//!    not overwritten since (graph outputs are read at the end).
+
+use super::Plan;
+use smelt_ir::{Graph, NodeId, Op, ValueId};
+use std::collections::{HashMap, HashSet};
+
+/// Sorted intervals with adjacent ones merged.
+fn normal(mut v: Vec<(usize, usize)>) -> Vec<(usize, usize)> {
+    v.sort();
+    let mut out: Vec<(usize, usize)> = Vec::with_capacity(v.len());
+    for (s, e) in v {
+        match out.last_mut() {
+            Some(l) if l.1 == s => l.1 = e,
+            _ => out.push((s, e)),
+        }
+    }
+    out
+}
+
+fn overlap(a: &[(usize, usize)], b: &[(usize, usize)]) -> bool {
+    a.iter().any(|&(s, e)| b.iter().any(|&(s2, e2)| s < e2 && s2 < e))
+}
+
+/// Checks `plan` for `g`; the error says which values collide and where.
+pub fn check(g: &Graph, plan: &Plan) -> Result<(), String> {
+    let name = |v: ValueId| format!("{v} \"{}\" ({})", g.node(v.node).name, g.node(v.node).op.name());
+    // 1. The schedule.
+    let step: HashMap<NodeId, usize> = plan.schedule.iter().enumerate().map(|(i, &n)| (n, i)).collect();
+    if step.len() != plan.schedule.len() {
+        return Err("a node is scheduled twice".into());
+    }
+    for id in g.node_ids() {
+        let op = &g.node(id).op;
+        if *op != Op::Constant && !step.contains_key(&id) {
+            return Err(format!("{id} is never scheduled"));
+        }
+        if *op == Op::Constant && step.contains_key(&id) {
+            return Err(format!("constant {id} is scheduled"));
+        }
+    }
+    for &id in &plan.schedule {
+        for v in g.inputs_of(id) {
+            if g.node(v.node).op != Op::Constant && step[&v.node] >= step[&id] {
+                return Err(format!("{id} runs before its operand {}", name(v)));
+            }
+        }
+    }
+    // Which values are backed by constants (views of weights): not in the arena.
+    let mut constant = HashSet::new();
+    for &id in &plan.schedule {
+        let node = g.node(id);
+        if node.op.is_view() && g.inputs_of(id).first().is_some_and(|s| g.node(s.node).op == Op::Constant || constant.contains(s)) {
+            constant.insert(ValueId { node: id, slot: 0 });
+        }
+    }
+    // 2. Placements.
+    let place = |v: ValueId| plan.placements.get(&v).map(|p| p.intervals.as_slice());
+    for &id in &plan.schedule {
+        let node = g.node(id);
+        let ins = g.inputs_of(id);
+        for slot in 0..node.outputs.len() as u32 {
+            let v = ValueId { node: id, slot };
+            if constant.contains(&v) {
+                continue;
+            }
+            let iv = place(v).ok_or_else(|| format!("{} has no placement", name(v)))?;
+            let total: usize = iv.iter().map(|(s, e)| e - s).sum();
+            if total != g.ty(v).bytes() || iv.iter().any(|&(s, e)| s > e || e > plan.arena) {
+                return Err(format!("{} is placed at {iv:?}: wrong size or outside the arena of {} bytes", name(v), plan.arena));
+            }
+            if node.op.is_view() && Some(iv) != place(ins[0]) {
+                return Err(format!("view {} is not placed on its source", name(v)));
+            }
+        }
+        if let (Op::ConcatInPlace { axis }, false) = (&node.op, plan.copied_concats.contains(&id)) {
+            let axis = *axis;
+            let out = ValueId { node: id, slot: 0 };
+            let base = match place(out) {
+                Some([(s, _)]) => *s,
+                _ => return Err(format!("in-place concatenation {} must be one interval", name(out))),
+            };
+            let ty = g.ty(out);
+            let outer: usize = ty.shape[..axis].iter().product();
+            let row = ty.bytes() / outer.max(1);
+            let mut at = 0;
+            for u in &ins {
+                let chunk = g.ty(*u).bytes() / outer.max(1);
+                let want: Vec<(usize, usize)> = (0..outer).map(|o| (base + o * row + at, base + o * row + at + chunk)).collect();
+                let got: Vec<(usize, usize)> = place(*u)
+                    .unwrap_or(&[])
+                    .iter()
+                    .flat_map(|&(s, e)| (s..e).step_by(chunk.max(1)).map(move |a| (a, (a + chunk).min(e))))
+                    .collect();
+                if got != want {
+                    return Err(format!("{} is not placed on its slice of {}", name(*u), name(out)));
+                }
+                at += chunk;
+            }
+        }
+    }
+    // The kernel writes that put each value's bytes in place.
+    let mut writers_memo: HashMap<ValueId, Vec<ValueId>> = HashMap::new();
+    // An in-place concatenation is written by its inputs' producers, unless
+    // the plan copies it.
+    let aliased = |id: NodeId| matches!(g.node(id).op, Op::ConcatInPlace { .. }) && !plan.copied_concats.contains(&id);
+    fn writers(g: &Graph, v: ValueId, aliased: &dyn Fn(NodeId) -> bool, memo: &mut HashMap<ValueId, Vec<ValueId>>) -> Vec<ValueId> {
+        if let Some(w) = memo.get(&v) {
+            return w.clone();
+        }
+        let op = &g.node(v.node).op;
+        let w = if op.is_view() {
+            writers(g, g.inputs_of(v.node)[0], aliased, memo)
+        } else if aliased(v.node) {
+            g.inputs_of(v.node).into_iter().flat_map(|u| writers(g, u, aliased, memo)).collect()
+        } else {
+            vec![v]
+        };
+        memo.insert(v, w.clone());
+        w
+    }
+    // 3. Lifetimes in half steps: written at 2t+1, read at 2t.
+    let mut life: HashMap<ValueId, (usize, usize)> = HashMap::new();
+    for &id in &plan.schedule {
+        let node = g.node(id);
+        if !node.op.is_view() && !aliased(id) {
+            for slot in 0..node.outputs.len() as u32 {
+                let t = 2 * step[&id] + 1;
+                life.insert(ValueId { node: id, slot }, (t, t));
+            }
+        }
+    }
+    let end = 2 * plan.schedule.len();
+    let mut reads: Vec<(ValueId, usize)> = Vec::new();
+    for &id in &plan.schedule {
+        reads.extend(
+            g.inputs_of(id).into_iter().filter(|v| !constant.contains(v) && g.node(v.node).op != Op::Constant).map(|v| (v, 2 * step[&id])),
+        );
+    }
+    reads.extend(g.outputs().iter().filter(|(_, v)| !constant.contains(v) && g.node(v.node).op != Op::Constant).map(|(_, v)| (*v, end)));
+    for &(v, t) in &reads {
+        for w in writers(g, v, &aliased, &mut writers_memo) {
+            let l = life.get_mut(&w).expect("every writer has a lifetime");
+            l.1 = l.1.max(t);
+        }
+    }
+    let mut written: Vec<(ValueId, (usize, usize))> = life.iter().map(|(&v, &l)| (v, l)).collect();
+    written.sort_by_key(|(v, l)| (l.0, *v));
+    for (i, (a, la)) in written.iter().enumerate() {
+        for (b, lb) in &written[i + 1..] {
+            if lb.0 > la.1 {
+                break; // sorted by start: no later value is live with `a`
+            }
+            if overlap(place(*a).unwrap_or(&[]), place(*b).unwrap_or(&[])) {
+                return Err(format!("{} and {} are live at the same time and overlap in the arena", name(*a), name(*b)));
+            }
+        }
+    }
+    // 4 and 5. Simulate: reads of a step, then its writes.
+    let mut log: Vec<(usize, ValueId)> = Vec::new(); // (step, value written)
+    let mut when: HashMap<ValueId, usize> = HashMap::new();
+    let check_read = |v: ValueId,
+                      t: usize,
+                      log: &[(usize, ValueId)],
+                      when: &HashMap<ValueId, usize>,
+                      memo: &mut HashMap<ValueId, Vec<ValueId>>|
+     -> Result<(), String> {
+        for w in writers(g, v, &aliased, memo) {
+            let tw = *when.get(&w).ok_or_else(|| format!("{} is read before it is written", name(w)))?;
+            let iw = place(w).unwrap_or(&[]);
+            if let Some((s, x)) = log.iter().find(|(s, x)| *s > tw && *x != w && overlap(iw, place(*x).unwrap_or(&[]))) {
+                return Err(format!("{} is read at step {t} but {} overwrote it at step {s}", name(w), name(*x)));
+            }
+        }
+        Ok(())
+    };
+    for &id in &plan.schedule {
+        let t = step[&id];
+        let node = g.node(id);
+        let ins: Vec<ValueId> =
+            g.inputs_of(id).into_iter().filter(|v| !constant.contains(v) && g.node(v.node).op != Op::Constant).collect();
+        for &u in &ins {
+            check_read(u, t, &log, &when, &mut writers_memo)?;
+        }
+        if node.op.is_view() || aliased(id) {
+            continue;
+        }
+        for slot in 0..node.outputs.len() as u32 {
+            let v = ValueId { node: id, slot };
+            let iv = place(v).unwrap_or(&[]);
+            for (k, &u) in ins.iter().enumerate() {
+                let iu: Vec<(usize, usize)> =
+                    writers(g, u, &aliased, &mut writers_memo).iter().flat_map(|w| place(*w).unwrap_or(&[]).to_vec()).collect();
+                if !overlap(iv, &iu) {
+                    continue;
+                }
+                let same = normal(iu) == normal(iv.to_vec()) && g.ty(u) == g.ty(v);
+                let elementwise = matches!(
+                    node.op,
+                    Op::Unary(_) | Op::Binary(_) | Op::Clip { .. } | Op::Sum | Op::Elementwise { .. } | Op::BatchNorm { .. }
+                );
+                let residual = matches!(node.op, Op::FusedConv { residual: true, .. }) && k + 1 == ins.len() && !ins[..k].contains(&u);
+                if !(same && (elementwise || residual)) {
+                    return Err(format!("{} overwrites its operand {} while reading it", name(v), name(u)));
+                }
+            }
+            log.push((t, v));
+            when.insert(v, t);
+        }
+    }
+    for (_, v) in g.outputs() {
+        if !constant.contains(v) && g.node(v.node).op != Op::Constant {
+            check_read(*v, plan.schedule.len(), &log, &when, &mut writers_memo)?;
+        }
+    }
+    Ok(())
+}

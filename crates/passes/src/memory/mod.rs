@@ -1,0 +1,136 @@
+//! Memory planning: a memory-aware schedule, liveness with aliasing (views,
+//! in-place kernels, in-place concatenation), and offsets in one arena.
+//! [`check::check`] verifies any plan independently of how it was made.
+//!
+//! Graph inputs and outputs live in the arena; weights (constants) do not.
+
+mod assign;
+mod buffers;
+pub mod check;
+mod schedule;
+
+use smelt_ir::{Graph, NodeId, ValueId};
+use std::collections::{HashMap, HashSet};
+
+pub use buffers::Buffer;
+
+/// Alignment of every buffer's offset and size in the arena, in bytes.
+pub const ALIGN: usize = 256;
+
+/// Where a value lives: byte intervals `[start, end)` in the arena (one for
+/// most values; a strided set for a slice of an in-place concatenation).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Placement {
+    /// The buffer holding the value.
+    pub buffer: usize,
+    /// Byte intervals in the arena.
+    pub intervals: Vec<(usize, usize)>,
+}
+
+/// A schedule considered and the lower bound it gives.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Candidate {
+    /// `model`, `depth-first` or `list`.
+    pub name: String,
+    /// Its liveness lower bound in bytes.
+    pub lower_bound: usize,
+}
+
+/// A memory plan.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    /// Execution order of every node that is not a constant (inputs first).
+    pub schedule: Vec<NodeId>,
+    /// Name of the chosen schedule.
+    pub schedule_name: String,
+    /// Every schedule tried.
+    pub candidates: Vec<Candidate>,
+    /// Buffers with their lifetimes (steps index `schedule`) and offsets.
+    pub buffers: Vec<Buffer>,
+    /// Placement of every non-constant value.
+    pub placements: HashMap<ValueId, Placement>,
+    /// Arena size in bytes.
+    pub arena: usize,
+    /// The largest sum of live buffer bytes at any step of the schedule.
+    pub lower_bound: usize,
+    /// The step where the lower bound is reached.
+    pub peak_step: usize,
+    /// Name of the assignment order that gave the smallest arena.
+    pub order_name: String,
+    /// In-place concatenations planned as copies after all (aliasing them
+    /// would raise the peak); the code generator copies these.
+    pub copied_concats: HashSet<NodeId>,
+}
+
+impl Plan {
+    /// Buffers live at `step`, largest first.
+    pub fn live_at(&self, step: usize) -> Vec<&Buffer> {
+        let mut v: Vec<&Buffer> = self.buffers.iter().filter(|b| b.start <= step && step <= b.end).collect();
+        v.sort_by(|a, b| b.size.cmp(&a.size).then(a.start.cmp(&b.start)));
+        v
+    }
+
+    /// Sum of live buffer bytes at each step.
+    pub fn live_bytes(&self) -> Vec<usize> {
+        buffers::live_bytes(&self.buffers, self.schedule.len())
+    }
+}
+
+/// Plans `g`: tries every schedule, keeps the one with the lowest liveness
+/// lower bound, then assigns offsets trying several orders.
+pub fn plan(g: &Graph) -> Result<Plan, smelt_ir::IrError> {
+    plan_with_hint(g, None)
+}
+
+/// The node names of a plan's schedule, in order: a hint for planning a
+/// fused version of the same graph.
+pub fn schedule_names(g: &Graph, plan: &Plan) -> Vec<String> {
+    plan.schedule.iter().map(|&n| g.node(n).name.clone()).collect()
+}
+
+/// As [`plan`], also trying a schedule that follows `hint` (node names in
+/// order, see [`schedule_names`]).
+pub fn plan_with_hint(g: &Graph, hint: Option<&[String]>) -> Result<Plan, smelt_ir::IrError> {
+    struct Best {
+        name: String,
+        order: Vec<NodeId>,
+        bufs: Vec<Buffer>,
+        rel: HashMap<ValueId, buffers::Rel>,
+        lb: usize,
+        peak: usize,
+        copied: HashSet<NodeId>,
+    }
+    let eval = |order: &[NodeId], copied: &HashSet<NodeId>| {
+        let (bufs, rel) = buffers::build(g, order, copied);
+        let live = buffers::live_bytes(&bufs, order.len());
+        let (peak, lb) = live.iter().copied().enumerate().max_by_key(|&(i, b)| (b, std::cmp::Reverse(i))).unwrap_or((0, 0));
+        (bufs, rel, lb, peak)
+    };
+    let concats: Vec<NodeId> = g.node_ids().filter(|&n| matches!(g.node(n).op, smelt_ir::Op::ConcatInPlace { .. })).collect();
+    let mut best: Option<Best> = None;
+    let mut candidates = Vec::new();
+    for (name, order) in schedule::candidates(g, hint)? {
+        // Alias every in-place concatenation, then copy those whose aliasing
+        // raises the peak (greedily, one at a time).
+        let mut copied = HashSet::new();
+        let (mut bufs, mut rel, mut lb, mut peak) = eval(&order, &copied);
+        for &c in &concats {
+            copied.insert(c);
+            let (b2, r2, lb2, p2) = eval(&order, &copied);
+            if lb2 < lb {
+                (bufs, rel, lb, peak) = (b2, r2, lb2, p2);
+            } else {
+                copied.remove(&c);
+            }
+        }
+        candidates.push(Candidate { name: name.to_string(), lower_bound: lb });
+        if best.as_ref().is_none_or(|b| lb < b.lb) {
+            best = Some(Best { name: name.to_string(), order, bufs, rel, lb, peak, copied });
+        }
+    }
+    let Best { name: schedule_name, order: schedule, mut bufs, rel, lb: lower_bound, peak: peak_step, copied: copied_concats } =
+        best.expect("at least one schedule");
+    let (arena, order_name) = assign::assign(&mut bufs);
+    let placements = rel.into_iter().map(|(v, r)| (v, r.place(&bufs))).collect();
+    Ok(Plan { schedule, schedule_name, candidates, buffers: bufs, placements, arena, lower_bound, peak_step, order_name, copied_concats })
+}

@@ -1,0 +1,145 @@
+//! Candidate schedules: the model's own order, depth-first from the
+//! outputs, and list scheduling that prefers the node freeing most bytes.
+//! The planner keeps the one with the lowest simulated peak, as XLA's
+//! memory scheduler does.
+
+use smelt_ir::{Graph, IrError, NodeId, Op};
+use std::collections::{HashMap, HashSet};
+
+/// Every candidate schedule, by name. Each lists inputs first, then every
+/// other non-constant node in a topological order.
+pub fn candidates(g: &Graph, hint: Option<&[String]>) -> Result<Vec<(&'static str, Vec<NodeId>)>, IrError> {
+    let topo = g.topo_order()?;
+    let keep = |id: &NodeId| !matches!(g.node(*id).op, Op::Constant | Op::Input);
+    let inputs: Vec<NodeId> = g.inputs().to_vec();
+    let with_inputs = |v: Vec<NodeId>| inputs.iter().copied().chain(v).collect::<Vec<_>>();
+    let model: Vec<NodeId> = topo.iter().copied().filter(keep).collect();
+    let mut out = vec![
+        ("model", with_inputs(model.clone())),
+        ("depth-first", with_inputs(depth_first(g, &model))),
+        ("list", with_inputs(list(g, &model))),
+    ];
+    if let Some(h) = hint {
+        out.push(("hint", with_inputs(hinted(g, &model, h))));
+    }
+    Ok(out)
+}
+
+/// A topological order following `hint` (node names in a preferred order,
+/// e.g. the best schedule of the unfused graph): a node runs at the position
+/// of its name in the hint, or right after its latest operand when its name
+/// is not there. So the fused graph can always follow the unfused graph's
+/// schedule, and fusion never raises the peak.
+fn hinted(g: &Graph, nodes: &[NodeId], hint: &[String]) -> Vec<NodeId> {
+    let pos: HashMap<&str, usize> = hint.iter().enumerate().rev().map(|(i, n)| (n.as_str(), i)).collect();
+    let set: HashSet<NodeId> = nodes.iter().copied().collect();
+    let rank: HashMap<NodeId, usize> = nodes.iter().enumerate().map(|(i, &n)| (n, i)).collect();
+    let mut prio: HashMap<NodeId, (usize, usize)> = HashMap::new();
+    for &n in nodes {
+        let after_inputs = g.inputs_of(n).iter().filter_map(|v| prio.get(&v.node)).map(|p| p.0).max().unwrap_or(0);
+        let p = pos.get(g.node(n).name.as_str()).copied().unwrap_or(after_inputs).max(after_inputs);
+        prio.insert(n, (p, rank[&n]));
+    }
+    let mut missing: HashMap<NodeId, usize> = nodes
+        .iter()
+        .map(|&n| (n, g.inputs_of(n).iter().map(|v| v.node).filter(|m| set.contains(m)).collect::<HashSet<_>>().len()))
+        .collect();
+    let mut ready: std::collections::BinaryHeap<std::cmp::Reverse<((usize, usize), NodeId)>> =
+        nodes.iter().filter(|n| missing[n] == 0).map(|&n| std::cmp::Reverse((prio[&n], n))).collect();
+    let mut out = Vec::with_capacity(nodes.len());
+    while let Some(std::cmp::Reverse((_, n))) = ready.pop() {
+        out.push(n);
+        for u in g.users_of(n).into_iter().collect::<HashSet<_>>() {
+            if let Some(m) = missing.get_mut(&u) {
+                *m -= 1;
+                if *m == 0 {
+                    ready.push(std::cmp::Reverse((prio[&u], u)));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Post-order from the outputs, visiting the operand with the largest
+/// subgraph first (so its big intermediates die before the others start).
+fn depth_first(g: &Graph, nodes: &[NodeId]) -> Vec<NodeId> {
+    let set: HashSet<NodeId> = nodes.iter().copied().collect();
+    let mut size: HashMap<NodeId, usize> = HashMap::new();
+    for &n in nodes {
+        let s = 1 + g.inputs_of(n).iter().filter(|v| set.contains(&v.node)).map(|v| size.get(&v.node).copied().unwrap_or(0)).sum::<usize>();
+        size.insert(n, s);
+    }
+    let mut done = HashSet::new();
+    let mut out = Vec::with_capacity(nodes.len());
+    for (_, v) in g.outputs() {
+        // Iterative DFS: (node, expanded).
+        let mut stack = vec![(v.node, false)];
+        while let Some((n, expanded)) = stack.pop() {
+            if !set.contains(&n) || done.contains(&n) {
+                continue;
+            }
+            if expanded {
+                done.insert(n);
+                out.push(n);
+                continue;
+            }
+            stack.push((n, true));
+            let mut ins: Vec<NodeId> = g.inputs_of(n).iter().map(|v| v.node).filter(|m| set.contains(m) && !done.contains(m)).collect();
+            ins.sort_by_key(|m| size[m]); // pushed last = visited first: the largest
+            stack.extend(ins.into_iter().map(|m| (m, false)));
+        }
+    }
+    // Nodes no output needs (none after dce) keep the model order at the end.
+    out.extend(nodes.iter().copied().filter(|n| !done.contains(n)));
+    out
+}
+
+/// Greedy list scheduling: among ready nodes, run the one whose execution
+/// frees the most bytes net of what it allocates; ties by model order.
+fn list(g: &Graph, nodes: &[NodeId]) -> Vec<NodeId> {
+    let set: HashSet<NodeId> = nodes.iter().copied().collect();
+    let rank: HashMap<NodeId, usize> = nodes.iter().enumerate().map(|(i, &n)| (n, i)).collect();
+    let mut remaining_users: HashMap<NodeId, usize> = HashMap::new();
+    let mut missing: HashMap<NodeId, usize> = HashMap::new();
+    for &n in nodes {
+        let deps: HashSet<NodeId> = g.inputs_of(n).iter().map(|v| v.node).filter(|m| set.contains(m)).collect();
+        missing.insert(n, deps.len());
+        for d in deps {
+            *remaining_users.entry(d).or_default() += 1;
+        }
+    }
+    let outputs: HashSet<NodeId> = g.outputs().iter().map(|(_, v)| v.node).collect();
+    let bytes = |n: NodeId| -> i64 {
+        if g.node(n).op.is_view() {
+            0
+        } else {
+            g.node(n).outputs.iter().map(|t| t.bytes() as i64).sum()
+        }
+    };
+    let mut ready: Vec<NodeId> = nodes.iter().copied().filter(|n| missing[n] == 0).collect();
+    let mut out = Vec::with_capacity(nodes.len());
+    while !ready.is_empty() {
+        let score = |n: NodeId| -> i64 {
+            let deps: HashSet<NodeId> = g.inputs_of(n).iter().map(|v| v.node).filter(|m| set.contains(m)).collect();
+            let freed: i64 = deps.iter().filter(|d| remaining_users[d] == 1 && !outputs.contains(d)).map(|&d| bytes(d)).sum();
+            freed - bytes(n)
+        };
+        let (i, _) = ready.iter().enumerate().max_by_key(|&(_, &n)| (score(n), std::cmp::Reverse(rank[&n]))).expect("non-empty");
+        let n = ready.swap_remove(i);
+        out.push(n);
+        let deps: HashSet<NodeId> = g.inputs_of(n).iter().map(|v| v.node).filter(|m| set.contains(m)).collect();
+        for d in deps {
+            *remaining_users.get_mut(&d).expect("counted") -= 1;
+        }
+        for u in g.users_of(n).into_iter().collect::<HashSet<_>>() {
+            if let Some(m) = missing.get_mut(&u) {
+                *m -= 1;
+                if *m == 0 {
+                    ready.push(u);
+                }
+            }
+        }
+    }
+    out
+}

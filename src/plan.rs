@@ -1,0 +1,226 @@
+//! What `smelt plan` reports: the memory plan of a model, with fusion and
+//! without, and its picture.
+
+use crate::report::human_bytes;
+use serde::Serialize;
+use smelt_ir::{Graph, Op};
+use smelt_passes::memory::{self, Plan};
+
+/// One tensor live at the peak.
+#[derive(Clone, Debug, Serialize)]
+pub struct LiveTensor {
+    /// The buffer's first value's node name.
+    pub name: String,
+    /// Bytes.
+    pub bytes: usize,
+    /// Type of the buffer's first value.
+    pub ty: String,
+}
+
+/// The memory report of one plan.
+#[derive(Clone, Debug, Serialize)]
+pub struct MemoryReport {
+    /// Whether the graph was fused.
+    pub fused: bool,
+    /// Bytes of all weights (constants); not in the arena.
+    pub weights_bytes: usize,
+    /// Every non-constant value in its own buffer (graph inputs and outputs included).
+    pub naive_activation_bytes: usize,
+    /// The largest sum of live buffer bytes at any step of the chosen schedule.
+    pub lower_bound_bytes: usize,
+    /// The arena: one allocation holding every activation, graph inputs and outputs included.
+    pub arena_bytes: usize,
+    /// arena / lower bound.
+    pub arena_over_lower_bound: f64,
+    /// arena / naive.
+    pub arena_over_naive: f64,
+    /// Kernels launched.
+    pub kernels: usize,
+    /// Buffers in the arena.
+    pub buffers: usize,
+    /// The chosen schedule.
+    pub schedule: String,
+    /// Every schedule tried, with its lower bound.
+    pub schedules: Vec<memory::Candidate>,
+    /// The assignment order that gave the smallest arena.
+    pub assignment_order: String,
+    /// The step where live bytes peak.
+    pub peak_step: usize,
+    /// The node run at the peak step.
+    pub peak_node: String,
+    /// The largest tensors live at the peak.
+    pub peak_live: Vec<LiveTensor>,
+    /// Whether the independent checker accepted the plan.
+    pub checked: bool,
+}
+
+/// Builds the report of `plan` for `g`.
+pub fn report(g: &Graph, plan: &Plan, fused: bool, checked: bool) -> MemoryReport {
+    let naive: usize =
+        g.node_ids().filter(|&n| g.node(n).op != Op::Constant).flat_map(|n| g.node(n).outputs.iter().map(|t| t.bytes())).sum();
+    let peak_live = plan
+        .live_at(plan.peak_step)
+        .into_iter()
+        .take(8)
+        .map(|b| LiveTensor { name: b.name.clone(), bytes: b.size, ty: g.ty(b.values[0]).to_string() })
+        .collect();
+    let peak_node = plan.schedule.get(plan.peak_step).map(|&n| g.node(n).name.clone()).unwrap_or_default();
+    MemoryReport {
+        fused,
+        weights_bytes: g.weight_bytes(),
+        naive_activation_bytes: naive,
+        lower_bound_bytes: plan.lower_bound,
+        arena_bytes: plan.arena,
+        arena_over_lower_bound: plan.arena as f64 / plan.lower_bound.max(1) as f64,
+        arena_over_naive: plan.arena as f64 / naive.max(1) as f64,
+        kernels: g.node_ids().filter(|&n| g.node(n).op.is_kernel()).count(),
+        buffers: plan.buffers.len(),
+        schedule: plan.schedule_name.clone(),
+        schedules: plan.candidates.clone(),
+        assignment_order: plan.order_name.clone(),
+        peak_step: plan.peak_step,
+        peak_node,
+        peak_live,
+        checked,
+    }
+}
+
+/// Parses `6GiB`, `512 MiB`, `1.5GB`, `4096` (bytes): binary units B, KiB,
+/// MiB, GiB, TiB and decimal KB, MB, GB, TB.
+pub fn parse_size(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let (num, unit) = (&s[..split], s[split..].trim());
+    let x: f64 = num.parse().map_err(|_| format!("{s:?} is not a size: expected a number and a unit, like 6GiB or 512MB"))?;
+    let mul: f64 = match unit {
+        "" | "B" => 1.0,
+        "KiB" => 1024.0,
+        "MiB" => 1024f64.powi(2),
+        "GiB" => 1024f64.powi(3),
+        "TiB" => 1024f64.powi(4),
+        "KB" | "kB" => 1e3,
+        "MB" => 1e6,
+        "GB" => 1e9,
+        "TB" => 1e12,
+        u => return Err(format!("unknown unit {u:?} in {s:?}: use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB")),
+    };
+    Ok((x * mul).round() as usize)
+}
+
+/// The message for a plan over `limit`.
+pub fn over_limit(r: &MemoryReport, limit: usize, smaller_batch: Option<(usize, usize)>) -> String {
+    let mut m = format!(
+        "the plan needs {} of activation memory (arena) but the memory limit is {}.\n  peak: {} live at step {} (node \"{}\"); the largest tensors live there:\n",
+        human_bytes(r.arena_bytes),
+        human_bytes(limit),
+        human_bytes(r.lower_bound_bytes),
+        r.peak_step,
+        r.peak_node
+    );
+    for t in &r.peak_live {
+        m += &format!("    {:<40} {:>10}  {}\n", t.name, human_bytes(t.bytes), t.ty);
+    }
+    m += "  what would help:\n";
+    match smaller_batch {
+        Some((b, bytes)) => m += &format!("    - a smaller batch: --batch {b} needs {}\n", human_bytes(bytes)),
+        None => m += "    - a smaller batch (--batch N)\n",
+    }
+    if !r.fused {
+        m += "    - fusion (drop --no-fuse): fewer intermediates reach memory\n";
+    }
+    m += "    - mixed precision (f16/bf16 halves activation bytes; planned)\n    - rematerialization (recompute instead of keeping; planned)";
+    m
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
+/// An SVG picture: live bytes per step with and without fusion (top), and
+/// the arena layout of `plan` (each buffer a rectangle in time x offset,
+/// the peak marked).
+pub fn svg(title: &str, plan: &Plan, g: &Graph, unfused: Option<&Plan>) -> String {
+    let (w, left, top_h, lay_h, pad) = (1100.0, 70.0, 220.0, 420.0, 30.0);
+    let plot_w = w - left - 20.0;
+    let height = pad + top_h + 2.0 * pad + lay_h + 40.0;
+    let mib = |b: usize| b as f64 / (1024.0 * 1024.0);
+    let mut s = format!("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{left}\" y=\"18\" font-size=\"15\" font-weight=\"bold\">{}</text>\n", esc(title));
+    // Top: live bytes per step (x: fraction of the schedule).
+    let series: Vec<(&str, Vec<usize>, &str)> = unfused
+        .map(|u| ("without fusion", u.live_bytes(), "#c44"))
+        .into_iter()
+        .chain(std::iter::once(("with fusion", plan.live_bytes(), "#26a")))
+        .collect();
+    let ymax = series.iter().flat_map(|(_, v, _)| v.iter().copied()).max().unwrap_or(1).max(1);
+    let y0 = pad + top_h;
+    s += &format!("<text x=\"{left}\" y=\"{}\">live bytes per step (MiB; x: progress through the schedule)</text>\n", pad + 2.0);
+    for k in 0..=4 {
+        let v = ymax as f64 * k as f64 / 4.0;
+        let y = y0 - top_h * 0.9 * k as f64 / 4.0;
+        s += &format!("<line x1=\"{left}\" x2=\"{}\" y1=\"{y:.1}\" y2=\"{y:.1}\" stroke=\"#ddd\"/><text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{:.1}</text>\n", left + plot_w, left - 6.0, y + 4.0, mib(v as usize));
+    }
+    for (i, (label, v, color)) in series.iter().enumerate() {
+        let n = v.len().max(2) - 1;
+        let pts: Vec<String> = v
+            .iter()
+            .enumerate()
+            .map(|(j, &b)| format!("{:.1},{:.1}", left + plot_w * j as f64 / n as f64, y0 - top_h * 0.9 * b as f64 / ymax as f64))
+            .collect();
+        s += &format!("<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"1.5\" points=\"{}\"/>\n", pts.join(" "));
+        let peak = v.iter().max().copied().unwrap_or(0);
+        s += &format!(
+            "<text x=\"{}\" y=\"{}\" fill=\"{color}\">{label}: peak {}</text>\n",
+            left + plot_w - 260.0,
+            pad + 20.0 + 16.0 * i as f64,
+            human_bytes(peak)
+        );
+    }
+    // Bottom: the arena layout.
+    let ly = y0 + 2.0 * pad;
+    let steps = plan.schedule.len().max(1) as f64;
+    let arena = plan.arena.max(1) as f64;
+    s += &format!(
+        "<text x=\"{left}\" y=\"{}\">arena layout with fusion: {} in {} buffers (x: step, y: offset); red line: peak step {}</text>\n",
+        ly - 8.0,
+        human_bytes(plan.arena),
+        plan.buffers.len(),
+        plan.peak_step
+    );
+    s += &format!("<rect x=\"{left}\" y=\"{ly}\" width=\"{plot_w}\" height=\"{lay_h}\" fill=\"#f7f7f7\" stroke=\"#999\"/>\n");
+    for b in &plan.buffers {
+        let x = left + plot_w * b.start as f64 / steps;
+        let bw = (plot_w * (b.end - b.start + 1) as f64 / steps).max(1.0);
+        let y = ly + lay_h - lay_h * (b.offset + b.size) as f64 / arena;
+        let h = (lay_h * b.size as f64 / arena).max(0.5);
+        let hue = (b.id * 47) % 360;
+        let ty = g.ty(b.values[0]);
+        s += &format!(
+            "<rect x=\"{x:.1}\" y=\"{y:.1}\" width=\"{bw:.1}\" height=\"{h:.1}\" fill=\"hsl({hue},55%,65%)\" stroke=\"#333\" stroke-width=\"0.3\"><title>{} {ty}: {} at offset {}, steps {}..{}</title></rect>\n",
+            esc(&b.name),
+            human_bytes(b.size),
+            b.offset,
+            b.start,
+            b.end
+        );
+    }
+    let px = left + plot_w * (plan.peak_step as f64 + 0.5) / steps;
+    s += &format!("<line x1=\"{px:.1}\" x2=\"{px:.1}\" y1=\"{ly}\" y2=\"{}\" stroke=\"red\" stroke-width=\"1.5\"/>\n", ly + lay_h);
+    for k in 0..=4 {
+        let y = ly + lay_h - lay_h * k as f64 / 4.0;
+        s += &format!(
+            "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{:.1}</text>\n",
+            left - 6.0,
+            y + 4.0,
+            mib((arena * k as f64 / 4.0) as usize)
+        );
+    }
+    s += &format!(
+        "<text x=\"{left}\" y=\"{}\">0</text><text x=\"{}\" y=\"{}\" text-anchor=\"end\">step {}</text>\n",
+        ly + lay_h + 16.0,
+        left + plot_w,
+        ly + lay_h + 16.0,
+        plan.schedule.len()
+    );
+    s += "</svg>\n";
+    s
+}

@@ -1,0 +1,92 @@
+//! Memory plans: the independent checker accepts every plan of every light
+//! model (batch 1 and 8, with and without fusion) and of random graphs, and
+//! rejects corrupted plans; fusion never raises the arena; the arena stays
+//! within 2% of the schedule's lower bound.
+
+mod common;
+
+use smelt_ir::onnx::{import_file, ImportOptions};
+use smelt_ir::Graph;
+use smelt_passes::memory::{check::check, plan_with_hint, schedule_names, Plan};
+
+fn compiled(g: &Graph, fuse: bool) -> Graph {
+    let mut f = g.clone();
+    smelt::compile(&mut f, fuse, &mut |_, _| {}).unwrap();
+    f
+}
+
+fn planned(g: &Graph, what: &str) -> Plan {
+    planned_with(g, None, what)
+}
+
+fn planned_with(g: &Graph, hint: Option<&[String]>, what: &str) -> Plan {
+    let p = plan_with_hint(g, hint).unwrap();
+    check(g, &p).unwrap_or_else(|e| panic!("{what}: checker rejected the plan: {e}"));
+    p
+}
+
+#[test]
+fn light_models_plans_check_and_meet_targets() {
+    for name in common::LIGHT {
+        for batch in [1, 8] {
+            let g = import_file(&common::light_model(name), &ImportOptions { batch: Some(batch) }).unwrap();
+            let unfused = compiled(&g, false);
+            let plain = planned(&unfused, &format!("{name} b{batch}"));
+            let hint = schedule_names(&unfused, &plain);
+            let fused = planned_with(&compiled(&g, true), Some(&hint), &format!("{name} b{batch} fused"));
+            for (p, what) in [(&plain, "unfused"), (&fused, "fused")] {
+                let ratio = p.arena as f64 / p.lower_bound as f64;
+                assert!(ratio <= 1.02, "{name} b{batch} {what}: arena {} is {ratio:.4} x the lower bound {}", p.arena, p.lower_bound);
+            }
+            assert!(fused.arena <= plain.arena, "{name} b{batch}: fusion raised the arena from {} to {}", plain.arena, fused.arena);
+        }
+    }
+}
+
+#[test]
+fn random_graph_plans_check() {
+    for seed in 0..200 {
+        let g = common::random_graph(seed);
+        planned(&g, &format!("seed {seed}"));
+        planned(&compiled(&g, true), &format!("seed {seed} fused"));
+    }
+}
+
+/// The checker is not a rubber stamp: moving any buffer onto another one
+/// that is live at the same time, or swapping in a wrong schedule, fails.
+#[test]
+fn checker_rejects_corrupted_plans() {
+    let g = compiled(&import_file(&common::light_model("squeezenet"), &ImportOptions::default()).unwrap(), true);
+    let good = planned(&g, "squeezenet");
+    let mut rejected = 0;
+    let mut tried = 0;
+    for (i, a) in good.buffers.iter().enumerate() {
+        // A buffer live at the same time as `a`, placed elsewhere.
+        let Some(b) = good.buffers.iter().find(|b| b.id != a.id && b.start <= a.end && a.start <= b.end && b.offset != a.offset) else {
+            continue;
+        };
+        let mut bad = good.clone();
+        let shift = b.offset as isize - a.offset as isize;
+        for v in &a.values {
+            let p = bad.placements.get_mut(v).unwrap();
+            p.intervals.iter_mut().for_each(|iv| *iv = ((iv.0 as isize + shift) as usize, (iv.1 as isize + shift) as usize));
+        }
+        tried += 1;
+        rejected += check(&g, &bad).is_err() as usize;
+        if i > 40 {
+            break;
+        }
+    }
+    assert!(tried > 10 && rejected == tried, "{rejected} of {tried} corrupted plans rejected");
+    // A schedule with two nodes swapped so that one runs before its operand.
+    let mut bad = good.clone();
+    let k = bad.schedule.len() / 2;
+    bad.schedule.swap(k, k + 1);
+    let mut swapped_wrong = bad.clone();
+    swapped_wrong.schedule.swap(1, 2);
+    assert!(check(&g, &bad).is_err() || check(&g, &swapped_wrong).is_err());
+    // An arena too small for its placements.
+    let mut small = good.clone();
+    small.arena /= 2;
+    assert!(check(&g, &small).is_err());
+}
