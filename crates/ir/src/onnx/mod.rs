@@ -131,7 +131,7 @@ impl Importer {
             return Ok(v);
         }
         let t = e.konst.clone().expect("an entry holds a value or a constant");
-        let v = self.g.add_constant(name, (*t).clone());
+        let v = self.g.add_shared_constant(name, t);
         self.env.get_mut(name).expect("present").value = Some(v);
         Ok(v)
     }

@@ -63,10 +63,10 @@ enum Fold {
     BnScaleShift,
 }
 
-/// Data of the constant bound to `v`, with its value-table entry.
-fn konst(eg: &EG, s: &Subst, v: &str) -> Option<(ValRef, Tensor)> {
+/// Data of the constant bound to `v`, with its value-table entry (shared, not copied).
+fn konst(eg: &EG, s: &Subst, v: &str) -> Option<(ValRef, std::sync::Arc<Tensor>)> {
     let r = eg[s[var(v)]].data.konst?;
-    Some((r, (**eg.analysis.vals[r.0].data.as_ref()?).clone()))
+    Some((r, eg.analysis.vals[r.0].data.clone()?))
 }
 
 fn is_none(eg: &EG, id: Id) -> bool {
@@ -96,7 +96,12 @@ fn per_channel(k: &Tensor, out: &TensorType) -> Option<Vec<f32>> {
 }
 
 fn like(t: &Tensor, shape: Vec<usize>, v: Vec<f32>) -> Tensor {
-    Tensor::from_f32(shape, v).cast(t.ty().dtype)
+    let f = Tensor::from_f32(shape, v);
+    if t.ty().dtype == smelt_ir::DType::F32 {
+        f
+    } else {
+        f.cast(t.ty().dtype)
+    }
 }
 
 impl Applier<Fl, FusionAnalysis> for Fold {
@@ -121,41 +126,67 @@ impl Fold {
                 let bid = s[var("?b")];
                 let b = if is_none(eg, bid) { None } else { Some(konst(eg, s, "?b")?) };
                 let m = w.shape()[0];
-                let inner = w.ty().numel() / m.max(1);
-                let (mut wv, mut bv) = (w.to_f32_vec(), b.as_ref().map_or(vec![0.0; m], |(_, t)| t.to_f32_vec()));
-                let (scale, shift, tag, key) = match self {
+                // The folded per-channel (scale, shift), and a key naming the inputs.
+                let (tag, key, params): (&str, String, Vec<std::sync::Arc<Tensor>>) = match self {
                     Fold::BnIntoConv => {
                         let eps = match op_of(eg, s[var("?e")])? {
                             Op::BatchNorm { epsilon } => *epsilon,
                             _ => return None,
                         };
-                        let (refs, ts): (Vec<ValRef>, Vec<Tensor>) =
+                        let (refs, ts): (Vec<ValRef>, Vec<_>) =
                             ["?s", "?bb", "?m", "?v"].iter().map(|v| konst(eg, s, v)).collect::<Option<Vec<_>>>()?.into_iter().unzip();
-                        let [sc, bb, mean, var_] = [0, 1, 2, 3].map(|i| ts[i].to_f32_vec());
-                        let scale: Vec<f32> = (0..m).map(|i| sc[i] / (var_[i] + eps).sqrt()).collect();
-                        let shift: Vec<f32> = (0..m).map(|i| bb[i] - mean[i] * scale[i]).collect();
-                        (scale, shift, "bn", format!("{refs:?}{}", eps.to_bits()))
+                        ("bn", format!("{refs:?}{}", eps.to_bits()), ts)
                     }
                     Fold::MulIntoConv => {
                         let (kr, k) = konst(eg, s, "?k")?;
-                        (per_channel(&k, &out_ty)?, vec![0.0; m], "mul", format!("{kr:?}"))
+                        ("mul", format!("{kr:?}"), vec![k])
                     }
                     _ => {
                         let (kr, k) = konst(eg, s, "?k")?;
-                        (vec![1.0; m], per_channel(&k, &out_ty)?, "add", format!("{kr:?}"))
+                        ("add", format!("{kr:?}"), vec![k])
                     }
                 };
                 let cache_key = format!("{tag}:{wr:?}:{:?}:{key}", b.as_ref().map(|(r, _)| *r));
                 let (nw, nb) = match eg.analysis.folded.get(&cache_key) {
                     Some(&pair) => pair,
                     None => {
+                        let (scale, shift) = match self {
+                            Fold::BnIntoConv => {
+                                let eps = match op_of(eg, s[var("?e")])? {
+                                    Op::BatchNorm { epsilon } => *epsilon,
+                                    _ => return None,
+                                };
+                                let [sc, bb, mean, var_] = [0, 1, 2, 3].map(|i| params[i].to_f32_vec());
+                                let scale: Vec<f32> = (0..m).map(|i| sc[i] / (var_[i] + eps).sqrt()).collect();
+                                let shift: Vec<f32> = (0..m).map(|i| bb[i] - mean[i] * scale[i]).collect();
+                                (scale, shift)
+                            }
+                            Fold::MulIntoConv => (per_channel(&params[0], &out_ty)?, vec![0.0; m]),
+                            _ => (vec![1.0; m], per_channel(&params[0], &out_ty)?),
+                        };
+                        let mut bv = b.as_ref().map_or(vec![0.0; m], |(_, t)| t.to_f32_vec());
                         for i in 0..m {
-                            wv[i * inner..(i + 1) * inner].iter_mut().for_each(|x| *x *= scale[i]);
                             bv[i] = bv[i] * scale[i] + shift[i];
                         }
                         let base = name_of(eg, wr);
-                        let nw = eg.analysis.add_const(format!("{base}.{tag}"), like(&w, w.shape().to_vec(), wv));
                         let nb = eg.analysis.add_const(format!("{base}.{tag}.bias"), like(&w, vec![m], bv));
+                        if self == Fold::AddIntoConv {
+                            // Only the bias changes: keep the weights.
+                            eg.analysis.folded.insert(cache_key, (wr, nb));
+                            let (wid, bid) = (eg.add(Fl::Val(wr)), eg.add(Fl::Val(nb)));
+                            return Some(eg.add(Fl::Conv([s[var("?c")], s[var("?x")], wid, bid, none, none])));
+                        }
+                        let inner = (w.ty().numel() / m.max(1)).max(1);
+                        // One pass over the weights, straight into the new tensor.
+                        let src: std::borrow::Cow<'_, [f32]> = match w.data() {
+                            smelt_ir::TensorData::F32(v) => std::borrow::Cow::Borrowed(v.as_slice()),
+                            _ => std::borrow::Cow::Owned(w.to_f32_vec()),
+                        };
+                        let mut wv: Vec<f32> = Vec::with_capacity(src.len());
+                        for (c, &k) in src.chunks(inner).zip(&scale) {
+                            wv.extend(c.iter().map(|x| x * k));
+                        }
+                        let nw = eg.analysis.add_const(format!("{base}.{tag}"), like(&w, w.shape().to_vec(), wv));
                         eg.analysis.folded.insert(cache_key, (nw, nb));
                         (nw, nb)
                     }
@@ -175,11 +206,16 @@ impl Fold {
                 Some(eg.add(Fl::Gemm([g, s[var("?a")], s[var("?b")], s[var("?k")], none])))
             }
             Fold::BnScaleShift => {
+                // A BatchNorm right after a plain conv folds into it instead.
+                let x = s[var("?x")];
+                if eg[x].nodes.iter().any(|n| matches!(n, Fl::Conv([.., r, act]) if is_none(eg, *r) && is_none(eg, *act))) {
+                    return None;
+                }
                 let eps = match op_of(eg, s[var("?e")])? {
                     Op::BatchNorm { epsilon } => *epsilon,
                     _ => return None,
                 };
-                let (refs, ts): (Vec<ValRef>, Vec<Tensor>) =
+                let (refs, ts): (Vec<ValRef>, Vec<_>) =
                     ["?s", "?bb", "?m", "?v"].iter().map(|v| konst(eg, s, v)).collect::<Option<Vec<_>>>()?.into_iter().unzip();
                 let rank = out_ty.shape.len();
                 let c = out_ty.shape[1];
