@@ -224,3 +224,19 @@ pub fn svg(title: &str, plan: &Plan, g: &Graph, unfused: Option<&Plan>) -> Strin
     s += "</svg>\n";
     s
 }
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_parse_in_binary_and_decimal_units() {
+        assert_eq!(parse_size("6GiB"), Ok(6 << 30));
+        assert_eq!(parse_size("512 MiB"), Ok(512 << 20));
+        assert_eq!(parse_size("1.5KiB"), Ok(1536));
+        assert_eq!(parse_size("2GB"), Ok(2_000_000_000));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("3 XB").is_err());
+    }
+}

@@ -132,3 +132,35 @@ fn inspect_shows_kernels_before_and_after_fusion() {
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["kernels"], 175, "without fusion every op but the reshape view is a kernel");
 }
+
+#[test]
+fn plan_reports_and_checks() {
+    let m = common::light_model("resnet50");
+    let svg = std::env::temp_dir().join(format!("smelt-plan-{}.svg", std::process::id()));
+    let (code, out, err) = run(&["plan", m.to_str().unwrap(), "--batch", "8", "--json", "--svg", svg.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let (p, u) = (&v["plan"], &v["without_fusion"]);
+    assert_eq!(p["checked"], true);
+    assert!(p["arena_bytes"].as_u64().unwrap() < u["arena_bytes"].as_u64().unwrap());
+    assert!(p["arena_over_lower_bound"].as_f64().unwrap() <= 1.02);
+    assert!(p["lower_bound_bytes"].as_u64().unwrap() <= p["arena_bytes"].as_u64().unwrap());
+    assert_eq!(p["peak_live"][0]["ty"], "f32[8,256,56,56]");
+    let picture = std::fs::read_to_string(&svg).unwrap();
+    assert!(picture.starts_with("<svg") && picture.contains("with fusion: peak") && picture.contains("<rect"));
+    std::fs::remove_file(svg).unwrap();
+}
+
+#[test]
+fn memory_limit_failure_names_the_peak_and_the_knobs() {
+    let m = common::light_model("resnet50");
+    let (code, _, err) = run(&["plan", m.to_str().unwrap(), "--batch", "8", "--memory-limit", "20MiB"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("memory limit is 20.0 MiB") && err.contains("peak:") && err.contains("f32[8,256,56,56]"), "{err}");
+    assert!(err.contains("--batch 4 needs") && err.contains("mixed precision"), "{err}");
+    let (code, _, _) = run(&["plan", m.to_str().unwrap(), "--memory-limit", "1GB"]);
+    assert_eq!(code, 0);
+    let (code, _, err) = run(&["plan", m.to_str().unwrap(), "--memory-limit", "6 parsecs"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("unknown unit"), "{err}");
+}
