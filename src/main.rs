@@ -45,8 +45,9 @@ enum Command {
     ///
     /// Passes, in order: dce, fuse (egg equality saturation: conv + batch
     /// norm + bias + activation + residual, gemm + activation), ew-cluster
-    /// (elementwise chains into one kernel), concat (in-place concatenation),
-    /// final-dce. Statistics of each pass go to standard error.
+    /// (elementwise chains into one kernel), reduce-fuse (elementwise
+    /// prologues into pooling, reduce and softmax), concat (in-place
+    /// concatenation), final-dce. Statistics of each pass go to standard error.
     Compile {
         #[command(flatten)]
         model: ModelArgs,

@@ -161,6 +161,13 @@ pub fn infer(op: &Op, ins: &[&TensorType]) -> Result<Vec<TensorType>, String> {
             TensorType::new(ins[0].dtype, broadcast_all(ins)?)
         }
         Op::ConcatInPlace { axis } => concat(*axis, ins)?,
+        Op::FusedReduction { expr, reduction } => {
+            let pre = infer(&Op::Elementwise { expr: expr.clone() }, ins)?.remove(0);
+            if !reduction.is_fusable_reduction() {
+                return Err(format!("{} cannot take an elementwise prologue", reduction.name()));
+            }
+            return infer(reduction, &[&pre]);
+        }
         Op::Cast { to } => {
             arity(ins, 1, 1)?;
             TensorType::new(*to, ins[0].shape.clone())

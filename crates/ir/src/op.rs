@@ -278,6 +278,15 @@ pub enum Op {
         /// The expression; `$i` is input i.
         expr: Expr,
     },
+    /// A reduction (global average pool, reduce, softmax) of a value that an
+    /// elementwise expression computes on the fly from the inputs, so the
+    /// value never reaches memory. Made by fusion.
+    FusedReduction {
+        /// The elementwise prologue; `$i` is input i.
+        expr: Expr,
+        /// The reduction applied to its (broadcast) result.
+        reduction: Box<Op>,
+    },
     /// A concatenation whose producers write straight into their slices of
     /// the output: no copy kernel, and the memory planner may alias.
     ConcatInPlace {
@@ -450,7 +459,13 @@ impl Op {
             Op::FusedGemm { .. } => "fused_gemm",
             Op::Elementwise { .. } => "elementwise",
             Op::ConcatInPlace { .. } => "concat_in_place",
+            Op::FusedReduction { .. } => "fused_reduction",
         }
+    }
+
+    /// Whether the op is a reduction an elementwise prologue can feed.
+    pub fn is_fusable_reduction(&self) -> bool {
+        matches!(self, Op::GlobalAveragePool | Op::Reduce { .. } | Op::Softmax { .. } | Op::LogSoftmax { .. })
     }
 
     /// Whether the op launches a kernel: not inputs, constants, views or

@@ -10,6 +10,7 @@ pub mod ew_cluster;
 pub mod fusion;
 pub mod memory;
 pub mod pipeline;
+pub mod reduce_fuse;
 
 /// Errors of the passes crate.
 #[derive(Debug, thiserror::Error)]

@@ -1,11 +1,12 @@
 //! The order of passes, with the verifier after each in debug builds:
-//! `dce`, then with fusion on `fuse` (egg), `ew-cluster`, `concat`, `dce`.
+//! `dce`, then with fusion on `fuse` (egg), `ew-cluster`, `reduce-fuse`,
+//! `concat`, `final-dce`.
 
-use crate::{concat, dce, ew_cluster, fusion, PassError};
+use crate::{concat, dce, ew_cluster, fusion, reduce_fuse, PassError};
 use smelt_ir::Graph;
 
 /// The names of the passes, in order (for `--dump-ir`).
-pub const PASSES: [&str; 5] = ["dce", "fuse", "ew-cluster", "concat", "final-dce"];
+pub const PASSES: [&str; 6] = ["dce", "fuse", "ew-cluster", "reduce-fuse", "concat", "final-dce"];
 
 /// Options of the pipeline.
 #[derive(Clone, Debug)]
@@ -31,6 +32,8 @@ pub struct Stats {
     pub fusion: Option<fusion::Stats>,
     /// Elementwise clustering.
     pub ew_cluster: Option<ew_cluster::Stats>,
+    /// Elementwise prologues fused into reductions.
+    pub reduce_fuse: Option<reduce_fuse::Stats>,
     /// In-place concatenation.
     pub concat: Option<concat::Stats>,
 }
@@ -52,6 +55,9 @@ pub fn run_with(graph: &mut Graph, opts: &Options, after: &mut dyn FnMut(&str, &
         stats.ew_cluster = Some(ew_cluster::run(graph).map_err(|source| PassError::Verify { pass: "ew-cluster", source })?);
         verify_if(graph, "ew-cluster")?;
         after("ew-cluster", graph);
+        stats.reduce_fuse = Some(reduce_fuse::run(graph).map_err(|source| PassError::Verify { pass: "reduce-fuse", source })?);
+        verify_if(graph, "reduce-fuse")?;
+        after("reduce-fuse", graph);
         stats.concat = Some(concat::run(graph));
         verify_if(graph, "concat")?;
         after("concat", graph);

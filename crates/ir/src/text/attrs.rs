@@ -102,6 +102,11 @@ pub fn attrs_of(op: &Op) -> Vec<(&'static str, Attr)> {
         }
         Op::Elementwise { expr } => vec![("expr", Str(expr.to_string()))],
         Op::ConcatInPlace { axis } => vec![("axis", Int(*axis as i64))],
+        Op::FusedReduction { expr, reduction } => {
+            let mut a = vec![("expr", Str(expr.to_string())), ("reduction", Str(reduction.name().to_string()))];
+            a.extend(attrs_of(reduction));
+            a
+        }
         Op::Input
         | Op::Constant
         | Op::Unary(_)
@@ -195,6 +200,19 @@ pub fn op_from(name: &str, mut a: Attrs) -> Result<Op, String> {
         }),
         "elementwise" => Ok(Op::Elementwise { expr: a.parsed("expr")? }),
         "concat_in_place" => Ok(Op::ConcatInPlace { axis: a.usize("axis")? }),
+        "fused_reduction" => {
+            let expr = a.parsed("expr")?;
+            let inner = match a.take("reduction")? {
+                Attr::Str(n) => n,
+                x => return Err(format!("attribute reduction={x} must be a string")),
+            };
+            // The reduction's own attributes are the rest.
+            let reduction = op_from(&inner, Attrs(std::mem::take(&mut a.0)))?;
+            if !reduction.is_fusable_reduction() {
+                return Err(format!("{inner} cannot take an elementwise prologue"));
+            }
+            Ok(Op::FusedReduction { expr, reduction: Box::new(reduction) })
+        }
         "batch_norm" => Ok(Op::BatchNorm { epsilon: a.float("epsilon")? }),
         "relu" => unary(UnaryOp::Relu),
         "sigmoid" => unary(UnaryOp::Sigmoid),

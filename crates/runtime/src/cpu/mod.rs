@@ -143,6 +143,12 @@ fn eval(op: &Op, args: &[Arc<Tensor>], out: &[TensorType]) -> Result<Vec<Tensor>
             float(y)
         }
         Op::Elementwise { expr } => float(elementwise::fused(expr, args, &o.shape)),
+        Op::FusedReduction { expr, reduction } => {
+            let pre_ty =
+                smelt_ir::infer(&Op::Elementwise { expr: expr.clone() }, &args.iter().map(|a| a.ty()).collect::<Vec<_>>())?.remove(0);
+            let pre = tensor_of(&pre_ty, elementwise::fused(expr, args, &pre_ty.shape));
+            eval(reduction, &[Arc::new(pre)], out)
+        }
         Op::Split { axis, .. } => Ok(layout::split(&args[0], *axis, out)),
         Op::Slice { axes, starts, steps, .. } => Ok(vec![layout::slice(&args[0], axes, starts, steps, o)]),
         Op::Transpose { perm } => Ok(vec![layout::transpose(&args[0], perm, o)]),

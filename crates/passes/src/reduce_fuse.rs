@@ -1,0 +1,74 @@
+//! Elementwise prologues into reductions: when the only user of an
+//! elementwise kernel is a global average pool, a reduce or a softmax, the
+//! reduction computes the expression on the fly and the intermediate never
+//! reaches memory (DenseNet's final BatchNorm + ReLU into its pooling).
+
+use smelt_ir::{Expr, ExprNode, Graph, IrError, NodeId, Op, ValueId};
+use std::collections::{HashMap, HashSet};
+
+/// What the pass did.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Stats {
+    /// Reductions that absorbed their elementwise producer.
+    pub fused: usize,
+}
+
+/// The expression computed by an elementwise node, over its own inputs.
+fn expr_of(op: &Op, arity: usize) -> Option<Expr> {
+    let mut e = Expr::default();
+    let ins: Vec<usize> = (0..arity).map(|i| e.push(ExprNode::Input(i))).collect();
+    match op {
+        Op::Elementwise { expr } => return Some(expr.clone()),
+        Op::Unary(u) => e.push(ExprNode::Unary(*u, ins[0])),
+        Op::Clip { min, max } => e.push(ExprNode::Clip(*min, *max, ins[0])),
+        Op::Binary(b) => e.push(ExprNode::Binary(*b, ins[0], ins[1])),
+        _ => return None,
+    };
+    Some(e)
+}
+
+/// Fuses elementwise producers into the reductions of `g`.
+pub fn run(g: &mut Graph) -> Result<Stats, IrError> {
+    let outputs: HashSet<NodeId> = g.outputs().iter().map(|(_, v)| v.node).collect();
+    // reduction -> its producer, when the producer can be absorbed.
+    let mut absorb: HashMap<NodeId, NodeId> = HashMap::new();
+    for id in g.node_ids() {
+        let op = &g.node(id).op;
+        if !op.is_fusable_reduction() {
+            continue;
+        }
+        let x = g.inputs_of(id)[0];
+        let p = g.node(x.node);
+        if expr_of(&p.op, g.inputs_of(x.node).len()).is_some() && g.users_of(x.node).len() == 1 && !outputs.contains(&x.node) {
+            absorb.insert(id, x.node);
+        }
+    }
+    let absorbed: HashSet<NodeId> = absorb.values().copied().collect();
+    let mut out = Graph::new();
+    let mut map: HashMap<ValueId, ValueId> = HashMap::new();
+    for id in g.topo_order()? {
+        if absorbed.contains(&id) {
+            continue;
+        }
+        let node = g.node(id);
+        let new = match absorb.get(&id) {
+            Some(&p) => {
+                let pins = g.inputs_of(p);
+                let expr = expr_of(&g.node(p).op, pins.len()).expect("checked above");
+                let ins: Vec<ValueId> = pins.iter().map(|v| map[v]).collect();
+                out.add(Op::FusedReduction { expr, reduction: Box::new(node.op.clone()) }, node.name.clone(), &ins)?
+            }
+            None => {
+                let ins: Vec<ValueId> = g.inputs_of(id).iter().map(|v| map[v]).collect();
+                out.copy_node_from(g, id, &ins)?
+            }
+        };
+        for slot in 0..node.outputs.len() as u32 {
+            map.insert(ValueId { node: id, slot }, ValueId { node: new, slot });
+        }
+    }
+    out.set_outputs(g.outputs().iter().map(|(n, v)| (n.clone(), map[v])).collect());
+    let stats = Stats { fused: absorb.len() };
+    *g = out;
+    Ok(stats)
+}
