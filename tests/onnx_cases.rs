@@ -46,14 +46,21 @@ fn run_case(dir: &Path) -> Result<usize, String> {
             files.iter().map(|f| read_tensor_file(f).map(|t| t.1).map_err(|e| e.to_string())).collect::<Result<Vec<_>, _>>()
         };
         let (inputs, expected) = (read("input_")?, read("output_")?);
-        let outs = smelt_runtime::cpu::run(&g, &inputs).map_err(|e| format!("run: {e}"))?;
-        if outs.len() != expected.len() {
-            return Err(format!("{} outputs, expected {}", outs.len(), expected.len()));
-        }
-        for (i, (a, e)) in outs.iter().zip(&expected).enumerate() {
-            let c = smelt::compare(a, e, 1e-3, 1e-5);
-            if !c.ok {
-                return Err(format!("output {i}: {c:?}"));
+        // Imported as is, and fused (whose memory plan must pass the checker).
+        let mut fused = g.clone();
+        smelt::compile(&mut fused, true, &mut |_, _| {}).map_err(|e| format!("fuse: {e}"))?;
+        let plan = smelt_passes::memory::plan(&fused).map_err(|e| format!("plan: {e}"))?;
+        smelt_passes::memory::check::check(&fused, &plan).map_err(|e| format!("plan check: {e}"))?;
+        for (what, graph) in [("imported", &g), ("fused", &fused)] {
+            let outs = smelt_runtime::cpu::run(graph, &inputs).map_err(|e| format!("run {what}: {e}"))?;
+            if outs.len() != expected.len() {
+                return Err(format!("{} outputs, expected {}", outs.len(), expected.len()));
+            }
+            for (i, (a, e)) in outs.iter().zip(&expected).enumerate() {
+                let c = smelt::compare(a, e, 1e-3, 1e-5);
+                if !c.ok {
+                    return Err(format!("{what} output {i}: {c:?}"));
+                }
             }
         }
     }

@@ -23,8 +23,10 @@ pub struct Stats {
     pub absorbed: usize,
 }
 
-fn is_elementwise(op: &Op) -> bool {
-    matches!(op, Op::Unary(_) | Op::Binary(_) | Op::Clip { .. } | Op::Sum | Op::Elementwise { .. })
+/// Elementwise float ops (integer arithmetic stays as it is: fused kernels compute in float).
+fn is_elementwise(g: &Graph, id: NodeId) -> bool {
+    let n = g.node(id);
+    matches!(n.op, Op::Unary(_) | Op::Binary(_) | Op::Clip { .. } | Op::Sum | Op::Elementwise { .. }) && n.outputs[0].dtype.is_float()
 }
 
 /// Clusters `g` in place.
@@ -39,11 +41,11 @@ pub fn run(g: &mut Graph) -> Result<Stats, IrError> {
             let users = g.users_of(id);
             let op = &g.node(id).op;
             let cheap = matches!(op, Op::Unary(_) | Op::Binary(_) | Op::Clip { .. });
-            is_elementwise(op)
+            is_elementwise(g, id)
                 && !users.is_empty()
                 && (users.len() == 1 || cheap)
                 && !outputs.contains(&id)
-                && users.iter().all(|&u| is_elementwise(&g.node(u).op) && g.node(u).outputs[0].dtype == g.node(id).outputs[0].dtype)
+                && users.iter().all(|&u| is_elementwise(g, u) && g.node(u).outputs[0].dtype == g.node(id).outputs[0].dtype)
         })
         .collect();
     let mut out = Graph::new();

@@ -39,7 +39,12 @@ pub fn run(g: &mut Graph) -> Result<Stats, IrError> {
         }
         let x = g.inputs_of(id)[0];
         let p = g.node(x.node);
-        if expr_of(&p.op, g.inputs_of(x.node).len()).is_some() && g.users_of(x.node).len() == 1 && !outputs.contains(&x.node) {
+        let float_inputs = g.inputs_of(x.node).iter().all(|v| g.ty(*v).dtype == p.outputs[0].dtype && p.outputs[0].dtype.is_float());
+        if float_inputs
+            && expr_of(&p.op, g.inputs_of(x.node).len()).is_some()
+            && g.users_of(x.node).len() == 1
+            && !outputs.contains(&x.node)
+        {
             absorb.insert(id, x.node);
         }
     }
