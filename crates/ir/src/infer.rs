@@ -168,6 +168,36 @@ pub fn infer(op: &Op, ins: &[&TensorType]) -> Result<Vec<TensorType>, String> {
             }
             return infer(reduction, &[&pre]);
         }
+        Op::Pad { pads, mode } => {
+            arity(ins, 1, 1)?;
+            let x = ins[0];
+            let r = x.shape.len();
+            if pads.len() != 2 * r {
+                return Err(format!("pads {pads:?} must have {} entries for {x}", 2 * r));
+            }
+            if *mode == crate::op::PadMode::Reflect && (0..r).any(|d| pads[d].max(pads[r + d]) >= x.shape[d].max(1)) {
+                return Err(format!("reflect padding {pads:?} must be smaller than the dims of {x}"));
+            }
+            if !matches!(mode, crate::op::PadMode::Constant(_)) && (0..r).any(|d| x.shape[d] == 0 && pads[d] + pads[r + d] > 0) {
+                return Err("cannot pad an empty dimension by reflection or edge".into());
+            }
+            TensorType::new(x.dtype, (0..r).map(|d| x.shape[d] + pads[d] + pads[r + d]).collect::<Shape>())
+        }
+        Op::Expand { shape } => {
+            arity(ins, 1, 1)?;
+            if broadcast(&ins[0].shape, shape).as_deref() != Some(shape.as_slice()) {
+                return Err(format!("{} does not broadcast to {shape:?}", ins[0]));
+            }
+            TensorType::new(ins[0].dtype, shape.clone())
+        }
+        Op::Tile { repeats } => {
+            arity(ins, 1, 1)?;
+            let x = ins[0];
+            if repeats.len() != x.shape.len() {
+                return Err(format!("tile needs {} repeats for {x}", x.shape.len()));
+            }
+            TensorType::new(x.dtype, x.shape.iter().zip(repeats).map(|(d, r)| d * r).collect::<Shape>())
+        }
         Op::Cast { to } => {
             arity(ins, 1, 1)?;
             TensorType::new(*to, ins[0].shape.clone())

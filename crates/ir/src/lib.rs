@@ -27,7 +27,7 @@ pub use error::IrError;
 pub use fused::{Act, Expr, ExprNode};
 pub use graph::{Graph, Node, NodeId, ValueId};
 pub use infer::{broadcast, infer, slice_len};
-pub use op::{apply_binary, apply_unary, erf, BinaryOp, Conv, Op, Pool, ReduceOp, UnaryOp};
+pub use op::{apply_binary, apply_unary, erf, BinaryOp, Conv, Op, PadMode, Pool, ReduceOp, UnaryOp};
 pub use rng::Rng;
 pub use tensor::{Tensor, TensorData};
 pub use verify::verify;

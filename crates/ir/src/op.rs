@@ -32,6 +32,17 @@ pub struct Pool {
     pub ceil_mode: bool,
 }
 
+/// How Pad fills the border.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum PadMode {
+    /// A constant value.
+    Constant(f32),
+    /// Mirror without repeating the edge (`[1,2,3]` padded by 2 on the left: `3,2,1,2,3`).
+    Reflect,
+    /// Repeat the edge value.
+    Edge,
+}
+
 /// Elementwise functions of one input.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum UnaryOp {
@@ -242,6 +253,23 @@ pub enum Op {
     Dropout,
     /// Identity.
     Identity,
+    /// Padding: `pads` holds all begins then all ends, one per dimension.
+    Pad {
+        /// Elements added before and after each dimension.
+        pads: Vec<usize>,
+        /// How the border is filled.
+        mode: PadMode,
+    },
+    /// Broadcast to `shape` (numpy rules; the output shape, resolved).
+    Expand {
+        /// The output shape.
+        shape: Vec<usize>,
+    },
+    /// Repeat the input `repeats[d]` times along each dimension d.
+    Tile {
+        /// Repeats per dimension.
+        repeats: Vec<usize>,
+    },
     /// Element type conversion.
     Cast {
         /// Target dtype.
@@ -455,6 +483,9 @@ impl Op {
             Op::Dropout => "dropout",
             Op::Identity => "identity",
             Op::Cast { .. } => "cast",
+            Op::Pad { .. } => "pad",
+            Op::Expand { .. } => "expand",
+            Op::Tile { .. } => "tile",
             Op::FusedConv { .. } => "fused_conv",
             Op::FusedGemm { .. } => "fused_gemm",
             Op::Elementwise { .. } => "elementwise",

@@ -79,3 +79,20 @@ fn f16_results_are_rounded_to_half() {
     // 1 + 0.0001 rounds back to 1 in f16 (spacing 2^-10 near 1).
     check(src, &[one], &[1.0]);
 }
+
+#[test]
+fn pad_reflect_edge_constant() {
+    let base = "graph {\n  %0 \"x\" = input : f32[3]\n  %1 = pad(%0) {pads=[2,1], MODE} : f32[6]\n  output \"y\" = %1\n}\n";
+    let input = x(&[3], &[1.0, 2.0, 3.0]);
+    check(&base.replace("MODE", "mode=\"reflect\""), std::slice::from_ref(&input), &[3.0, 2.0, 1.0, 2.0, 3.0, 2.0]);
+    check(&base.replace("MODE", "mode=\"edge\""), std::slice::from_ref(&input), &[1.0, 1.0, 1.0, 2.0, 3.0, 3.0]);
+    check(&base.replace("MODE", "mode=\"constant\", value=-1.0"), &[input], &[-1.0, -1.0, 1.0, 2.0, 3.0, -1.0]);
+}
+
+#[test]
+fn expand_and_tile() {
+    let src = "graph {\n  %0 \"x\" = input : f32[2,1]\n  %1 = expand(%0) {shape=[2,2,3]} : f32[2,2,3]\n  output \"y\" = %1\n}\n";
+    check(src, &[x(&[2, 1], &[1.0, 2.0])], &[1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 1.0, 1.0, 1.0, 2.0, 2.0, 2.0]);
+    let src = "graph {\n  %0 \"x\" = input : f32[2]\n  %1 = tile(%0) {repeats=[3]} : f32[6]\n  output \"y\" = %1\n}\n";
+    check(src, &[x(&[2], &[1.0, 2.0])], &[1.0, 2.0, 1.0, 2.0, 1.0, 2.0]);
+}

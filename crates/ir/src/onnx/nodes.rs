@@ -4,7 +4,7 @@ use super::{fold, tensor, Entry, Importer};
 use crate::dtype::{DType, TensorType};
 use crate::error::IrError;
 use crate::graph::ValueId;
-use crate::op::{BinaryOp, Conv, Op, Pool, ReduceOp, UnaryOp};
+use crate::op::{BinaryOp, Conv, Op, PadMode, Pool, ReduceOp, UnaryOp};
 use crate::tensor::Tensor;
 use smelt_onnx_proto::{attribute_proto::AttributeType, AttributeProto, NodeProto};
 use std::collections::HashMap;
@@ -649,6 +649,56 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
             let mut ins = vec![x, cx.need(1)?];
             ins.extend(cx.input(2));
             emit(im, cx, Op::LayerNorm { axis: ax, epsilon: cx.float("epsilon", 1e-5)? }, &ins)
+        }
+        "Pad" => {
+            let x = cx.need(0)?;
+            let rank = im.ty(x)?.shape.len();
+            let (raw, value) = if cx.opset < 11 {
+                (cx.ints("pads")?.unwrap_or_default(), cx.float("value", 0.0)?)
+            } else {
+                let v = match cx.input(2) {
+                    Some(_) => const_input(im, cx, 2, "constant_value")?.to_f32_vec().first().copied().unwrap_or(0.0),
+                    None => 0.0,
+                };
+                (const_input(im, cx, 1, "pads")?.to_i64_vec(), v)
+            };
+            // Opset 18 may pad only some axes.
+            let raw = match const_ints(im, cx, 3, "axes")? {
+                Some(ax) => {
+                    let ax = axes(cx, &ax, rank)?;
+                    let mut full = vec![0; 2 * rank];
+                    for (i, &a) in ax.iter().enumerate() {
+                        full[a] = raw.get(i).copied().unwrap_or(0);
+                        full[rank + a] = raw.get(ax.len() + i).copied().unwrap_or(0);
+                    }
+                    full
+                }
+                None => raw,
+            };
+            if raw.iter().any(|&p| p < 0) {
+                return Err(cx.unsupported("negative pads (cropping)"));
+            }
+            let mode = match cx.string("mode")?.as_deref().unwrap_or("constant") {
+                "constant" => PadMode::Constant(value),
+                "reflect" => PadMode::Reflect,
+                "edge" => PadMode::Edge,
+                m => return Err(cx.unsupported(format!("pad mode {m}"))),
+            };
+            let pads = cx.usizes(raw, "pads")?;
+            emit(im, cx, Op::Pad { pads, mode }, &[x])
+        }
+        "Expand" => {
+            let x = cx.need(0)?;
+            let target: Vec<usize> = cx.usizes(const_input(im, cx, 1, "the shape")?.to_i64_vec(), "shape")?;
+            let xt = im.ty(x)?;
+            let shape =
+                crate::infer::broadcast(&xt.shape, &target).ok_or_else(|| cx.bad(format!("{xt} does not broadcast with {target:?}")))?;
+            emit(im, cx, Op::Expand { shape }, &[x])
+        }
+        "Tile" => {
+            let x = cx.need(0)?;
+            let repeats = cx.usizes(const_input(im, cx, 1, "repeats")?.to_i64_vec(), "repeats")?;
+            emit(im, cx, Op::Tile { repeats }, &[x])
         }
         "LRN" => {
             let size = usize::try_from(cx.int("size", 0)?).map_err(|_| cx.bad("negative size"))?;

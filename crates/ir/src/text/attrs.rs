@@ -2,7 +2,7 @@
 //! from the text format's attribute lists.
 
 use crate::dtype::DType;
-use crate::op::{BinaryOp, Conv, Op, Pool, ReduceOp, UnaryOp};
+use crate::op::{BinaryOp, Conv, Op, PadMode, Pool, ReduceOp, UnaryOp};
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -102,6 +102,17 @@ pub fn attrs_of(op: &Op) -> Vec<(&'static str, Attr)> {
         }
         Op::Elementwise { expr } => vec![("expr", Str(expr.to_string()))],
         Op::ConcatInPlace { axis } => vec![("axis", Int(*axis as i64))],
+        Op::Pad { pads, mode } => {
+            let mut a = vec![("pads", ints(pads))];
+            match mode {
+                PadMode::Constant(v) => a.extend([("mode", Str("constant".into())), ("value", Float(*v))]),
+                PadMode::Reflect => a.push(("mode", Str("reflect".into()))),
+                PadMode::Edge => a.push(("mode", Str("edge".into()))),
+            }
+            a
+        }
+        Op::Expand { shape } => vec![("shape", ints(shape))],
+        Op::Tile { repeats } => vec![("repeats", ints(repeats))],
         Op::FusedReduction { expr, reduction } => {
             let mut a = vec![("expr", Str(expr.to_string())), ("reduction", Str(reduction.name().to_string()))];
             a.extend(attrs_of(reduction));
@@ -200,6 +211,18 @@ pub fn op_from(name: &str, mut a: Attrs) -> Result<Op, String> {
         }),
         "elementwise" => Ok(Op::Elementwise { expr: a.parsed("expr")? }),
         "concat_in_place" => Ok(Op::ConcatInPlace { axis: a.usize("axis")? }),
+        "pad" => {
+            let pads = a.usizes("pads")?;
+            let mode = match a.take("mode")? {
+                Attr::Str(m) if m == "constant" => PadMode::Constant(a.float("value")?),
+                Attr::Str(m) if m == "reflect" => PadMode::Reflect,
+                Attr::Str(m) if m == "edge" => PadMode::Edge,
+                x => return Err(format!("pad mode {x} must be \"constant\", \"reflect\" or \"edge\"")),
+            };
+            Ok(Op::Pad { pads, mode })
+        }
+        "expand" => Ok(Op::Expand { shape: a.usizes("shape")? }),
+        "tile" => Ok(Op::Tile { repeats: a.usizes("repeats")? }),
         "fused_reduction" => {
             let expr = a.parsed("expr")?;
             let inner = match a.take("reduction")? {

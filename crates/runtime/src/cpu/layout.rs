@@ -1,7 +1,7 @@
 //! Data movement on any dtype: concat, split, slice, transpose. Each builds
 //! the source index of every output element, then gathers.
 
-use smelt_ir::{Tensor, TensorData, TensorType};
+use smelt_ir::{PadMode, Tensor, TensorData, TensorType};
 use std::sync::Arc;
 
 fn gather(src: &TensorData, idx: impl Iterator<Item = usize>) -> TensorData {
@@ -111,5 +111,67 @@ pub(crate) fn transpose(x: &Tensor, perm: &[usize], out: &TensorType) -> Tensor 
     let st = strides(x.shape());
     let mut idx = Vec::with_capacity(out.numel());
     coords(&out.shape, |c| idx.push(perm.iter().enumerate().map(|(i, &p)| c[i] * st[p]).sum()));
+    make(out, gather(x.data(), idx.into_iter()))
+}
+
+/// Pad: every output coordinate maps to an input coordinate (reflected or
+/// clamped at the border) or, in constant mode, to the fill value.
+pub(crate) fn pad(x: &Tensor, pads: &[usize], mode: PadMode, out: &TensorType) -> Tensor {
+    let xs = x.shape();
+    let r = xs.len();
+    let st = strides(xs);
+    // Source index per element; `usize::MAX` marks the constant fill.
+    let mut idx = Vec::with_capacity(out.numel());
+    coords(&out.shape, |c| {
+        let mut off = 0;
+        for d in 0..r {
+            let i = c[d] as isize - pads[d] as isize;
+            let n = xs[d] as isize;
+            let j = match mode {
+                _ if (0..n).contains(&i) => i,
+                PadMode::Constant(_) => {
+                    off = usize::MAX;
+                    break;
+                }
+                PadMode::Edge => i.clamp(0, n - 1),
+                PadMode::Reflect => {
+                    if i < 0 {
+                        -i
+                    } else {
+                        2 * (n - 1) - i
+                    }
+                }
+            };
+            off += j as usize * st[d];
+        }
+        idx.push(off);
+    });
+    let fill = match mode {
+        PadMode::Constant(v) => v,
+        _ => 0.0,
+    };
+    // Gather from the input extended by one fill element at the end.
+    let n = x.ty().numel();
+    let mut ext = super::f32s(x).into_owned();
+    ext.push(fill);
+    if x.ty().dtype.is_float() {
+        let v: Vec<f32> = idx.iter().map(|&i| ext[if i == usize::MAX { n } else { i }]).collect();
+        return super::tensor_of(out, v);
+    }
+    let mut ints = x.to_i64_vec();
+    ints.push(fill as i64);
+    let t = Tensor::new(out.shape.clone(), TensorData::I64(idx.iter().map(|&i| ints[if i == usize::MAX { n } else { i }]).collect()))
+        .expect("count matches");
+    t.cast(out.dtype)
+}
+
+/// Expand and Tile: output coordinate d reads input coordinate `c % extent`
+/// (a broadcast dim has extent 1; a tiled dim wraps around).
+pub(crate) fn repeat(x: &Tensor, out: &TensorType) -> Tensor {
+    let xs = x.shape();
+    let lead = out.shape.len() - xs.len();
+    let st = strides(xs);
+    let mut idx = Vec::with_capacity(out.numel());
+    coords(&out.shape, |c| idx.push((0..xs.len()).map(|d| (c[lead + d] % xs[d].max(1)) * st[d]).sum()));
     make(out, gather(x.data(), idx.into_iter()))
 }

@@ -152,5 +152,7 @@ fn eval(op: &Op, args: &[Arc<Tensor>], out: &[TensorType]) -> Result<Vec<Tensor>
         Op::Split { axis, .. } => Ok(layout::split(&args[0], *axis, out)),
         Op::Slice { axes, starts, steps, .. } => Ok(vec![layout::slice(&args[0], axes, starts, steps, o)]),
         Op::Transpose { perm } => Ok(vec![layout::transpose(&args[0], perm, o)]),
+        Op::Pad { pads, mode } => Ok(vec![layout::pad(&args[0], pads, *mode, o)]),
+        Op::Expand { .. } | Op::Tile { .. } => Ok(vec![layout::repeat(&args[0], o)]),
     }
 }
