@@ -1,72 +1,108 @@
 //! Convolution by im2col and a blocked GEMM (matrixmultiply), per image and
-//! group. 1-D convolutions run as 2-D with height 1.
+//! group, for any number of spatial dims.
 
 use super::f32s;
 use super::matmul::sgemm;
 use smelt_ir::{Conv, Tensor, TensorType};
 
-/// Geometry of a 2-D window over an NCHW input.
+/// Geometry of a window over an `[N, C, *spatial]` input, any number of
+/// spatial dims: for each dim d, `tap[d][k * out[d] + o]` is the input
+/// coordinate read by output coordinate o at kernel offset k, or `None` in
+/// the padding.
 pub(crate) struct Window {
+    /// Channels.
     pub c: usize,
-    pub h: usize,
-    pub w: usize,
-    pub kh: usize,
-    pub kw: usize,
-    pub sh: usize,
-    pub sw: usize,
-    pub dh: usize,
-    pub dw: usize,
-    pub ph: usize,
-    pub pw: usize,
-    pub oh: usize,
-    pub ow: usize,
+    /// Input spatial extents.
+    pub input: Vec<usize>,
+    /// Kernel extents.
+    pub kernel: Vec<usize>,
+    /// Output spatial extents.
+    pub out: Vec<usize>,
+    tap: Vec<Vec<Option<usize>>>,
 }
 
 impl Window {
-    /// Lifts 1-D or 2-D attributes to 2-D. `pads` is begins then ends.
+    /// `pads` is all begins then all ends.
     pub fn new(x: &[usize], out: &[usize], kernel: &[usize], strides: &[usize], dil: &[usize], pads: &[usize]) -> Result<Window, String> {
-        match x.len() {
-            3 => Ok(Window {
-                c: x[1],
-                h: 1,
-                w: x[2],
-                kh: 1,
-                kw: kernel[0],
-                sh: 1,
-                sw: strides[0],
-                dh: 1,
-                dw: dil[0],
-                ph: 0,
-                pw: pads[0],
-                oh: 1,
-                ow: out[2],
-            }),
-            4 => Ok(Window {
-                c: x[1],
-                h: x[2],
-                w: x[3],
-                kh: kernel[0],
-                kw: kernel[1],
-                sh: strides[0],
-                sw: strides[1],
-                dh: dil[0],
-                dw: dil[1],
-                ph: pads[0],
-                pw: pads[1],
-                oh: out[2],
-                ow: out[3],
-            }),
-            r => Err(format!("the CPU executor supports 1-D and 2-D windows, not rank {r}")),
-        }
+        let n = x.len().checked_sub(2).filter(|&n| n >= 1).ok_or_else(|| format!("a window needs spatial dims, got rank {}", x.len()))?;
+        let tap = (0..n)
+            .map(|d| {
+                let (len, o) = (x[2 + d], out[2 + d]);
+                let mut t = Vec::with_capacity(kernel[d] * o);
+                for k in 0..kernel[d] {
+                    for i in 0..o {
+                        let at = (i * strides[d] + k * dil[d]).checked_sub(pads[d]);
+                        t.push(at.filter(|&a| a < len));
+                    }
+                }
+                t
+            })
+            .collect();
+        Ok(Window { c: x[1], input: x[2..].to_vec(), kernel: kernel.to_vec(), out: out[2..].to_vec(), tap })
     }
 
-    /// The input row and column read by output (oy, ox) at kernel tap (ky, kx),
-    /// `None` in the padding.
-    #[inline]
-    pub fn src(&self, oy: usize, ox: usize, ky: usize, kx: usize) -> Option<(usize, usize)> {
-        let y = (oy * self.sh + ky * self.dh).checked_sub(self.ph)?;
-        let x = (ox * self.sw + kx * self.dw).checked_sub(self.pw)?;
-        (y < self.h && x < self.w).then_some((y, x))
+    /// Input positions per image plane.
+    pub fn in_size(&self) -> usize {
+        self.input.iter().product()
+    }
+
+    /// Output positions per image plane.
+    pub fn out_size(&self) -> usize {
+        self.out.iter().product()
+    }
+
+    /// Kernel offsets.
+    pub fn taps(&self) -> usize {
+        self.kernel.iter().product()
+    }
+
+    /// Calls `f(output position, flat input position or None)` for every
+    /// output position at kernel offset `tap` (flat, row-major).
+    pub fn for_tap(&self, tap: usize, mut f: impl FnMut(usize, Option<usize>)) {
+        let n = self.input.len();
+        let mut k = vec![0; n];
+        let mut rem = tap;
+        for d in (0..n).rev() {
+            k[d] = rem % self.kernel[d];
+            rem /= self.kernel[d];
+        }
+        let mut in_stride = vec![1; n];
+        for d in (0..n.saturating_sub(1)).rev() {
+            in_stride[d] = in_stride[d + 1] * self.input[d + 1];
+        }
+        let last = n - 1;
+        let row = &self.tap[last][k[last] * self.out[last]..][..self.out[last]];
+        let mut o = vec![0; n];
+        let mut pos = 0;
+        if self.out_size() == 0 {
+            return;
+        }
+        loop {
+            // The outer dims' contribution, or None in their padding.
+            let mut base = Some(0);
+            for d in 0..last {
+                base = match (base, self.tap[d][k[d] * self.out[d] + o[d]]) {
+                    (Some(b), Some(a)) => Some(b + a * in_stride[d]),
+                    _ => None,
+                };
+            }
+            for &t in row {
+                f(pos, base.and_then(|b| t.map(|a| b + a)));
+                pos += 1;
+            }
+            let mut d = last;
+            loop {
+                if d == 0 {
+                    return;
+                }
+                d -= 1;
+                o[d] += 1;
+                if o[d] < self.out[d] {
+                    break;
+                }
+                o[d] = 0;
+            }
+        }
     }
 }
 
@@ -75,8 +111,8 @@ pub(crate) fn conv(c: &Conv, x: &Tensor, w: &Tensor, bias: Option<&Tensor>, out:
     let win = Window::new(xs, &out.shape, &ws[2..], &c.strides, &c.dilations, &c.pads)?;
     let (n, m, g) = (xs[0], ws[0], c.group);
     let (cg, mg) = (win.c / g, m / g);
-    let k = cg * win.kh * win.kw;
-    let plane = win.oh * win.ow;
+    let k = cg * win.taps();
+    let plane = win.out_size();
     let (xv, wv) = (f32s(x), f32s(w));
     let mut y = vec![0f32; n * m * plane];
     if let Some(b) = bias {
@@ -86,11 +122,12 @@ pub(crate) fn conv(c: &Conv, x: &Tensor, w: &Tensor, bias: Option<&Tensor>, out:
         }
     }
     let beta = if bias.is_some() { 1.0 } else { 0.0 };
-    let direct = win.kh == 1 && win.kw == 1 && win.sh == 1 && win.sw == 1 && win.ph == 0 && win.pw == 0 && c.pads.iter().all(|&p| p == 0);
+    let direct = win.taps() == 1 && c.strides.iter().all(|&s| s == 1) && c.pads.iter().all(|&p| p == 0);
     let mut col = if direct { Vec::new() } else { vec![0f32; k * plane] };
     for b in 0..n {
         for gi in 0..g {
-            let xin = &xv[(b * win.c + gi * cg) * win.h * win.w..][..cg * win.h * win.w];
+            let isz = win.in_size();
+            let xin = &xv[(b * win.c + gi * cg) * isz..][..cg * isz];
             let cols: &[f32] = if direct {
                 xin
             } else {
@@ -106,21 +143,14 @@ pub(crate) fn conv(c: &Conv, x: &Tensor, w: &Tensor, bias: Option<&Tensor>, out:
     Ok(y)
 }
 
-/// Unfolds `cg` channels of one image into `col[cg*kh*kw, oh*ow]`.
+/// Unfolds `cg` channels of one image into `col[cg*taps, out positions]`.
 fn im2col(win: &Window, cg: usize, x: &[f32], col: &mut [f32]) {
-    let plane = win.oh * win.ow;
+    let (plane, taps, isz) = (win.out_size(), win.taps(), win.in_size());
     for ci in 0..cg {
-        let xc = &x[ci * win.h * win.w..][..win.h * win.w];
-        for ky in 0..win.kh {
-            for kx in 0..win.kw {
-                let row = &mut col[((ci * win.kh + ky) * win.kw + kx) * plane..][..plane];
-                for oy in 0..win.oh {
-                    let dst = &mut row[oy * win.ow..][..win.ow];
-                    for (ox, d) in dst.iter_mut().enumerate() {
-                        *d = win.src(oy, ox, ky, kx).map_or(0.0, |(y, x)| xc[y * win.w + x]);
-                    }
-                }
-            }
+        let xc = &x[ci * isz..][..isz];
+        for t in 0..taps {
+            let row = &mut col[(ci * taps + t) * plane..][..plane];
+            win.for_tap(t, |o, i| row[o] = i.map_or(0.0, |i| xc[i]));
         }
     }
 }

@@ -1,4 +1,4 @@
-//! Max and average pooling (1-D and 2-D), global average pooling.
+//! Max and average pooling (any number of spatial dims), global average pooling.
 
 use super::conv::Window;
 use super::f32s;
@@ -7,42 +7,50 @@ use smelt_ir::{Pool, Tensor, TensorType};
 /// `avg` is `None` for max pooling, else `Some(count_include_pad)`.
 pub(crate) fn pool(p: &Pool, x: &Tensor, out: &TensorType, avg: Option<bool>) -> Result<Vec<f32>, String> {
     let xs = x.shape();
-    let ones = vec![1; p.kernel.len()];
+    let n = p.kernel.len();
+    let ones = vec![1; n];
     let win = Window::new(xs, &out.shape, &p.kernel, &p.strides, &ones, &p.pads)?;
-    let n_sp = p.kernel.len();
-    // Padding at the end, lifted to 2-D like `Window`.
-    let (peh, pew) = if n_sp == 1 { (0, p.pads[1]) } else { (p.pads[2], p.pads[3]) };
     let xv = f32s(x);
-    let planes = xs[0] * xs[1];
-    let mut y = Vec::with_capacity(planes * win.oh * win.ow);
+    let (planes, isz, osz) = (xs[0] * xs[1], win.in_size(), win.out_size());
+    let init = if avg.is_some() { 0.0 } else { f32::NEG_INFINITY };
+    let mut y = vec![init; planes * osz];
+    let mut count = vec![0u32; osz];
     for pl in 0..planes {
-        let xp = &xv[pl * win.h * win.w..][..win.h * win.w];
-        for oy in 0..win.oh {
-            for ox in 0..win.ow {
-                let (mut acc, mut cnt) = (if avg.is_some() { 0.0 } else { f32::NEG_INFINITY }, 0usize);
-                for ky in 0..win.kh {
-                    for kx in 0..win.kw {
-                        if let Some((iy, ix)) = win.src(oy, ox, ky, kx) {
-                            let v = xp[iy * win.w + ix];
-                            acc = if avg.is_some() { acc + v } else { acc.max(v) };
-                            cnt += 1;
-                        }
-                    }
+        let xp = &xv[pl * isz..][..isz];
+        let yp = &mut y[pl * osz..][..osz];
+        count.iter_mut().for_each(|c| *c = 0);
+        for t in 0..win.taps() {
+            win.for_tap(t, |o, i| {
+                if let Some(i) = i {
+                    yp[o] = if avg.is_some() { yp[o] + xp[i] } else { yp[o].max(xp[i]) };
+                    count[o] += 1;
                 }
-                let v = match avg {
-                    None => acc,
-                    Some(false) => acc / cnt.max(1) as f32,
-                    Some(true) => {
-                        // Divisor: the window clipped to the padded input.
-                        let span = |o: usize, s: usize, pb: usize, k: usize, len: usize, pe: usize| {
-                            let start = (o * s) as isize - pb as isize;
-                            let end = (start + k as isize).min((len + pe) as isize);
-                            (end - start).max(1) as f32
-                        };
-                        acc / (span(oy, win.sh, win.ph, win.kh, win.h, peh) * span(ox, win.sw, win.pw, win.kw, win.w, pew))
+            });
+        }
+        match avg {
+            None => {}
+            Some(false) => yp.iter_mut().zip(&count).for_each(|(v, &c)| *v /= c.max(1) as f32),
+            Some(true) => {
+                // Divisor: the window clipped to the padded input, per dim.
+                let spans: Vec<Vec<f32>> = (0..n)
+                    .map(|d| {
+                        (0..win.out[d])
+                            .map(|o| {
+                                let start = (o * p.strides[d]) as isize - p.pads[d] as isize;
+                                let end = (start + p.kernel[d] as isize).min((win.input[d] + p.pads[n + d]) as isize);
+                                (end - start).max(1) as f32
+                            })
+                            .collect()
+                    })
+                    .collect();
+                for (o, v) in yp.iter_mut().enumerate() {
+                    let (mut rem, mut div) = (o, 1.0);
+                    for d in (0..n).rev() {
+                        div *= spans[d][rem % win.out[d]];
+                        rem /= win.out[d];
                     }
-                };
-                y.push(v);
+                    *v /= div;
+                }
             }
         }
     }
