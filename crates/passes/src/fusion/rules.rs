@@ -146,6 +146,10 @@ impl Fold {
                         ("add", format!("{kr:?}"), vec![k])
                     }
                 };
+                // A broadcast that changes the conv's output type is not a per-channel fold.
+                if conv_out(eg, s).as_ref() != Some(&out_ty) || out_ty.shape.get(1) != Some(&m) {
+                    return None;
+                }
                 let cache_key = format!("{tag}:{wr:?}:{:?}:{key}", b.as_ref().map(|(r, _)| *r));
                 let (nw, nb) = match eg.analysis.folded.get(&cache_key) {
                     Some(&pair) => pair,
@@ -219,7 +223,7 @@ impl Fold {
                     ["?s", "?bb", "?m", "?v"].iter().map(|v| konst(eg, s, v)).collect::<Option<Vec<_>>>()?.into_iter().unzip();
                 let rank = out_ty.shape.len();
                 let c = out_ty.shape[1];
-                let key = format!("scale-shift:{refs:?}:{}:{rank}", eps.to_bits());
+                let key = format!("scale-shift:{refs:?}:{}:{rank}:{}", eps.to_bits(), out_ty.dtype);
                 let (sr, tr) = match eg.analysis.folded.get(&key) {
                     Some(&p) => p,
                     None => {
@@ -228,8 +232,8 @@ impl Fold {
                         let shift: Vec<f32> = (0..c).map(|i| bb[i] - mean[i] * scale[i]).collect();
                         let shape: Vec<usize> = std::iter::once(c).chain(std::iter::repeat_n(1, rank - 2)).collect();
                         let base = name_of(eg, refs[0]);
-                        let sr = eg.analysis.add_const(format!("{base}.scale"), like(&ts[0], shape.clone(), scale));
-                        let tr = eg.analysis.add_const(format!("{base}.shift"), like(&ts[0], shape, shift));
+                        let sr = eg.analysis.add_const(format!("{base}.scale"), Tensor::from_f32(shape.clone(), scale).cast(out_ty.dtype));
+                        let tr = eg.analysis.add_const(format!("{base}.shift"), Tensor::from_f32(shape, shift).cast(out_ty.dtype));
                         eg.analysis.folded.insert(key, (sr, tr));
                         (sr, tr)
                     }

@@ -68,9 +68,31 @@ fn elementwise(op: &Op) -> bool {
     matches!(op, Op::Unary(_) | Op::Binary(_) | Op::Clip { .. } | Op::Sum | Op::Elementwise { .. } | Op::BatchNorm { .. })
 }
 
+/// Whether concatenation `id` can alias its inputs into its slices: distinct
+/// inputs, none a constant or graph input, each group holding only
+/// full-range values (not already a slice of something else).
+fn aliasable(g: &Graph, id: NodeId, ins: &[ValueId], rel: &HashMap<ValueId, (usize, Vec<(usize, usize)>)>, groups: &[Group]) -> bool {
+    let distinct: std::collections::HashSet<_> = ins.iter().collect();
+    distinct.len() == ins.len()
+        && ins.iter().all(|u| match rel.get(u) {
+            Some((gr, _)) => {
+                !groups[*gr].input
+                    && *gr != rel[&ValueId { node: id, slot: 0 }].0
+                    && groups[*gr].members.iter().all(|m| rel[m].1 == [(0, g.ty(*m).bytes())])
+            }
+            None => false,
+        })
+}
+
 /// Builds the buffers of `g` under `schedule` and the place of each value.
-/// In-place concatenations listed in `copied` are planned as copies.
-pub fn build(g: &Graph, schedule: &[NodeId], copied: &std::collections::HashSet<NodeId>) -> (Vec<Buffer>, HashMap<ValueId, Rel>) {
+/// In-place concatenations listed in `copied` are planned as copies, and so
+/// is any that cannot alias its inputs; the third result lists them all.
+pub fn build(
+    g: &Graph,
+    schedule: &[NodeId],
+    copied: &std::collections::HashSet<NodeId>,
+) -> (Vec<Buffer>, HashMap<ValueId, Rel>, std::collections::HashSet<NodeId>) {
+    let mut copies = copied.clone();
     let n = schedule.len();
     let step: HashMap<NodeId, usize> = schedule.iter().enumerate().map(|(i, &id)| (id, i)).collect();
     // Last read of each value; graph outputs are read "at the end".
@@ -108,7 +130,7 @@ pub fn build(g: &Graph, schedule: &[NodeId], copied: &std::collections::HashSet<
             rel.insert(v, (groups.len() - 1, vec![(0, bytes(v))]));
         }
         match &node.op {
-            Op::ConcatInPlace { axis } if !copied.contains(&id) => {
+            Op::ConcatInPlace { axis } if !copied.contains(&id) && aliasable(g, id, &ins, &rel, &groups) => {
                 // Move each input into its slice of the output.
                 let v = ValueId { node: id, slot: 0 };
                 let gr = rel[&v].0;
@@ -138,6 +160,9 @@ pub fn build(g: &Graph, schedule: &[NodeId], copied: &std::collections::HashSet<
                     }
                 }
             }
+            Op::ConcatInPlace { .. } => {
+                copies.insert(id);
+            }
             op if elementwise(op) || matches!(op, Op::FusedConv { residual: true, .. }) => {
                 let v = ValueId { node: id, slot: 0 };
                 let vg = rel[&v].0;
@@ -151,6 +176,7 @@ pub fn build(g: &Graph, schedule: &[NodeId], copied: &std::collections::HashSet<
                         && !g.outputs().iter().any(|(_, o)| rel.get(o).is_some_and(|r| r.0 == ug))
                         && g.ty(u) == g.ty(v)
                         && uiv == [(0, bytes(u))]
+                        && groups[ug].members.iter().all(|m| rel[m].1 == uiv)
                         && !others_read_it
                         && groups[vg].members.iter().all(|m| rel[m].1 == [(0, bytes(v))]);
                     if ok {
@@ -180,7 +206,7 @@ pub fn build(g: &Graph, schedule: &[NodeId], copied: &std::collections::HashSet<
         bufs.push(Buffer { id: bufs.len(), size, start: gr.start, end: gr.end, offset: 0, values: gr.members.clone(), name });
     }
     let rel = rel.into_iter().map(|(v, (gr, iv))| (v, Rel { buffer: id_of[&gr], intervals: iv })).collect();
-    (bufs, rel)
+    (bufs, rel, copies)
 }
 
 /// Sum of live buffer bytes at each of `steps` steps.

@@ -201,7 +201,7 @@ pub fn check(g: &Graph, plan: &Plan) -> Result<(), String> {
         for slot in 0..node.outputs.len() as u32 {
             let v = ValueId { node: id, slot };
             let iv = place(v).unwrap_or(&[]);
-            for (k, &u) in ins.iter().enumerate() {
+            for &u in &ins {
                 let iu: Vec<(usize, usize)> =
                     writers(g, u, &aliased, &mut writers_memo).iter().flat_map(|w| place(*w).unwrap_or(&[]).to_vec()).collect();
                 if !overlap(iv, &iu) {
@@ -212,7 +212,10 @@ pub fn check(g: &Graph, plan: &Plan) -> Result<(), String> {
                     node.op,
                     Op::Unary(_) | Op::Binary(_) | Op::Clip { .. } | Op::Sum | Op::Elementwise { .. } | Op::BatchNorm { .. }
                 );
-                let residual = matches!(node.op, Op::FusedConv { residual: true, .. }) && k + 1 == ins.len() && !ins[..k].contains(&u);
+                // The residual is the last operand of the node, counted before constants are dropped.
+                let all = g.inputs_of(id);
+                let residual =
+                    matches!(node.op, Op::FusedConv { residual: true, .. }) && all.last() == Some(&u) && !all[..all.len() - 1].contains(&u);
                 if !(same && (elementwise || residual)) {
                     return Err(format!("{} overwrites its operand {} while reading it", name(v), name(u)));
                 }

@@ -101,10 +101,10 @@ pub fn plan_with_hint(g: &Graph, hint: Option<&[String]>) -> Result<Plan, smelt_
         copied: HashSet<NodeId>,
     }
     let eval = |order: &[NodeId], copied: &HashSet<NodeId>| {
-        let (bufs, rel) = buffers::build(g, order, copied);
+        let (bufs, rel, copies) = buffers::build(g, order, copied);
         let live = buffers::live_bytes(&bufs, order.len());
         let (peak, lb) = live.iter().copied().enumerate().max_by_key(|&(i, b)| (b, std::cmp::Reverse(i))).unwrap_or((0, 0));
-        (bufs, rel, lb, peak)
+        (bufs, rel, lb, peak, copies)
     };
     let concats: Vec<NodeId> = g.node_ids().filter(|&n| matches!(g.node(n).op, smelt_ir::Op::ConcatInPlace { .. })).collect();
     let mut best: Option<Best> = None;
@@ -113,19 +113,22 @@ pub fn plan_with_hint(g: &Graph, hint: Option<&[String]>) -> Result<Plan, smelt_
         // Alias every in-place concatenation, then copy those whose aliasing
         // raises the peak (greedily, one at a time).
         let mut copied = HashSet::new();
-        let (mut bufs, mut rel, mut lb, mut peak) = eval(&order, &copied);
+        let (mut bufs, mut rel, mut lb, mut peak, mut copies) = eval(&order, &copied);
         for &c in &concats {
+            if copies.contains(&c) {
+                continue; // already a copy (it cannot alias its inputs)
+            }
             copied.insert(c);
-            let (b2, r2, lb2, p2) = eval(&order, &copied);
+            let (b2, r2, lb2, p2, c2) = eval(&order, &copied);
             if lb2 < lb {
-                (bufs, rel, lb, peak) = (b2, r2, lb2, p2);
+                (bufs, rel, lb, peak, copies) = (b2, r2, lb2, p2, c2);
             } else {
                 copied.remove(&c);
             }
         }
         candidates.push(Candidate { name: name.to_string(), lower_bound: lb });
         if best.as_ref().is_none_or(|b| lb < b.lb) {
-            best = Some(Best { name: name.to_string(), order, bufs, rel, lb, peak, copied });
+            best = Some(Best { name: name.to_string(), order, bufs, rel, lb, peak, copied: copies });
         }
     }
     let Best { name: schedule_name, order: schedule, mut bufs, rel, lb: lower_bound, peak: peak_step, copied: copied_concats } =

@@ -1,0 +1,71 @@
+//! Cases found in review: each compiles, plans (checked) and computes the
+//! same numbers fused as unfused.
+
+use smelt_ir::{text, Graph, Rng, Tensor};
+use smelt_passes::memory::{check::check, plan};
+
+fn inputs(g: &Graph) -> Vec<Tensor> {
+    let mut r = Rng::new(3);
+    g.inputs()
+        .iter()
+        .map(|&i| {
+            let ty = &g.node(i).outputs[0];
+            Tensor::from_f32(ty.shape.clone(), (0..ty.numel()).map(|_| r.normal()).collect()).cast(ty.dtype)
+        })
+        .collect()
+}
+
+/// Parses, fuses, plans and checks both graphs, and compares their numbers.
+fn roundtrip_numbers(src: &str) {
+    let mut g = text::parse(src).unwrap_or_else(|e| panic!("{e}\n{src}"));
+    smelt::fill_missing_weights(&mut g);
+    let mut f = g.clone();
+    smelt::compile(&mut f, true, &mut |_, _| {}).unwrap();
+    for graph in [&g, &f] {
+        let p = plan(graph).unwrap();
+        check(graph, &p).unwrap_or_else(|e| panic!("{e}\n{}", text::print(graph)));
+    }
+    let ins = inputs(&g);
+    let a = smelt_runtime::cpu::run(&g, &ins).unwrap();
+    let b = smelt_runtime::cpu::run(&f, &ins).unwrap();
+    for (x, y) in b.iter().zip(&a) {
+        assert_eq!(x.shape(), y.shape(), "{}", text::print(&f));
+        let c = smelt::compare(x, y, 1e-3, 1e-4);
+        assert!(c.ok, "{c:?}\n{}", text::print(&f));
+    }
+}
+
+#[test]
+fn channel_mul_that_broadcasts_the_conv_output_is_not_folded() {
+    roundtrip_numbers(
+        "graph {\n  %0 \"x\" = input : f32[1,3,8,8]\n  %1 \"w\" = const : f32[1,3,3,3]\n  %2 \"k\" = const : f32[1,5,1,1] = [1.0,2.0,3.0,4.0,5.0]\n  %3 = conv(%0, %1) {strides=[1,1], pads=[0,0,0,0], dilations=[1,1], group=1} : f32[1,1,6,6]\n  %4 = mul(%3, %2) : f32[1,5,6,6]\n  output \"y\" = %4\n}\n",
+    );
+}
+
+#[test]
+fn rank_raising_scalar_mul_does_not_panic() {
+    roundtrip_numbers(
+        "graph {\n  %0 \"x\" = input : f32[1,3,6,6]\n  %1 \"w\" = const : f32[4,3,3,3]\n  %2 \"k\" = const : f32[1,1,1,1,1] = [2.0]\n  %3 = conv(%0, %1) {strides=[1,1], pads=[0,0,0,0], dilations=[1,1], group=1} : f32[1,4,4,4]\n  %4 = mul(%3, %2) : f32[1,1,4,4,4]\n  output \"y\" = %4\n}\n",
+    );
+}
+
+#[test]
+fn nested_in_place_concats_keep_their_slices_apart() {
+    roundtrip_numbers(
+        "graph {\n  %0 \"x\" = input : f32[1,2,4,4]\n  %1 \"w1\" = const : f32[4,2,1,1]\n  %2 \"w2\" = const : f32[4,2,1,1]\n  %3 \"w3\" = const : f32[8,2,1,1]\n  %4 = conv(%0, %1) {strides=[1,1], pads=[0,0,0,0], dilations=[1,1], group=1} : f32[1,4,4,4]\n  %5 = conv(%0, %2) {strides=[1,1], pads=[0,0,0,0], dilations=[1,1], group=1} : f32[1,4,4,4]\n  %6 = concat(%4, %5) {axis=1} : f32[1,8,4,4]\n  %7 = tanh(%6) : f32[1,8,4,4]\n  %8 = conv(%0, %3) {strides=[1,1], pads=[0,0,0,0], dilations=[1,1], group=1} : f32[1,8,4,4]\n  %9 = concat(%7, %8) {axis=1} : f32[1,16,4,4]\n  output \"y\" = %9\n}\n",
+    );
+}
+
+#[test]
+fn f16_batch_norm_with_f32_parameters_fuses() {
+    roundtrip_numbers(
+        "graph {\n  %0 \"x\" = input : f16[1,2,3,3]\n  %1 \"s\" = const : f32[2] = [1.0,2.0]\n  %2 \"b\" = const : f32[2] = [0.5,-0.5]\n  %3 \"m\" = const : f32[2] = [0.0,0.1]\n  %4 \"v\" = const : f32[2] = [1.0,4.0]\n  %5 = batch_norm(%0, %1, %2, %3, %4) {epsilon=1e-5} : f16[1,2,3,3]\n  %6 = relu(%5) : f16[1,2,3,3]\n  output \"y\" = %6\n}\n",
+    );
+}
+
+#[test]
+fn hand_written_in_place_concat_of_a_constant_or_a_repeated_value_plans_as_a_copy() {
+    roundtrip_numbers(
+        "graph {\n  %0 \"x\" = input : f32[1,2,2,2]\n  %1 \"k\" = const : f32[1,2,2,2]\n  %2 = relu(%0) : f32[1,2,2,2]\n  %3 = concat_in_place(%2, %1) {axis=1} : f32[1,4,2,2]\n  %4 = concat_in_place(%3, %3) {axis=1} : f32[1,8,2,2]\n  %5 = concat_in_place(%0, %2) {axis=1} : f32[1,4,2,2]\n  output \"y\" = %4\n  output \"z\" = %5\n}\n",
+    );
+}
