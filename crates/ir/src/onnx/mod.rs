@@ -6,6 +6,7 @@
 
 mod fold;
 mod nodes;
+mod shape_ops;
 mod tensor;
 
 pub use tensor::{from_proto, read_tensor_file, to_proto, write_tensor_file};

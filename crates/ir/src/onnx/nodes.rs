@@ -1,31 +1,27 @@
 //! One ONNX node to smelt ops (or to a folded constant).
 
-use super::{fold, tensor, Entry, Importer};
-use crate::dtype::{DType, TensorType};
+use super::{fold, Entry, Importer};
+use crate::dtype::DType;
 use crate::error::IrError;
 use crate::graph::ValueId;
-use crate::op::{BinaryOp, Conv, Op, PadMode, Pool, ReduceOp, UnaryOp};
+use crate::op::{BinaryOp, Conv, Op, Pool, ReduceOp, UnaryOp};
 use crate::tensor::Tensor;
 use smelt_onnx_proto::{attribute_proto::AttributeType, AttributeProto, NodeProto};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// Largest constant that folding may create (2 GiB); beyond it a file is
-/// taken to be corrupt rather than allocating.
-const FOLD_LIMIT_BYTES: usize = 2 << 30;
-
-struct Cx<'a> {
-    node: &'a NodeProto,
-    name: String,
-    opset: i64,
-    attrs: HashMap<&'a str, &'a AttributeProto>,
+pub(super) struct Cx<'a> {
+    pub(super) node: &'a NodeProto,
+    pub(super) name: String,
+    pub(super) opset: i64,
+    pub(super) attrs: HashMap<&'a str, &'a AttributeProto>,
 }
 
 impl<'a> Cx<'a> {
-    fn unsupported(&self, msg: impl Into<String>) -> IrError {
+    pub(super) fn unsupported(&self, msg: impl Into<String>) -> IrError {
         IrError::Unsupported { op_type: self.node.op_type().to_string(), node: self.name.clone(), opset: self.opset, msg: msg.into() }
     }
-    fn bad(&self, msg: impl std::fmt::Display) -> IrError {
+    pub(super) fn bad(&self, msg: impl std::fmt::Display) -> IrError {
         IrError::Shape { node: format!("\"{}\" ({})", self.name, self.node.op_type()), msg: msg.to_string() }
     }
     fn attr(&self, k: &str, want: AttributeType) -> Result<Option<&'a AttributeProto>, IrError> {
@@ -35,41 +31,41 @@ impl<'a> Cx<'a> {
             Some(a) => Err(self.bad(format!("attribute {k} has type {:?}, expected {want:?}", a.r#type()))),
         }
     }
-    fn int(&self, k: &str, default: i64) -> Result<i64, IrError> {
+    pub(super) fn int(&self, k: &str, default: i64) -> Result<i64, IrError> {
         Ok(self.attr(k, AttributeType::Int)?.map_or(default, |a| a.i()))
     }
-    fn float(&self, k: &str, default: f32) -> Result<f32, IrError> {
+    pub(super) fn float(&self, k: &str, default: f32) -> Result<f32, IrError> {
         Ok(self.attr(k, AttributeType::Float)?.map_or(default, |a| a.f()))
     }
-    fn ints(&self, k: &str) -> Result<Option<Vec<i64>>, IrError> {
+    pub(super) fn ints(&self, k: &str) -> Result<Option<Vec<i64>>, IrError> {
         Ok(self.attr(k, AttributeType::Ints)?.map(|a| a.ints.clone()))
     }
-    fn string(&self, k: &str) -> Result<Option<String>, IrError> {
+    pub(super) fn string(&self, k: &str) -> Result<Option<String>, IrError> {
         Ok(self.attr(k, AttributeType::String)?.map(|a| String::from_utf8_lossy(a.s()).into_owned()))
     }
     /// Whether any output from the `from`-th on is read by someone.
-    fn extra_outputs_used(&self, im: &Importer, from: usize) -> bool {
+    pub(super) fn extra_outputs_used(&self, im: &Importer, from: usize) -> bool {
         self.node.output.iter().skip(from).any(|o| !o.is_empty() && im.used.contains(o))
     }
     /// Input `i`'s name, `None` when absent or empty (an omitted optional input).
-    fn input(&self, i: usize) -> Option<&'a str> {
+    pub(super) fn input(&self, i: usize) -> Option<&'a str> {
         self.node.input.get(i).map(|s| s.as_str()).filter(|s| !s.is_empty())
     }
-    fn need(&self, i: usize) -> Result<&'a str, IrError> {
+    pub(super) fn need(&self, i: usize) -> Result<&'a str, IrError> {
         self.input(i).ok_or_else(|| self.bad(format!("missing input {i}")))
     }
-    fn usizes(&self, v: Vec<i64>, what: &str) -> Result<Vec<usize>, IrError> {
+    pub(super) fn usizes(&self, v: Vec<i64>, what: &str) -> Result<Vec<usize>, IrError> {
         v.into_iter().map(|x| usize::try_from(x).map_err(|_| self.bad(format!("{what} must be non-negative, got {x}")))).collect()
     }
 }
 
-fn axis(cx: &Cx, a: i64, rank: usize) -> Result<usize, IrError> {
+pub(super) fn axis(cx: &Cx, a: i64, rank: usize) -> Result<usize, IrError> {
     let r = rank as i64;
     let x = if a < 0 { a + r } else { a };
     (0..r.max(1)).contains(&x).then_some(x as usize).ok_or_else(|| cx.bad(format!("axis {a} out of range for rank {rank}")))
 }
 
-fn axes(cx: &Cx, v: &[i64], rank: usize) -> Result<Vec<usize>, IrError> {
+pub(super) fn axes(cx: &Cx, v: &[i64], rank: usize) -> Result<Vec<usize>, IrError> {
     let mut out = v.iter().map(|&a| axis(cx, a, rank)).collect::<Result<Vec<_>, _>>()?;
     out.sort_unstable();
     out.dedup();
@@ -98,21 +94,21 @@ pub(super) fn convert(im: &mut Importer, node: &NodeProto) -> Result<(), IrError
     Ok(())
 }
 
-fn konst(t: Tensor) -> Vec<Entry> {
+pub(super) fn konst(t: Tensor) -> Vec<Entry> {
     vec![Entry { konst: Some(Arc::new(t)), value: None }]
 }
 
-fn values(id: crate::graph::NodeId, n: usize) -> Vec<Entry> {
+pub(super) fn values(id: crate::graph::NodeId, n: usize) -> Vec<Entry> {
     (0..n).map(|slot| Entry { konst: None, value: Some(ValueId { node: id, slot: slot as u32 }) }).collect()
 }
 
 /// Adds `op` on the named inputs.
-fn emit(im: &mut Importer, cx: &Cx, op: Op, inputs: &[&str]) -> Result<Vec<Entry>, IrError> {
+pub(super) fn emit(im: &mut Importer, cx: &Cx, op: Op, inputs: &[&str]) -> Result<Vec<Entry>, IrError> {
     let vs = inputs.iter().map(|n| im.value(n)).collect::<Result<Vec<_>, _>>()?;
     emit_values(im, cx, op, &vs)
 }
 
-fn emit_values(im: &mut Importer, cx: &Cx, op: Op, vs: &[ValueId]) -> Result<Vec<Entry>, IrError> {
+pub(super) fn emit_values(im: &mut Importer, cx: &Cx, op: Op, vs: &[ValueId]) -> Result<Vec<Entry>, IrError> {
     let id = im.g.add(op, cx.name.clone(), vs).map_err(|e| match e {
         IrError::Shape { msg, .. } => cx.bad(msg),
         e => e,
@@ -123,7 +119,7 @@ fn emit_values(im: &mut Importer, cx: &Cx, op: Op, vs: &[ValueId]) -> Result<Vec
 
 /// A reshaping op (`Reshape`, `Flatten`, `Squeeze`, `Unsqueeze`, identities):
 /// folded when its input is constant, else emitted.
-fn reshaping(im: &mut Importer, cx: &Cx, op: Op, x: &str) -> Result<Vec<Entry>, IrError> {
+pub(super) fn reshaping(im: &mut Importer, cx: &Cx, op: Op, x: &str) -> Result<Vec<Entry>, IrError> {
     if let Some(t) = im.konst(x) {
         let out = crate::infer::infer(&op, &[t.ty()]).map_err(|m| cx.bad(m))?;
         return Ok(konst((*t).clone().reshaped(out[0].shape.clone()).expect("same element count")));
@@ -131,12 +127,12 @@ fn reshaping(im: &mut Importer, cx: &Cx, op: Op, x: &str) -> Result<Vec<Entry>, 
     emit(im, cx, op, &[x])
 }
 
-fn const_input(im: &Importer, cx: &Cx, i: usize, what: &str) -> Result<Arc<Tensor>, IrError> {
+pub(super) fn const_input(im: &Importer, cx: &Cx, i: usize, what: &str) -> Result<Arc<Tensor>, IrError> {
     let n = cx.need(i)?;
     im.konst(n).ok_or_else(|| cx.unsupported(format!("{what} (input {i}) must be a constant known at import")))
 }
 
-fn const_ints(im: &Importer, cx: &Cx, i: usize, what: &str) -> Result<Option<Vec<i64>>, IrError> {
+pub(super) fn const_ints(im: &Importer, cx: &Cx, i: usize, what: &str) -> Result<Option<Vec<i64>>, IrError> {
     match cx.input(i) {
         None => Ok(None),
         Some(_) => Ok(Some(const_input(im, cx, i, what)?.to_i64_vec())),
@@ -199,44 +195,6 @@ fn pool_attrs(im: &Importer, cx: &Cx) -> Result<Pool, IrError> {
     Ok(Pool { kernel, strides, pads, ceil_mode: cx.int("ceil_mode", 0)? != 0 })
 }
 
-/// Resolves a Reshape target against the input shape (ONNX 0 and -1), after
-/// replacing a hard-coded exported batch when `--batch` changes it.
-fn reshape_target(im: &Importer, cx: &Cx, mut target: Vec<i64>, input: &[usize]) -> Result<Vec<usize>, IrError> {
-    if let Some((exported, new)) = im.batch {
-        if !target.is_empty() && target[0] == exported as i64 && input.first() == Some(&new) {
-            target[0] = new as i64;
-        }
-    }
-    let allow_zero = cx.int("allowzero", 0)? != 0;
-    let numel: usize = input.iter().product();
-    let mut out = Vec::with_capacity(target.len());
-    let mut infer_at = None;
-    for (i, &d) in target.iter().enumerate() {
-        match d {
-            -1 if infer_at.is_none() => {
-                infer_at = Some(i);
-                out.push(1)
-            }
-            0 if !allow_zero => {
-                out.push(*input.get(i).ok_or_else(|| cx.bad(format!("target {target:?} copies dim {i} that the input lacks")))?)
-            }
-            d if d >= 0 => out.push(d as usize),
-            _ => return Err(cx.bad(format!("invalid reshape target {target:?}"))),
-        }
-    }
-    let known: usize = out.iter().product();
-    if let Some(i) = infer_at {
-        if known == 0 || numel % known != 0 {
-            return Err(cx.bad(format!("cannot reshape {input:?} to {target:?}")));
-        }
-        out[i] = numel / known;
-    }
-    if out.iter().product::<usize>() != numel {
-        return Err(cx.bad(format!("cannot reshape {input:?} ({numel} elements) to {target:?}")));
-    }
-    Ok(out)
-}
-
 /// `name` with `trailing` size-1 dims appended (registered under a new name).
 fn align(im: &mut Importer, cx: &Cx, name: &str, trailing: usize) -> Result<String, IrError> {
     if trailing == 0 {
@@ -281,6 +239,9 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
         let ins: Vec<&str> = cx.node.input.iter().map(|s| s.as_str()).collect();
         return emit(im, cx, op, &ins);
     }
+    if super::shape_ops::handles(op_type) {
+        return super::shape_ops::lower(im, cx);
+    }
     match op_type {
         "PRelu" => {
             // Before opset 7 a 1-D slope of C elements is per channel.
@@ -289,179 +250,6 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
             let per_channel = cx.opset < 7 && st.shape.len() == 1 && xt.shape.len() > 2 && xt.shape.get(1) == st.shape.first();
             let slope = if per_channel { align(im, cx, slope, xt.shape.len() - 2)? } else { slope.to_string() };
             emit(im, cx, Op::Binary(BinaryOp::PRelu), &[x, &slope])
-        }
-        "Constant" => {
-            let a = cx.attrs.get("value").ok_or_else(|| cx.unsupported("only the tensor form (value) of Constant"))?;
-            let t = a.t.as_ref().ok_or_else(|| cx.bad("value attribute holds no tensor"))?;
-            Ok(konst(tensor::from_proto(t)?))
-        }
-        "ConstantOfShape" => {
-            let dims = const_input(im, cx, 0, "shape")?.to_i64_vec();
-            let value = match cx.attrs.get("value").and_then(|a| a.t.as_ref()) {
-                Some(t) => tensor::from_proto(t)?,
-                None => Tensor::from_f32(vec![1], vec![0.0]),
-            };
-            let (shape, _) = tensor::numel_of(&dims, value.ty().dtype).map_err(|m| cx.bad(m))?;
-            let ty = TensorType::new(value.ty().dtype, shape);
-            if ty.bytes() > FOLD_LIMIT_BYTES {
-                return Err(cx.bad(format!("constant of {} bytes is too large to fold", ty.bytes())));
-            }
-            let v = value.to_f32_vec().first().copied().unwrap_or(0.0);
-            let v = if value.ty().dtype.is_float() { v as f64 } else { value.to_i64_vec()[0] as f64 };
-            Ok(konst(Tensor::full(&ty, v)))
-        }
-        "Shape" => {
-            let ty = im.ty(cx.need(0)?)?;
-            let r = ty.shape.len() as i64;
-            let clamp = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
-            let start = clamp(cx.int("start", 0)?);
-            let end = clamp(cx.int("end", r)?);
-            let dims: Vec<i64> = ty.shape[start..end.max(start)].iter().map(|&d| d as i64).collect();
-            Ok(konst(Tensor::from_i64(vec![dims.len()], dims)))
-        }
-        "Gather" => {
-            let data = cx.need(0)?;
-            let (Some(d), Some(i)) = (im.konst(data), im.konst(cx.need(1)?)) else {
-                return Err(cx.unsupported("Gather on tensors computed at run time (only constant shape arithmetic is folded)"));
-            };
-            let ax = axis(cx, cx.int("axis", 0)?, d.shape().len())?;
-            Ok(konst(fold::gather(&d, &i, ax).map_err(|m| cx.bad(m))?))
-        }
-        "Cast" => {
-            let to = tensor::dtype_of(cx.int("to", 0)? as i32).map_err(|m| cx.unsupported(m))?;
-            let x = cx.need(0)?;
-            match im.konst(x) {
-                Some(t) => Ok(konst(t.cast(to))),
-                None => emit(im, cx, Op::Cast { to }, &[x]),
-            }
-        }
-        "Identity" | "Dropout" => {
-            if cx.extra_outputs_used(im, 1) {
-                return Err(cx.unsupported("the mask output of Dropout"));
-            }
-            let op = if op_type == "Identity" { Op::Identity } else { Op::Dropout };
-            reshaping(im, cx, op, cx.need(0)?)
-        }
-        "Reshape" => {
-            let x = cx.need(0)?;
-            let target = if cx.opset < 5 {
-                cx.ints("shape")?.ok_or_else(|| cx.bad("missing shape"))?
-            } else {
-                const_input(im, cx, 1, "the target shape")?.to_i64_vec()
-            };
-            let shape = reshape_target(im, cx, target, &im.ty(x)?.shape)?;
-            reshaping(im, cx, Op::Reshape { shape }, x)
-        }
-        "Flatten" => {
-            let x = cx.need(0)?;
-            let rank = im.ty(x)?.shape.len();
-            let a = cx.int("axis", 1)?;
-            let a = if a < 0 { a + rank as i64 } else { a };
-            if !(0..=rank as i64).contains(&a) {
-                return Err(cx.bad(format!("axis {a} out of range")));
-            }
-            reshaping(im, cx, Op::Flatten { axis: a as usize }, x)
-        }
-        "Squeeze" | "Unsqueeze" => {
-            let x = cx.need(0)?;
-            let shape = im.ty(x)?.shape;
-            let given = if cx.opset >= 13 { const_ints(im, cx, 1, "axes")? } else { cx.ints("axes")? };
-            if op_type == "Squeeze" {
-                let ax = match given {
-                    Some(v) => axes(cx, &v, shape.len())?,
-                    None => (0..shape.len()).filter(|&i| shape[i] == 1).collect(),
-                };
-                reshaping(im, cx, Op::Squeeze { axes: ax }, x)
-            } else {
-                let v = given.ok_or_else(|| cx.bad("Unsqueeze needs axes"))?;
-                let ax = axes(cx, &v, shape.len() + v.len())?;
-                reshaping(im, cx, Op::Unsqueeze { axes: ax }, x)
-            }
-        }
-        "Concat" => {
-            let ins: Vec<&str> = cx.node.input.iter().map(|s| s.as_str()).filter(|s| !s.is_empty()).collect();
-            let first = im.ty(ins.first().copied().ok_or_else(|| cx.bad("no inputs"))?)?;
-            let ax = axis(
-                cx,
-                cx.int("axis", 0).and_then(|a| {
-                    if cx.attrs.contains_key("axis") || cx.opset < 4 {
-                        Ok(a)
-                    } else {
-                        Err(cx.bad("missing axis"))
-                    }
-                })?,
-                first.shape.len(),
-            )?;
-            let consts: Option<Vec<Arc<Tensor>>> = ins.iter().map(|n| im.konst(n)).collect();
-            match consts {
-                Some(cs) if !first.dtype.is_float() => {
-                    let refs: Vec<&Tensor> = cs.iter().map(|c| c.as_ref()).collect();
-                    Ok(konst(fold::concat(&refs, ax).map_err(|m| cx.bad(m))?))
-                }
-                _ => emit(im, cx, Op::Concat { axis: ax }, &ins),
-            }
-        }
-        "Split" => {
-            let x = cx.need(0)?;
-            let shape = im.ty(x)?.shape;
-            let ax = axis(cx, cx.int("axis", 0)?, shape.len())?;
-            let given = if cx.opset >= 13 { const_ints(im, cx, 1, "split")? } else { cx.ints("split")? };
-            let n_out = cx.node.output.len();
-            let sizes = match given {
-                Some(v) => cx.usizes(v, "split")?,
-                None => {
-                    let parts = if cx.opset >= 18 { cx.int("num_outputs", n_out as i64)? as usize } else { n_out };
-                    let d = shape[ax];
-                    let chunk = d.div_ceil(parts.max(1));
-                    (0..parts).map(|i| chunk.min(d.saturating_sub(i * chunk))).collect()
-                }
-            };
-            emit(im, cx, Op::Split { axis: ax, sizes }, &[x])
-        }
-        "Slice" => {
-            let x = cx.need(0)?;
-            let shape = im.ty(x)?.shape;
-            let (starts, ends, ax, steps) = if cx.opset < 10 {
-                (cx.ints("starts")?.unwrap_or_default(), cx.ints("ends")?.unwrap_or_default(), cx.ints("axes")?, None)
-            } else {
-                (
-                    const_input(im, cx, 1, "starts")?.to_i64_vec(),
-                    const_input(im, cx, 2, "ends")?.to_i64_vec(),
-                    const_ints(im, cx, 3, "axes")?,
-                    const_ints(im, cx, 4, "steps")?,
-                )
-            };
-            let n = starts.len();
-            let ax = ax.unwrap_or_else(|| (0..n as i64).collect());
-            let steps = steps.unwrap_or_else(|| vec![1; n]);
-            if ends.len() != n || ax.len() != n || steps.len() != n {
-                return Err(cx.bad("starts, ends, axes and steps differ in length"));
-            }
-            let mut norm = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-            for i in 0..n {
-                let a = axis(cx, ax[i], shape.len())?;
-                let d = shape[a] as i64;
-                let step = steps[i];
-                if step == 0 {
-                    return Err(cx.bad("slice step 0"));
-                }
-                let fix = |v: i64| if v < 0 { v.saturating_add(d) } else { v };
-                let (s, e) = if step > 0 {
-                    (fix(starts[i]).clamp(0, d), fix(ends[i]).clamp(0, d))
-                } else {
-                    (fix(starts[i]).clamp(0, d - 1), fix(ends[i]).clamp(-1, d - 1))
-                };
-                norm.0.push(a);
-                norm.1.push(s);
-                norm.2.push(e);
-                norm.3.push(step);
-            }
-            if let (Some(t), 1, [0]) = (im.konst(x), n, norm.0.as_slice()) {
-                if !t.ty().dtype.is_float() {
-                    return Ok(konst(fold::slice_1d(&t, norm.1[0], norm.2[0], norm.3[0]).map_err(|m| cx.bad(m))?));
-                }
-            }
-            emit(im, cx, Op::Slice { axes: norm.0, starts: norm.1, ends: norm.2, steps: norm.3 }, &[x])
         }
         "Add" | "Sub" | "Mul" | "Div" | "Max" | "Min" => {
             let mut ins: Vec<String> = cx.node.input.iter().cloned().collect();
@@ -649,56 +437,6 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
             let mut ins = vec![x, cx.need(1)?];
             ins.extend(cx.input(2));
             emit(im, cx, Op::LayerNorm { axis: ax, epsilon: cx.float("epsilon", 1e-5)? }, &ins)
-        }
-        "Pad" => {
-            let x = cx.need(0)?;
-            let rank = im.ty(x)?.shape.len();
-            let (raw, value) = if cx.opset < 11 {
-                (cx.ints("pads")?.unwrap_or_default(), cx.float("value", 0.0)?)
-            } else {
-                let v = match cx.input(2) {
-                    Some(_) => const_input(im, cx, 2, "constant_value")?.to_f32_vec().first().copied().unwrap_or(0.0),
-                    None => 0.0,
-                };
-                (const_input(im, cx, 1, "pads")?.to_i64_vec(), v)
-            };
-            // Opset 18 may pad only some axes.
-            let raw = match const_ints(im, cx, 3, "axes")? {
-                Some(ax) => {
-                    let ax = axes(cx, &ax, rank)?;
-                    let mut full = vec![0; 2 * rank];
-                    for (i, &a) in ax.iter().enumerate() {
-                        full[a] = raw.get(i).copied().unwrap_or(0);
-                        full[rank + a] = raw.get(ax.len() + i).copied().unwrap_or(0);
-                    }
-                    full
-                }
-                None => raw,
-            };
-            if raw.iter().any(|&p| p < 0) {
-                return Err(cx.unsupported("negative pads (cropping)"));
-            }
-            let mode = match cx.string("mode")?.as_deref().unwrap_or("constant") {
-                "constant" => PadMode::Constant(value),
-                "reflect" => PadMode::Reflect,
-                "edge" => PadMode::Edge,
-                m => return Err(cx.unsupported(format!("pad mode {m}"))),
-            };
-            let pads = cx.usizes(raw, "pads")?;
-            emit(im, cx, Op::Pad { pads, mode }, &[x])
-        }
-        "Expand" => {
-            let x = cx.need(0)?;
-            let target: Vec<usize> = cx.usizes(const_input(im, cx, 1, "the shape")?.to_i64_vec(), "shape")?;
-            let xt = im.ty(x)?;
-            let shape =
-                crate::infer::broadcast(&xt.shape, &target).ok_or_else(|| cx.bad(format!("{xt} does not broadcast with {target:?}")))?;
-            emit(im, cx, Op::Expand { shape }, &[x])
-        }
-        "Tile" => {
-            let x = cx.need(0)?;
-            let repeats = cx.usizes(const_input(im, cx, 1, "repeats")?.to_i64_vec(), "repeats")?;
-            emit(im, cx, Op::Tile { repeats }, &[x])
         }
         "LRN" => {
             let size = usize::try_from(cx.int("size", 0)?).map_err(|_| cx.bad("negative size"))?;

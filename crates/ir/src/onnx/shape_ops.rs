@@ -1,0 +1,308 @@
+//! ONNX ops that produce constants or move data: constants, shape
+//! arithmetic folded at import (`Shape`, `Gather`, `Cast`, `Concat`,
+//! `Slice`... on constants), reshapes, and padding, expansion, tiling.
+
+use super::nodes::{axes, axis, const_input, const_ints, emit, konst, reshaping, Cx};
+use super::{fold, tensor, Entry, Importer};
+use crate::dtype::TensorType;
+use crate::error::IrError;
+use crate::op::{Op, PadMode};
+use crate::tensor::Tensor;
+use std::sync::Arc;
+
+/// Largest constant that folding may create (2 GiB); beyond it a file is
+/// taken to be corrupt rather than allocating.
+const FOLD_LIMIT_BYTES: usize = 2 << 30;
+
+/// Whether [`lower`] handles `op_type`.
+pub(super) fn handles(op_type: &str) -> bool {
+    matches!(
+        op_type,
+        "Constant"
+            | "ConstantOfShape"
+            | "Shape"
+            | "Gather"
+            | "Cast"
+            | "Identity"
+            | "Dropout"
+            | "Reshape"
+            | "Flatten"
+            | "Squeeze"
+            | "Unsqueeze"
+            | "Concat"
+            | "Split"
+            | "Slice"
+            | "Pad"
+            | "Expand"
+            | "Tile"
+    )
+}
+
+/// Resolves a Reshape target against the input shape (ONNX 0 and -1), after
+/// replacing a hard-coded exported batch when `--batch` changes it.
+fn reshape_target(im: &Importer, cx: &Cx, mut target: Vec<i64>, input: &[usize]) -> Result<Vec<usize>, IrError> {
+    if let Some((exported, new)) = im.batch {
+        if !target.is_empty() && target[0] == exported as i64 && input.first() == Some(&new) {
+            target[0] = new as i64;
+        }
+    }
+    let allow_zero = cx.int("allowzero", 0)? != 0;
+    let numel: usize = input.iter().product();
+    let mut out = Vec::with_capacity(target.len());
+    let mut infer_at = None;
+    for (i, &d) in target.iter().enumerate() {
+        match d {
+            -1 if infer_at.is_none() => {
+                infer_at = Some(i);
+                out.push(1)
+            }
+            0 if !allow_zero => {
+                out.push(*input.get(i).ok_or_else(|| cx.bad(format!("target {target:?} copies dim {i} that the input lacks")))?)
+            }
+            d if d >= 0 => out.push(d as usize),
+            _ => return Err(cx.bad(format!("invalid reshape target {target:?}"))),
+        }
+    }
+    let known: usize = out.iter().product();
+    if let Some(i) = infer_at {
+        if known == 0 || numel % known != 0 {
+            return Err(cx.bad(format!("cannot reshape {input:?} to {target:?}")));
+        }
+        out[i] = numel / known;
+    }
+    if out.iter().product::<usize>() != numel {
+        return Err(cx.bad(format!("cannot reshape {input:?} ({numel} elements) to {target:?}")));
+    }
+    Ok(out)
+}
+
+/// Lowers one node of an op [`handles`] accepts.
+pub(super) fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
+    let op_type = cx.node.op_type();
+    match op_type {
+        "Constant" => {
+            let a = cx.attrs.get("value").ok_or_else(|| cx.unsupported("only the tensor form (value) of Constant"))?;
+            let t = a.t.as_ref().ok_or_else(|| cx.bad("value attribute holds no tensor"))?;
+            Ok(konst(tensor::from_proto(t)?))
+        }
+        "ConstantOfShape" => {
+            let dims = const_input(im, cx, 0, "shape")?.to_i64_vec();
+            let value = match cx.attrs.get("value").and_then(|a| a.t.as_ref()) {
+                Some(t) => tensor::from_proto(t)?,
+                None => Tensor::from_f32(vec![1], vec![0.0]),
+            };
+            let (shape, _) = tensor::numel_of(&dims, value.ty().dtype).map_err(|m| cx.bad(m))?;
+            let ty = TensorType::new(value.ty().dtype, shape);
+            if ty.bytes() > FOLD_LIMIT_BYTES {
+                return Err(cx.bad(format!("constant of {} bytes is too large to fold", ty.bytes())));
+            }
+            let v = value.to_f32_vec().first().copied().unwrap_or(0.0);
+            let v = if value.ty().dtype.is_float() { v as f64 } else { value.to_i64_vec()[0] as f64 };
+            Ok(konst(Tensor::full(&ty, v)))
+        }
+        "Shape" => {
+            let ty = im.ty(cx.need(0)?)?;
+            let r = ty.shape.len() as i64;
+            let clamp = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
+            let start = clamp(cx.int("start", 0)?);
+            let end = clamp(cx.int("end", r)?);
+            let dims: Vec<i64> = ty.shape[start..end.max(start)].iter().map(|&d| d as i64).collect();
+            Ok(konst(Tensor::from_i64(vec![dims.len()], dims)))
+        }
+        "Gather" => {
+            let data = cx.need(0)?;
+            let (Some(d), Some(i)) = (im.konst(data), im.konst(cx.need(1)?)) else {
+                return Err(cx.unsupported("Gather on tensors computed at run time (only constant shape arithmetic is folded)"));
+            };
+            let ax = axis(cx, cx.int("axis", 0)?, d.shape().len())?;
+            Ok(konst(fold::gather(&d, &i, ax).map_err(|m| cx.bad(m))?))
+        }
+        "Cast" => {
+            let to = tensor::dtype_of(cx.int("to", 0)? as i32).map_err(|m| cx.unsupported(m))?;
+            let x = cx.need(0)?;
+            match im.konst(x) {
+                Some(t) => Ok(konst(t.cast(to))),
+                None => emit(im, cx, Op::Cast { to }, &[x]),
+            }
+        }
+        "Identity" | "Dropout" => {
+            if cx.extra_outputs_used(im, 1) {
+                return Err(cx.unsupported("the mask output of Dropout"));
+            }
+            let op = if op_type == "Identity" { Op::Identity } else { Op::Dropout };
+            reshaping(im, cx, op, cx.need(0)?)
+        }
+        "Reshape" => {
+            let x = cx.need(0)?;
+            let target = if cx.opset < 5 {
+                cx.ints("shape")?.ok_or_else(|| cx.bad("missing shape"))?
+            } else {
+                const_input(im, cx, 1, "the target shape")?.to_i64_vec()
+            };
+            let shape = reshape_target(im, cx, target, &im.ty(x)?.shape)?;
+            reshaping(im, cx, Op::Reshape { shape }, x)
+        }
+        "Flatten" => {
+            let x = cx.need(0)?;
+            let rank = im.ty(x)?.shape.len();
+            let a = cx.int("axis", 1)?;
+            let a = if a < 0 { a + rank as i64 } else { a };
+            if !(0..=rank as i64).contains(&a) {
+                return Err(cx.bad(format!("axis {a} out of range")));
+            }
+            reshaping(im, cx, Op::Flatten { axis: a as usize }, x)
+        }
+        "Squeeze" | "Unsqueeze" => {
+            let x = cx.need(0)?;
+            let shape = im.ty(x)?.shape;
+            let given = if cx.opset >= 13 { const_ints(im, cx, 1, "axes")? } else { cx.ints("axes")? };
+            if op_type == "Squeeze" {
+                let ax = match given {
+                    Some(v) => axes(cx, &v, shape.len())?,
+                    None => (0..shape.len()).filter(|&i| shape[i] == 1).collect(),
+                };
+                reshaping(im, cx, Op::Squeeze { axes: ax }, x)
+            } else {
+                let v = given.ok_or_else(|| cx.bad("Unsqueeze needs axes"))?;
+                let ax = axes(cx, &v, shape.len() + v.len())?;
+                reshaping(im, cx, Op::Unsqueeze { axes: ax }, x)
+            }
+        }
+        "Concat" => {
+            let ins: Vec<&str> = cx.node.input.iter().map(|s| s.as_str()).filter(|s| !s.is_empty()).collect();
+            let first = im.ty(ins.first().copied().ok_or_else(|| cx.bad("no inputs"))?)?;
+            let ax = axis(
+                cx,
+                cx.int("axis", 0).and_then(|a| {
+                    if cx.attrs.contains_key("axis") || cx.opset < 4 {
+                        Ok(a)
+                    } else {
+                        Err(cx.bad("missing axis"))
+                    }
+                })?,
+                first.shape.len(),
+            )?;
+            let consts: Option<Vec<Arc<Tensor>>> = ins.iter().map(|n| im.konst(n)).collect();
+            match consts {
+                Some(cs) if !first.dtype.is_float() => {
+                    let refs: Vec<&Tensor> = cs.iter().map(|c| c.as_ref()).collect();
+                    Ok(konst(fold::concat(&refs, ax).map_err(|m| cx.bad(m))?))
+                }
+                _ => emit(im, cx, Op::Concat { axis: ax }, &ins),
+            }
+        }
+        "Split" => {
+            let x = cx.need(0)?;
+            let shape = im.ty(x)?.shape;
+            let ax = axis(cx, cx.int("axis", 0)?, shape.len())?;
+            let given = if cx.opset >= 13 { const_ints(im, cx, 1, "split")? } else { cx.ints("split")? };
+            let n_out = cx.node.output.len();
+            let sizes = match given {
+                Some(v) => cx.usizes(v, "split")?,
+                None => {
+                    let parts = if cx.opset >= 18 { cx.int("num_outputs", n_out as i64)? as usize } else { n_out };
+                    let d = shape[ax];
+                    let chunk = d.div_ceil(parts.max(1));
+                    (0..parts).map(|i| chunk.min(d.saturating_sub(i * chunk))).collect()
+                }
+            };
+            emit(im, cx, Op::Split { axis: ax, sizes }, &[x])
+        }
+        "Slice" => {
+            let x = cx.need(0)?;
+            let shape = im.ty(x)?.shape;
+            let (starts, ends, ax, steps) = if cx.opset < 10 {
+                (cx.ints("starts")?.unwrap_or_default(), cx.ints("ends")?.unwrap_or_default(), cx.ints("axes")?, None)
+            } else {
+                (
+                    const_input(im, cx, 1, "starts")?.to_i64_vec(),
+                    const_input(im, cx, 2, "ends")?.to_i64_vec(),
+                    const_ints(im, cx, 3, "axes")?,
+                    const_ints(im, cx, 4, "steps")?,
+                )
+            };
+            let n = starts.len();
+            let ax = ax.unwrap_or_else(|| (0..n as i64).collect());
+            let steps = steps.unwrap_or_else(|| vec![1; n]);
+            if ends.len() != n || ax.len() != n || steps.len() != n {
+                return Err(cx.bad("starts, ends, axes and steps differ in length"));
+            }
+            let mut norm = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            for i in 0..n {
+                let a = axis(cx, ax[i], shape.len())?;
+                let d = shape[a] as i64;
+                let step = steps[i];
+                if step == 0 {
+                    return Err(cx.bad("slice step 0"));
+                }
+                let fix = |v: i64| if v < 0 { v.saturating_add(d) } else { v };
+                let (s, e) = if step > 0 {
+                    (fix(starts[i]).clamp(0, d), fix(ends[i]).clamp(0, d))
+                } else {
+                    (fix(starts[i]).clamp(0, d - 1), fix(ends[i]).clamp(-1, d - 1))
+                };
+                norm.0.push(a);
+                norm.1.push(s);
+                norm.2.push(e);
+                norm.3.push(step);
+            }
+            if let (Some(t), 1, [0]) = (im.konst(x), n, norm.0.as_slice()) {
+                if !t.ty().dtype.is_float() {
+                    return Ok(konst(fold::slice_1d(&t, norm.1[0], norm.2[0], norm.3[0]).map_err(|m| cx.bad(m))?));
+                }
+            }
+            emit(im, cx, Op::Slice { axes: norm.0, starts: norm.1, ends: norm.2, steps: norm.3 }, &[x])
+        }
+        "Pad" => {
+            let x = cx.need(0)?;
+            let rank = im.ty(x)?.shape.len();
+            let (raw, value) = if cx.opset < 11 {
+                (cx.ints("pads")?.unwrap_or_default(), cx.float("value", 0.0)?)
+            } else {
+                let v = match cx.input(2) {
+                    Some(_) => const_input(im, cx, 2, "constant_value")?.to_f32_vec().first().copied().unwrap_or(0.0),
+                    None => 0.0,
+                };
+                (const_input(im, cx, 1, "pads")?.to_i64_vec(), v)
+            };
+            // Opset 18 may pad only some axes.
+            let raw = match const_ints(im, cx, 3, "axes")? {
+                Some(ax) => {
+                    let ax = axes(cx, &ax, rank)?;
+                    let mut full = vec![0; 2 * rank];
+                    for (i, &a) in ax.iter().enumerate() {
+                        full[a] = raw.get(i).copied().unwrap_or(0);
+                        full[rank + a] = raw.get(ax.len() + i).copied().unwrap_or(0);
+                    }
+                    full
+                }
+                None => raw,
+            };
+            if raw.iter().any(|&p| p < 0) {
+                return Err(cx.unsupported("negative pads (cropping)"));
+            }
+            let mode = match cx.string("mode")?.as_deref().unwrap_or("constant") {
+                "constant" => PadMode::Constant(value),
+                "reflect" => PadMode::Reflect,
+                "edge" => PadMode::Edge,
+                m => return Err(cx.unsupported(format!("pad mode {m}"))),
+            };
+            let pads = cx.usizes(raw, "pads")?;
+            emit(im, cx, Op::Pad { pads, mode }, &[x])
+        }
+        "Expand" => {
+            let x = cx.need(0)?;
+            let target: Vec<usize> = cx.usizes(const_input(im, cx, 1, "the shape")?.to_i64_vec(), "shape")?;
+            let xt = im.ty(x)?;
+            let shape =
+                crate::infer::broadcast(&xt.shape, &target).ok_or_else(|| cx.bad(format!("{xt} does not broadcast with {target:?}")))?;
+            emit(im, cx, Op::Expand { shape }, &[x])
+        }
+        "Tile" => {
+            let x = cx.need(0)?;
+            let repeats = cx.usizes(const_input(im, cx, 1, "repeats")?.to_i64_vec(), "repeats")?;
+            emit(im, cx, Op::Tile { repeats }, &[x])
+        }
+        _ => Err(IrError::UnsupportedOp { op_type: op_type.to_string(), node: cx.name.clone(), opset: cx.opset }),
+    }
+}
