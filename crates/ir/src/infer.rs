@@ -190,6 +190,18 @@ pub fn infer(op: &Op, ins: &[&TensorType]) -> Result<Vec<TensorType>, String> {
             }
             TensorType::new(ins[0].dtype, shape.clone())
         }
+        Op::Gather { axis } => {
+            arity(ins, 2, 2)?;
+            let (x, i) = (ins[0], ins[1]);
+            axes_in_range(&[*axis], x.shape.len())?;
+            if !matches!(i.dtype, crate::DType::I64 | crate::DType::I32) {
+                return Err(format!("indices must be i64 or i32, got {i}"));
+            }
+            let mut s = x.shape[..*axis].to_vec();
+            s.extend_from_slice(&i.shape);
+            s.extend_from_slice(&x.shape[axis + 1..]);
+            TensorType::new(x.dtype, s)
+        }
         Op::Tile { repeats } => {
             arity(ins, 1, 1)?;
             let x = ins[0];

@@ -265,6 +265,12 @@ pub enum Op {
         /// The output shape.
         shape: Vec<usize>,
     },
+    /// Select slices along `axis` by integer indices (embedding lookup).
+    /// Inputs: data, indices (i64 or i32; negative counts from the end).
+    Gather {
+        /// The indexed axis of data.
+        axis: usize,
+    },
     /// Repeat the input `repeats[d]` times along each dimension d.
     Tile {
         /// Repeats per dimension.
@@ -486,6 +492,7 @@ impl Op {
             Op::Pad { .. } => "pad",
             Op::Expand { .. } => "expand",
             Op::Tile { .. } => "tile",
+            Op::Gather { .. } => "gather",
             Op::FusedConv { .. } => "fused_conv",
             Op::FusedGemm { .. } => "fused_gemm",
             Op::Elementwise { .. } => "elementwise",

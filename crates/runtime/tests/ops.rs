@@ -96,3 +96,12 @@ fn expand_and_tile() {
     let src = "graph {\n  %0 \"x\" = input : f32[2]\n  %1 = tile(%0) {repeats=[3]} : f32[6]\n  output \"y\" = %1\n}\n";
     check(src, &[x(&[2], &[1.0, 2.0])], &[1.0, 2.0, 1.0, 2.0, 1.0, 2.0]);
 }
+
+#[test]
+fn gather_embedding_and_out_of_range_index() {
+    let src = "graph {\n  %0 \"ids\" = input : i64[3]\n  %1 \"table\" = const : f32[4,2] = [0.0,0.5,1.0,1.5,2.0,2.5,3.0,3.5]\n  %2 = gather(%1, %0) {axis=0} : f32[3,2]\n  output \"y\" = %2\n}\n";
+    check(src, &[Tensor::from_i64([3], vec![3, 0, -1])], &[3.0, 3.5, 0.0, 0.5, 3.0, 3.5]);
+    let g = text::parse(src).unwrap();
+    let e = smelt_runtime::cpu::run(&g, &[Tensor::from_i64([3], vec![0, 4, 1])]).unwrap_err();
+    assert!(e.to_string().contains("index 4 out of range for axis 0 of extent 4"), "{e}");
+}

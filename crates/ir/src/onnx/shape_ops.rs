@@ -110,12 +110,14 @@ pub(super) fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
             Ok(konst(Tensor::from_i64(vec![dims.len()], dims)))
         }
         "Gather" => {
-            let data = cx.need(0)?;
-            let (Some(d), Some(i)) = (im.konst(data), im.konst(cx.need(1)?)) else {
-                return Err(cx.unsupported("Gather on tensors computed at run time (only constant shape arithmetic is folded)"));
-            };
-            let ax = axis(cx, cx.int("axis", 0)?, d.shape().len())?;
-            Ok(konst(fold::gather(&d, &i, ax).map_err(|m| cx.bad(m))?))
+            let (data, indices) = (cx.need(0)?, cx.need(1)?);
+            let ax = axis(cx, cx.int("axis", 0)?, im.ty(data)?.shape.len())?;
+            match (im.konst(data), im.konst(indices)) {
+                // Shape arithmetic: folded.
+                (Some(d), Some(i)) => Ok(konst(fold::gather(&d, &i, ax).map_err(|m| cx.bad(m))?)),
+                // An embedding lookup or a slice of a computed tensor: an op.
+                _ => emit(im, cx, Op::Gather { axis: ax }, &[data, indices]),
+            }
         }
         "Cast" => {
             let to = tensor::dtype_of(cx.int("to", 0)? as i32).map_err(|m| cx.unsupported(m))?;

@@ -75,7 +75,9 @@ pub fn attrs_of(op: &Op) -> Vec<(&'static str, Attr)> {
         Op::Gemm { trans_a, trans_b, alpha, beta } => {
             vec![("trans_a", Bool(*trans_a)), ("trans_b", Bool(*trans_b)), ("alpha", Float(*alpha)), ("beta", Float(*beta))]
         }
-        Op::Concat { axis } | Op::Flatten { axis } | Op::Softmax { axis } | Op::LogSoftmax { axis } => vec![("axis", Int(*axis as i64))],
+        Op::Gather { axis } | Op::Concat { axis } | Op::Flatten { axis } | Op::Softmax { axis } | Op::LogSoftmax { axis } => {
+            vec![("axis", Int(*axis as i64))]
+        }
         Op::Split { axis, sizes } => vec![("axis", Int(*axis as i64)), ("sizes", ints(sizes))],
         Op::Slice { axes, starts, ends, steps } => {
             vec![("axes", ints(axes)), ("starts", Ints(starts.clone())), ("ends", Ints(ends.clone())), ("steps", Ints(steps.clone()))]
@@ -223,6 +225,7 @@ pub fn op_from(name: &str, mut a: Attrs) -> Result<Op, String> {
         }
         "expand" => Ok(Op::Expand { shape: a.usizes("shape")? }),
         "tile" => Ok(Op::Tile { repeats: a.usizes("repeats")? }),
+        "gather" => Ok(Op::Gather { axis: a.usize("axis")? }),
         "fused_reduction" => {
             let expr = a.parsed("expr")?;
             let inner = match a.take("reduction")? {

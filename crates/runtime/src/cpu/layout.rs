@@ -175,3 +175,31 @@ pub(crate) fn repeat(x: &Tensor, out: &TensorType) -> Tensor {
     coords(&out.shape, |c| idx.push((0..xs.len()).map(|d| (c[lead + d] % xs[d].max(1)) * st[d]).sum()));
     make(out, gather(x.data(), idx.into_iter()))
 }
+
+/// Gather along `axis` by run-time indices; an index out of range is an
+/// error naming it, never a panic.
+pub(crate) fn gather_axis(x: &Tensor, indices: &Tensor, axis: usize, out: &TensorType) -> Result<Tensor, String> {
+    let xs = x.shape();
+    let dim = xs[axis] as i64;
+    let outer: usize = xs[..axis].iter().product();
+    let inner: usize = xs[axis + 1..].iter().product();
+    let idx: Vec<usize> = indices
+        .to_i64_vec()
+        .into_iter()
+        .map(|i| {
+            let j = if i < 0 { i + dim } else { i };
+            if (0..dim).contains(&j) {
+                Ok(j as usize)
+            } else {
+                Err(format!("index {i} out of range for axis {axis} of extent {dim}"))
+            }
+        })
+        .collect::<Result<_, _>>()?;
+    let mut order = Vec::with_capacity(out.numel());
+    for o in 0..outer {
+        for &i in &idx {
+            order.extend((0..inner).map(|k| (o * xs[axis] + i) * inner + k));
+        }
+    }
+    Ok(make(out, gather(x.data(), order.into_iter())))
+}

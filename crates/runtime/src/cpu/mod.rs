@@ -154,5 +154,6 @@ fn eval(op: &Op, args: &[Arc<Tensor>], out: &[TensorType]) -> Result<Vec<Tensor>
         Op::Transpose { perm } => Ok(vec![layout::transpose(&args[0], perm, o)]),
         Op::Pad { pads, mode } => Ok(vec![layout::pad(&args[0], pads, *mode, o)]),
         Op::Expand { .. } | Op::Tile { .. } => Ok(vec![layout::repeat(&args[0], o)]),
+        Op::Gather { axis } => Ok(vec![layout::gather_axis(&args[0], &args[1], *axis, o)?]),
     }
 }
