@@ -17,6 +17,9 @@ use std::time::Instant;
 /// or `zoo:NAME` for a built-in model with deterministic random weights
 /// (`zoo:resnet50`, `zoo:mobilenet_v2`). With no command, smelt runs the
 /// built-in default (zoo:resnet50) on the CPU and shows what it knows about it.
+///
+/// SMELT_LOG=debug logs each compiler pass's time and statistics to standard
+/// error; SMELT_LOG=trace also the IR after each pass.
 #[derive(Parser)]
 #[command(
     version,
@@ -167,7 +170,27 @@ fn log_time(what: &str, t: Instant) {
     }
 }
 
+/// Logs to standard error at the level `SMELT_LOG` names (`debug`: each
+/// pass's time and statistics; `trace`: also the IR after each pass).
+struct StderrLog(log::LevelFilter);
+
+impl log::Log for StderrLog {
+    fn enabled(&self, m: &log::Metadata) -> bool {
+        m.level() <= self.0 && m.target().starts_with("smelt")
+    }
+    fn log(&self, r: &log::Record) {
+        if self.enabled(r.metadata()) {
+            eprintln!("[{} {}] {}", r.level(), r.target(), r.args());
+        }
+    }
+    fn flush(&self) {}
+}
+
 fn main() {
+    let level = std::env::var("SMELT_LOG").ok().and_then(|l| l.parse().ok()).unwrap_or(log::LevelFilter::Warn);
+    if log::set_boxed_logger(Box::new(StderrLog(level))).is_ok() {
+        log::set_max_level(level);
+    }
     if let Err(e) = real_main() {
         eprintln!("error: {e:#}");
         std::process::exit(2);

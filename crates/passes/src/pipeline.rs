@@ -43,27 +43,40 @@ pub fn run(graph: &mut Graph, opts: &Options) -> Result<Stats, PassError> {
     run_with(graph, opts, &mut |_, _| {})
 }
 
-/// As [`run`], calling `after(pass, graph)` after each pass that ran.
+/// As [`run`], calling `after(pass, graph)` after each pass that ran. Each
+/// pass logs its time and statistics at `debug`, the graph after it at `trace`.
 pub fn run_with(graph: &mut Graph, opts: &Options, after: &mut dyn FnMut(&str, &Graph)) -> Result<Stats, PassError> {
+    let mut t = std::time::Instant::now();
+    if log::log_enabled!(log::Level::Trace) {
+        log::trace!("before the passes:\n{}", smelt_ir::text::print(graph));
+    }
+    let mut after = |pass: &str, g: &Graph, stats: &dyn std::fmt::Debug| {
+        log::debug!("pass {pass}: {:.2} ms, {stats:?}", t.elapsed().as_secs_f64() * 1e3);
+        if log::log_enabled!(log::Level::Trace) {
+            log::trace!("after {pass}:\n{}", smelt_ir::text::print(g));
+        }
+        after(pass, g);
+        t = std::time::Instant::now();
+    };
     let mut stats = Stats { dce_removed: dce::run(graph).removed, ..Default::default() };
     verify_if(graph, "dce")?;
-    after("dce", graph);
+    after("dce", graph, &stats.dce_removed);
     if opts.fuse {
         stats.fusion = Some(fusion::run(graph, &opts.limits)?);
         verify_if(graph, "fuse")?;
-        after("fuse", graph);
+        after("fuse", graph, &stats.fusion);
         stats.ew_cluster = Some(ew_cluster::run(graph).map_err(|source| PassError::Verify { pass: "ew-cluster", source })?);
         verify_if(graph, "ew-cluster")?;
-        after("ew-cluster", graph);
+        after("ew-cluster", graph, &stats.ew_cluster);
         stats.reduce_fuse = Some(reduce_fuse::run(graph).map_err(|source| PassError::Verify { pass: "reduce-fuse", source })?);
         verify_if(graph, "reduce-fuse")?;
-        after("reduce-fuse", graph);
+        after("reduce-fuse", graph, &stats.reduce_fuse);
         stats.concat = Some(concat::run(graph));
         verify_if(graph, "concat")?;
-        after("concat", graph);
+        after("concat", graph, &stats.concat);
         stats.dce_removed += dce::run(graph).removed;
         verify_if(graph, "final-dce")?;
-        after("final-dce", graph);
+        after("final-dce", graph, &stats.dce_removed);
     }
     Ok(stats)
 }
