@@ -149,3 +149,37 @@ fn verifier_failures_are_verify_errors() {
     let e = text::parse("graph {\n  %0 \"x\" = input : f32[2]\n  %1 = relu(%0) : f32[3]\n  output \"y\" = %1\n}\n").unwrap_err();
     assert!(matches!(e, IrError::Verify(_)));
 }
+
+/// Garbled and truncated text IR: an error with a line number or a verified
+/// graph, never a panic.
+#[test]
+fn garbled_text_never_panics() {
+    let g = smelt_ir::zoo::mobilenet_v2(1).unwrap();
+    let src = text::print(&g);
+    let bytes = src.as_bytes();
+    let mut r = Rng::new(9);
+    let mut errors = 0;
+    for i in 0..300 {
+        let mut b = bytes.to_vec();
+        if i % 3 == 0 {
+            b.truncate(r.below(b.len()));
+        } else {
+            for _ in 0..1 + r.below(8) {
+                let at = r.below(b.len());
+                let alphabet = b"%\"{}[]():,=-.0123456789abcxyz \n";
+                b[at] = alphabet[r.below(alphabet.len())];
+            }
+        }
+        let s = String::from_utf8_lossy(&b).into_owned();
+        let res = std::panic::catch_unwind(|| text::parse(&s).map(|_| ()).map_err(|e| e.to_string()));
+        match res {
+            Ok(Err(e)) => {
+                errors += 1;
+                assert!(e.starts_with("line ") || e.starts_with("invalid graph"), "{e}");
+            }
+            Ok(Ok(())) => {}
+            Err(_) => panic!("the parser panicked on variant {i}"),
+        }
+    }
+    assert!(errors > 100, "only {errors} of 300 garbled texts were rejected");
+}
