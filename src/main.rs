@@ -205,9 +205,18 @@ fn real_main() -> Result<()> {
             let (before, after, stats) = model.compile(&mut |_, _| {})?;
             println!("smelt: {DEFAULT_MODEL} (built-in, deterministic random weights)\n");
             print_inspect(&inspect(&before, &after), &stats);
+            let (plan, _, _) = plan_checked(&after, None)?;
+            println!(
+                "memory plan: arena {} for every activation (lower bound {}, checked), weights {}; `smelt plan` tells more",
+                human_bytes(plan.arena),
+                human_bytes(plan.lower_bound),
+                human_bytes(after.weight_bytes())
+            );
             println!();
             let ok = cmd_run(&after, &[], &[], 1e-3, 1e-7, None, false)?;
-            println!("\nTry `smelt --help`, `smelt inspect MODEL`, `smelt run MODEL --expect FILE.pb`.");
+            println!(
+                "\nTry `smelt --help`, `smelt inspect MODEL`, `smelt plan MODEL --svg memory.svg`, `smelt run MODEL --expect FILE.pb`."
+            );
             exit_if(!ok)
         }
         Some(Command::Inspect { model, json }) => {
