@@ -128,10 +128,7 @@ impl Graph {
 
     /// Adds a constant named `name` (unique among constants) holding `data`.
     pub fn add_constant(&mut self, name: impl Into<String>, data: Tensor) -> ValueId {
-        let name = self.unique_weight_name(name.into());
-        let id = self.add_typed(Op::Constant, name.clone(), &[], vec![data.ty().clone()]);
-        self.weights.insert(name, Arc::new(data));
-        ValueId { node: id, slot: 0 }
+        self.add_shared_constant(name, Arc::new(data))
     }
 
     /// Adds a constant sharing already-loaded data (no copy).
@@ -163,11 +160,7 @@ impl Graph {
         Ok(match n.op {
             Op::Input => self.add_input(n.name.clone(), n.outputs[0].clone())?.node,
             Op::Constant => match other.weight(id) {
-                Some(w) => {
-                    let v = self.add_typed(Op::Constant, self.unique_weight_name(n.name.clone()), &[], n.outputs.clone());
-                    self.weights.insert(self.node(v).name.clone(), w.clone());
-                    v
-                }
+                Some(w) => self.add_shared_constant(n.name.clone(), w.clone()).node,
                 None => self.add_weight_ref(n.name.clone(), n.outputs[0].clone()).node,
             },
             _ => self.add(n.op.clone(), n.name.clone(), inputs)?,
