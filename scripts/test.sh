@@ -5,5 +5,10 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 scripts/fetch-testdata.sh
+# NVRTC from the venv's wheels: CUDA C compiles without a GPU.
+site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+export LD_LIBRARY_PATH="$site/nvidia/cuda_nvrtc/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export SMELT_CUDA_INCLUDE="$site/nvidia/cuda_runtime/include"
+export SMELT_REQUIRE_NVRTC=1
 cargo test --workspace --all-targets "$@"
 cargo test --workspace --doc

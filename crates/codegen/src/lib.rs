@@ -1,6 +1,15 @@
-//! Code generation: today only the probe that tells whether NVRTC can be
-//! loaded on this machine. Kernels as data and their CUDA C rendering land
-//! here with the code-generation issue.
+//! Code generation. Today: the NVRTC toolchain that every generated kernel
+//! goes through (compilation to PTX with the NVRTC log and the offending
+//! source line on failure, an on-disk cache keyed by source and options) and
+//! the probes that tell whether NVRTC and the CUDA driver can be loaded.
+//! Kernels as data and their CUDA C rendering land here next.
+
+mod cache;
+mod error;
+pub mod nvrtc;
+
+pub use cache::Cache;
+pub use error::CodegenError;
 
 /// Whether `libnvrtc` can be loaded (through `LD_LIBRARY_PATH` or the system
 /// loader). Never panics: callers use it to skip GPU work with a clear reason.

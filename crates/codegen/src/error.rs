@@ -1,0 +1,35 @@
+//! Errors of the codegen crate.
+
+/// What can go wrong generating or compiling kernels.
+#[derive(Debug, thiserror::Error)]
+pub enum CodegenError {
+    /// libnvrtc could not be loaded.
+    #[error("NVRTC is not available: libnvrtc.so.12 was not found (install the PyPI wheel nvidia-cuda-nvrtc-cu12 and put its lib folder on LD_LIBRARY_PATH)")]
+    NvrtcUnavailable,
+    /// NVRTC rejected a kernel: its log, and the source line it points at.
+    #[error("NVRTC failed to compile kernel {kernel}:\n{log}{}", line.as_ref().map_or(String::new(), |(n, s)| format!("\n  at line {n}: {s}")))]
+    Compile {
+        /// The kernel's name.
+        kernel: String,
+        /// NVRTC's log.
+        log: String,
+        /// The first line the log points at, with its text.
+        line: Option<(usize, String)>,
+    },
+    /// NVRTC failed outside compilation (creating the program, reading PTX).
+    #[error("NVRTC error on kernel {kernel}: {msg}")]
+    Nvrtc {
+        /// The kernel's name.
+        kernel: String,
+        /// What failed.
+        msg: String,
+    },
+    /// The kernel cache could not be read or written.
+    #[error("kernel cache {path}: {source}")]
+    Cache {
+        /// The file.
+        path: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
