@@ -30,6 +30,9 @@ pub fn rules() -> Vec<Rewrite<Fl, FusionAnalysis>> {
         rewrite!("gemm-activation"; "(un ?k (gemm ?g ?a ?b ?c none))" => "(gemm ?g ?a ?b ?c ?k)" if is_activation),
         applier("matmul-bias-to-gemm", "(bin add (matmul ?a ?b) ?k)", Fold::MatMulBias),
         applier("bn-to-scale-shift", "(bn ?e ?x ?s ?bb ?m ?v)", Fold::BnScaleShift),
+        applier("fold-mul-mul-const", "(bin mul (bin mul ?x ?a) ?b)", Fold::MulMul),
+        applier("fold-add-add-const", "(bin add (bin add ?x ?a) ?b)", Fold::AddAdd),
+        applier("fold-mul-over-add-const", "(bin mul (bin add ?x ?a) ?b)", Fold::MulOverAdd),
         rewrite!("drop-identity"; "(un identity ?x)" => "?x"),
         rewrite!("drop-dropout"; "(un dropout ?x)" => "?x"),
     ]
@@ -61,6 +64,36 @@ enum Fold {
     AddIntoConv,
     MatMulBias,
     BnScaleShift,
+    MulMul,
+    AddAdd,
+    MulOverAdd,
+}
+
+/// `f(a, b)` elementwise with numpy broadcasting, in f32, as a tensor of
+/// `a`'s dtype (small per-channel constants only: refused above 64 Ki elements).
+fn const_binary(a: &Tensor, b: &Tensor, f: fn(f32, f32) -> f32) -> Option<Tensor> {
+    let shape = smelt_ir::broadcast(a.shape(), b.shape())?;
+    let n: usize = shape.iter().product();
+    if n > 1 << 16 || a.ty().dtype != b.ty().dtype || !a.ty().dtype.is_float() {
+        return None;
+    }
+    let (av, bv) = (a.to_f32_vec(), b.to_f32_vec());
+    let at = |v: &[f32], s: &[usize], i: usize| -> f32 {
+        let (mut rem, mut off, mut stride) = (i, 0, 1);
+        for d in (0..shape.len()).rev() {
+            let c = rem % shape[d];
+            rem /= shape[d];
+            if let Some(k) = (d + s.len()).checked_sub(shape.len()) {
+                if s[k] != 1 {
+                    off += c * stride;
+                }
+                stride *= s[k];
+            }
+        }
+        v[off]
+    };
+    let out: Vec<f32> = (0..n).map(|i| f(at(&av, a.shape(), i), at(&bv, b.shape(), i))).collect();
+    Some(Tensor::from_f32(shape, out).cast(a.ty().dtype))
 }
 
 /// Data of the constant bound to `v`, with its value-table entry (shared, not copied).
@@ -208,6 +241,43 @@ impl Fold {
                 let g = eg.analysis.default_gemm();
                 let g = eg.add(Fl::Attr(g));
                 Some(eg.add(Fl::Gemm([g, s[var("?a")], s[var("?b")], s[var("?k")], none])))
+            }
+            Fold::MulMul | Fold::AddAdd | Fold::MulOverAdd => {
+                // Two constants applied in a row become one (DenseNet's BN
+                // scale-and-shift followed by its exported Mul and Add).
+                let ((ar, a), (br, b)) = (konst(eg, s, "?a")?, konst(eg, s, "?b")?);
+                let key = format!("{self:?}:{ar:?}:{br:?}");
+                let (k1, k2) = match eg.analysis.folded.get(&key) {
+                    Some(&p) => p,
+                    None => {
+                        let mul = |x: f32, y: f32| x * y;
+                        let add = |x: f32, y: f32| x + y;
+                        let (c1, c2) = match self {
+                            Fold::MulMul => (const_binary(&a, &b, mul)?, None),
+                            Fold::AddAdd => (const_binary(&a, &b, add)?, None),
+                            _ => (b.as_ref().clone(), Some(const_binary(&a, &b, mul)?)),
+                        };
+                        let base = name_of(eg, ar);
+                        let k1 = eg.analysis.add_const(format!("{base}.folded"), c1);
+                        let k2 = c2.map(|t| eg.analysis.add_const(format!("{base}.folded.shift"), t)).unwrap_or(k1);
+                        eg.analysis.folded.insert(key, (k1, k2));
+                        (k1, k2)
+                    }
+                };
+                let x = s[var("?x")];
+                let (mul, add) = (eg.add(Fl::Symbol("mul".into())), eg.add(Fl::Symbol("add".into())));
+                let c1 = eg.add(Fl::Val(k1));
+                let new = match self {
+                    Fold::MulMul => eg.add(Fl::Binary([mul, x, c1])),
+                    Fold::AddAdd => eg.add(Fl::Binary([add, x, c1])),
+                    _ => {
+                        let c2 = eg.add(Fl::Val(k2));
+                        let scaled = eg.add(Fl::Binary([mul, x, c1]));
+                        eg.add(Fl::Binary([add, scaled, c2]))
+                    }
+                };
+                // The folded form must compute the same type (no new broadcast).
+                (eg[new].data.ty.as_ref() == Some(&out_ty)).then_some(new)
             }
             Fold::BnScaleShift => {
                 // A BatchNorm right after a plain conv folds into it instead.
