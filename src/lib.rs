@@ -5,6 +5,7 @@
 pub mod plan;
 pub mod report;
 
+pub use smelt_codegen as codegen;
 pub use smelt_ir as ir;
 pub use smelt_passes as passes;
 pub use smelt_runtime as runtime;

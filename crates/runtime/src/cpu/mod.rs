@@ -23,6 +23,18 @@ pub fn run(g: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>, RuntimeError> {
 
 /// As [`run`], calling `progress(done, total)` after each node.
 pub fn run_with_progress(g: &Graph, inputs: &[Tensor], progress: &mut dyn FnMut(usize, usize)) -> Result<Vec<Tensor>, RuntimeError> {
+    run_keeping(g, inputs, &|_| false, progress).map(|(outs, _)| outs)
+}
+
+/// As [`run`], also returning every value for which `keep` says yes (to
+/// check one kernel against the reference with the reference's inputs).
+pub fn run_keeping(
+    g: &Graph,
+    inputs: &[Tensor],
+    keep: &dyn Fn(ValueId) -> bool,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<(Vec<Tensor>, HashMap<ValueId, Arc<Tensor>>), RuntimeError> {
+    let mut kept = HashMap::new();
     if inputs.len() != g.inputs().len() {
         return Err(RuntimeError::Input {
             index: inputs.len(),
@@ -47,7 +59,11 @@ pub fn run_with_progress(g: &Graph, inputs: &[Tensor], progress: &mut dyn FnMut(
         if t.ty() != want {
             return Err(RuntimeError::Input { index: i, name: g.node(id).name.clone(), msg: format!("expected {want}, got {}", t.ty()) });
         }
-        vals.insert(ValueId { node: id, slot: 0 }, Arc::new(t.clone()));
+        let v = ValueId { node: id, slot: 0 };
+        if keep(v) {
+            kept.insert(v, Arc::new(t.clone()));
+        }
+        vals.insert(v, Arc::new(t.clone()));
     }
     for (done, &id) in order.iter().enumerate() {
         let node = g.node(id);
@@ -64,7 +80,12 @@ pub fn run_with_progress(g: &Graph, inputs: &[Tensor], progress: &mut dyn FnMut(
                     .map_err(|msg| RuntimeError::Unsupported { node: format!("{id} \"{}\" ({})", node.name, node.op.name()), msg })?;
                 for (slot, t) in outs.into_iter().enumerate() {
                     debug_assert_eq!(t.ty(), &node.outputs[slot], "{} produced the wrong type", node.op.name());
-                    vals.insert(ValueId { node: id, slot: slot as u32 }, Arc::new(t));
+                    let v = ValueId { node: id, slot: slot as u32 };
+                    let t = Arc::new(t);
+                    if keep(v) {
+                        kept.insert(v, t.clone());
+                    }
+                    vals.insert(v, t);
                 }
                 for v in ins {
                     let u = uses.get_mut(&v.node).expect("counted");
@@ -77,7 +98,7 @@ pub fn run_with_progress(g: &Graph, inputs: &[Tensor], progress: &mut dyn FnMut(
         }
         progress(done + 1, order.len());
     }
-    Ok(g.outputs().iter().map(|(_, v)| Arc::unwrap_or_clone(vals[v].clone())).collect())
+    Ok((g.outputs().iter().map(|(_, v)| Arc::unwrap_or_clone(vals[v].clone())).collect(), kept))
 }
 
 /// The elements of `t` as f32, borrowed when they already are.

@@ -1,0 +1,228 @@
+//! Elementwise kernels as data: one thread per output element, each input
+//! read through its broadcast strides, the expression evaluated in f32 in
+//! registers, the result stored in the output's dtype. The same description
+//! renders to CUDA C ([`Elementwise::cuda`]) and runs on the CPU
+//! ([`Elementwise::run_cpu`]), so CI checks the numbers of every kernel.
+
+use smelt_ir::{BinaryOp, DType, Expr, ExprNode, Graph, NodeId, Op, Tensor, UnaryOp};
+
+/// An elementwise kernel.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Elementwise {
+    /// A stable, readable name, e.g. `ew_relu_add_mul_n1c64h56w56`.
+    pub name: String,
+    /// The expression; `$i` is input i.
+    pub expr: Expr,
+    /// The output shape (every input broadcasts to it).
+    pub shape: Vec<usize>,
+    /// Per input: its dtype and its element strides in the output's index
+    /// space (0 along broadcast dims).
+    pub inputs: Vec<(DType, Vec<usize>)>,
+    /// The output dtype.
+    pub out: DType,
+}
+
+fn strides(shape: &[usize], full: &[usize]) -> Vec<usize> {
+    let mut st = vec![0; full.len()];
+    let mut s = 1;
+    for d in (0..shape.len()).rev() {
+        let fd = d + full.len() - shape.len();
+        st[fd] = if shape[d] == 1 { 0 } else { s };
+        s *= shape[d];
+    }
+    st
+}
+
+fn shape_tag(shape: &[usize]) -> String {
+    let letters = ["n", "c", "h", "w"];
+    if shape.len() == 4 {
+        shape.iter().zip(letters).map(|(d, l)| format!("{l}{d}")).collect()
+    } else {
+        shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x")
+    }
+}
+
+impl Elementwise {
+    /// The description of node `id` of `g`, if it is an elementwise kernel
+    /// (a fused `elementwise`, or a single unary, binary, clip or sum).
+    pub fn of(g: &Graph, id: NodeId) -> Option<Elementwise> {
+        let node = g.node(id);
+        let ins = g.inputs_of(id);
+        let mut e = Expr::default();
+        let args: Vec<usize> = (0..ins.len()).map(|i| e.push(ExprNode::Input(i))).collect();
+        let expr = match &node.op {
+            Op::Elementwise { expr } => expr.clone(),
+            Op::Unary(u) => {
+                e.push(ExprNode::Unary(*u, args[0]));
+                e
+            }
+            Op::Clip { min, max } => {
+                e.push(ExprNode::Clip(*min, *max, args[0]));
+                e
+            }
+            Op::Binary(b) => {
+                e.push(ExprNode::Binary(*b, args[0], args[1]));
+                e
+            }
+            Op::Sum => {
+                let mut acc = args[0];
+                for &a in &args[1..] {
+                    acc = e.push(ExprNode::Binary(BinaryOp::Add, acc, a));
+                }
+                e
+            }
+            _ => return None,
+        };
+        let out = &node.outputs[0];
+        if !out.dtype.is_float() {
+            return None;
+        }
+        let ops: Vec<&str> = expr
+            .nodes
+            .iter()
+            .rev()
+            .filter_map(|n| match n {
+                ExprNode::Unary(u, _) => Some(Op::Unary(*u).name()),
+                ExprNode::Binary(b, ..) => Some(Op::Binary(*b).name()),
+                ExprNode::Clip(..) => Some("clip"),
+                _ => None,
+            })
+            .take(4)
+            .collect();
+        let name = format!("ew_{}_{}", ops.join("_"), shape_tag(&out.shape));
+        let inputs = ins.iter().map(|v| (g.ty(*v).dtype, strides(&g.ty(*v).shape, &out.shape))).collect();
+        Some(Elementwise { name, expr, shape: out.shape.clone(), inputs, out: out.dtype })
+    }
+
+    /// Number of output elements (threads).
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// The CUDA C source: `extern "C" __global__ void NAME(in0, in1, ..., out, n)`.
+    pub fn cuda(&self) -> String {
+        let ty = |d: DType| match d {
+            DType::F16 => "__half",
+            DType::BF16 => "__nv_bfloat16",
+            _ => "float",
+        };
+        let load = |d: DType, v: String| match d {
+            DType::F16 => format!("__half2float({v})"),
+            DType::BF16 => format!("__bfloat162float({v})"),
+            _ => v,
+        };
+        let mut s = String::from("#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n\n");
+        s += &format!("// {}: {} over {:?}\n", self.name, self.expr, self.shape);
+        let params: Vec<String> =
+            self.inputs.iter().enumerate().map(|(i, (d, _))| format!("const {}* __restrict__ in{i}", ty(*d))).collect();
+        s += &format!(
+            "extern \"C\" __global__ void {}({}, {}* __restrict__ out, unsigned long long n) {{\n",
+            self.name,
+            params.join(", "),
+            ty(self.out)
+        );
+        s += "    unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;\n    if (i >= n) return;\n";
+        // Coordinates, only when some input broadcasts.
+        let broadcast = self.inputs.iter().any(|(_, st)| st != &strides(&self.shape, &self.shape));
+        if broadcast {
+            s += "    unsigned long long r = i;\n";
+            for d in (0..self.shape.len()).rev() {
+                s += &format!("    unsigned long long c{d} = r % {}ull; r /= {}ull;\n", self.shape[d], self.shape[d]);
+            }
+        }
+        for (k, (d, st)) in self.inputs.iter().enumerate() {
+            let idx = if broadcast {
+                let terms: Vec<String> = st
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, &x)| x != 0)
+                    .map(|(d, &x)| if x == 1 { format!("c{d}") } else { format!("c{d} * {x}ull") })
+                    .collect();
+                if terms.is_empty() {
+                    "0".to_string()
+                } else {
+                    terms.join(" + ")
+                }
+            } else {
+                "i".to_string()
+            };
+            s += &format!("    float a{k} = {};\n", load(*d, format!("in{k}[{idx}]")));
+        }
+        for (j, n) in self.expr.nodes.iter().enumerate() {
+            let v = match *n {
+                ExprNode::Input(k) => format!("a{k}"),
+                ExprNode::Const(c) => format!("{c:?}f"),
+                ExprNode::Unary(u, a) => unary_c(u, &format!("t{a}")),
+                ExprNode::Binary(b, x, y) => binary_c(b, &format!("t{x}"), &format!("t{y}")),
+                ExprNode::Clip(lo, hi, a) => format!("fminf(fmaxf(t{a}, {lo:?}f), {hi:?}f)"),
+            };
+            s += &format!("    float t{j} = {v};\n");
+        }
+        let last = format!("t{}", self.expr.nodes.len() - 1);
+        let store = match self.out {
+            DType::F16 => format!("__float2half({last})"),
+            DType::BF16 => format!("__float2bfloat16({last})"),
+            _ => last,
+        };
+        s += &format!("    out[i] = {store};\n}}\n");
+        s
+    }
+
+    /// Runs the description on the CPU exactly as the kernel does (f32 in
+    /// registers, inputs and output rounded to their dtypes).
+    pub fn run_cpu(&self, inputs: &[&Tensor]) -> Tensor {
+        let vals: Vec<Vec<f32>> = inputs.iter().map(|t| t.to_f32_vec()).collect();
+        let n = self.numel();
+        let mut out = Vec::with_capacity(n);
+        let (mut a, mut scratch) = (vec![0f32; inputs.len()], Vec::new());
+        for i in 0..n {
+            let mut r = i;
+            let mut offs = vec![0usize; inputs.len()];
+            for d in (0..self.shape.len()).rev() {
+                let c = r % self.shape[d];
+                r /= self.shape[d];
+                for (k, (_, st)) in self.inputs.iter().enumerate() {
+                    offs[k] += c * st[d];
+                }
+            }
+            for k in 0..inputs.len() {
+                a[k] = vals[k][offs[k]];
+            }
+            out.push(self.expr.eval(&a, &mut scratch));
+        }
+        Tensor::from_f32(self.shape.clone(), out).cast(self.out)
+    }
+}
+
+fn unary_c(u: UnaryOp, x: &str) -> String {
+    match u {
+        UnaryOp::Relu => format!("fmaxf({x}, 0.0f)"),
+        UnaryOp::Sigmoid => format!("1.0f / (1.0f + expf(-{x}))"),
+        UnaryOp::Tanh => format!("tanhf({x})"),
+        UnaryOp::Erf => format!("erff({x})"),
+        UnaryOp::Sqrt => format!("sqrtf({x})"),
+        UnaryOp::Exp => format!("expf({x})"),
+        UnaryOp::Log => format!("logf({x})"),
+        UnaryOp::Neg => format!("-{x}"),
+        UnaryOp::Abs => format!("fabsf({x})"),
+        UnaryOp::Reciprocal => format!("1.0f / {x}"),
+        UnaryOp::Sign => format!("(float)(({x} > 0.0f) - ({x} < 0.0f))"),
+        UnaryOp::Softplus => format!("({x} > 20.0f ? {x} : log1pf(expf({x})))"),
+        UnaryOp::LeakyRelu(a) => format!("({x} >= 0.0f ? {x} : {a:?}f * {x})"),
+        UnaryOp::Elu(a) => format!("({x} >= 0.0f ? {x} : {a:?}f * expm1f({x}))"),
+        UnaryOp::Selu(a, g) => format!("{g:?}f * ({x} > 0.0f ? {x} : {a:?}f * expm1f({x}))"),
+    }
+}
+
+fn binary_c(b: BinaryOp, x: &str, y: &str) -> String {
+    match b {
+        BinaryOp::Add => format!("{x} + {y}"),
+        BinaryOp::Sub => format!("{x} - {y}"),
+        BinaryOp::Mul => format!("{x} * {y}"),
+        BinaryOp::Div => format!("{x} / {y}"),
+        BinaryOp::Pow => format!("powf({x}, {y})"),
+        BinaryOp::Max => format!("fmaxf({x}, {y})"),
+        BinaryOp::Min => format!("fminf({x}, {y})"),
+        BinaryOp::PRelu => format!("({x} >= 0.0f ? {x} : {y} * {x})"),
+    }
+}
