@@ -121,7 +121,7 @@ pub fn compare(actual: &Tensor, expected: &Tensor, rtol: f64, atol: f64) -> Comp
             continue;
         }
         let d = (x - y).abs();
-        if !(d <= atol + rtol * y.abs()) {
+        if d.is_nan() || d > atol + rtol * y.abs() {
             c.mismatches += 1;
         }
         if d.is_nan() {

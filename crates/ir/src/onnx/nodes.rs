@@ -252,7 +252,7 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
             emit(im, cx, Op::Binary(BinaryOp::PRelu), &[x, &slope])
         }
         "Add" | "Sub" | "Mul" | "Div" | "Max" | "Min" => {
-            let mut ins: Vec<String> = cx.node.input.iter().cloned().collect();
+            let mut ins: Vec<String> = cx.node.input.to_vec();
             if cx.opset < 7 && cx.int("broadcast", 0)? != 0 && ins.len() == 2 {
                 // Legacy broadcast: b's dims line up with a's from `axis` on.
                 let (at, bt) = (im.ty(&ins[0])?, im.ty(&ins[1])?);

@@ -65,7 +65,7 @@ fn reshape_target(im: &Importer, cx: &Cx, mut target: Vec<i64>, input: &[usize])
     }
     let known: usize = out.iter().product();
     if let Some(i) = infer_at {
-        if known == 0 || numel % known != 0 {
+        if known == 0 || !numel.is_multiple_of(known) {
             return Err(cx.bad(format!("cannot reshape {input:?} to {target:?}")));
         }
         out[i] = numel / known;

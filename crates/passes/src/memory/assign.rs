@@ -16,7 +16,8 @@ pub fn assign(bufs: &mut [Buffer]) -> (usize, String) {
     let steps = bufs.iter().map(|b| b.end + 1).max().unwrap_or(0);
     let live = super::buffers::live_bytes(bufs, steps);
     let breadth: Vec<i64> = bufs.iter().map(|b| live[b.start..=b.end].iter().copied().max().unwrap_or(0) as i64).collect();
-    let orders: Vec<(&str, Vec<(i64, i64, i64)>)> = vec![
+    type Keys = Vec<(i64, i64, i64)>;
+    let orders: Vec<(&str, Keys)> = vec![
         ("size", bufs.iter().map(|b| (-(b.size as i64), b.start as i64, b.id as i64)).collect()),
         ("breadth", bufs.iter().map(|b| (-breadth[b.id], -(b.size as i64), b.id as i64)).collect()),
         ("size-x-lifetime", bufs.iter().map(|b| (-((b.size * (b.end - b.start + 1)) as i64), b.start as i64, b.id as i64)).collect()),

@@ -54,6 +54,9 @@ impl Rel {
     }
 }
 
+/// Each value's group and its byte intervals relative to the group.
+type Places = HashMap<ValueId, (usize, Vec<(usize, usize)>)>;
+
 #[derive(Clone)]
 struct Group {
     members: Vec<ValueId>,
@@ -71,7 +74,7 @@ fn elementwise(op: &Op) -> bool {
 /// Whether concatenation `id` can alias its inputs into its slices: distinct
 /// inputs, none a constant or graph input, each group holding only
 /// full-range values (not already a slice of something else).
-fn aliasable(g: &Graph, id: NodeId, ins: &[ValueId], rel: &HashMap<ValueId, (usize, Vec<(usize, usize)>)>, groups: &[Group]) -> bool {
+fn aliasable(g: &Graph, id: NodeId, ins: &[ValueId], rel: &Places, groups: &[Group]) -> bool {
     let distinct: std::collections::HashSet<_> = ins.iter().collect();
     distinct.len() == ins.len()
         && ins.iter().all(|u| match rel.get(u) {
@@ -107,7 +110,7 @@ pub fn build(
         last.insert(*v, n.saturating_sub(1));
     }
     // value -> (group, intervals relative to the group)
-    let mut rel: HashMap<ValueId, (usize, Vec<(usize, usize)>)> = HashMap::new();
+    let mut rel: Places = HashMap::new();
     let mut groups: Vec<Group> = Vec::new();
     let bytes = |v: ValueId| g.ty(v).bytes();
     for &id in schedule {

@@ -26,6 +26,9 @@ pub fn run_with_progress(g: &Graph, inputs: &[Tensor], progress: &mut dyn FnMut(
     run_keeping(g, inputs, &|_| false, progress).map(|(outs, _)| outs)
 }
 
+/// Values kept by [`run_keeping`].
+pub type Kept = HashMap<ValueId, Arc<Tensor>>;
+
 /// As [`run`], also returning every value for which `keep` says yes (to
 /// check one kernel against the reference with the reference's inputs).
 pub fn run_keeping(
@@ -33,7 +36,7 @@ pub fn run_keeping(
     inputs: &[Tensor],
     keep: &dyn Fn(ValueId) -> bool,
     progress: &mut dyn FnMut(usize, usize),
-) -> Result<(Vec<Tensor>, HashMap<ValueId, Arc<Tensor>>), RuntimeError> {
+) -> Result<(Vec<Tensor>, Kept), RuntimeError> {
     let mut kept = HashMap::new();
     if inputs.len() != g.inputs().len() {
         return Err(RuntimeError::Input {
