@@ -62,6 +62,16 @@ pub fn compile(
     smelt_passes::pipeline::run_with(graph, &opts, after)
 }
 
+/// Plans a model's fused graph and its unfused graph: the unfused plan's
+/// schedule is a hint for the fused one, so fusion never raises the peak.
+/// Returns (fused plan, unfused plan).
+pub fn plan_both(fused: &Graph, plain: &Graph) -> Result<(smelt_passes::memory::Plan, smelt_passes::memory::Plan), IrError> {
+    use smelt_passes::memory;
+    let plain_plan = memory::plan(plain)?;
+    let hint = memory::schedule_names(plain, &plain_plan);
+    Ok((memory::plan_with_hint(fused, Some(&hint))?, plain_plan))
+}
+
 /// Gives every constant without data deterministic random values seeded by
 /// its name (normal, std 0.1). Returns how many were filled.
 pub fn fill_missing_weights(g: &mut Graph) -> usize {

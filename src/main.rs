@@ -474,8 +474,7 @@ fn cmd_plan(model: &ModelArgs, json: bool, svg: Option<PathBuf>, limit: Option<u
                     let (mut fused, mut plain) = (g.clone(), g);
                     smelt::compile(&mut fused, !m.no_fuse, &mut |_, _| {})?;
                     smelt::compile(&mut plain, false, &mut |_, _| {})?;
-                    let hint = smelt_passes::memory::schedule_names(&plain, &smelt_passes::memory::plan(&plain)?);
-                    let p = smelt_passes::memory::plan_with_hint(&fused, Some(&hint))?;
+                    let (p, _) = smelt::plan_both(&fused, &plain)?;
                     if p.arena <= limit {
                         fit = Some((b, p.arena));
                     }

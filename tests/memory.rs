@@ -7,7 +7,7 @@ mod common;
 
 use smelt_ir::onnx::{import_file, ImportOptions};
 use smelt_ir::Graph;
-use smelt_passes::memory::{check::check, plan_with_hint, schedule_names, Plan};
+use smelt_passes::memory::{check::check, plan, Plan};
 
 fn compiled(g: &Graph, fuse: bool) -> Graph {
     let mut f = g.clone();
@@ -16,11 +16,7 @@ fn compiled(g: &Graph, fuse: bool) -> Graph {
 }
 
 fn planned(g: &Graph, what: &str) -> Plan {
-    planned_with(g, None, what)
-}
-
-fn planned_with(g: &Graph, hint: Option<&[String]>, what: &str) -> Plan {
-    let p = plan_with_hint(g, hint).unwrap();
+    let p = plan(g).unwrap();
     check(g, &p).unwrap_or_else(|e| panic!("{what}: checker rejected the plan: {e}"));
     p
 }
@@ -30,10 +26,11 @@ fn light_models_plans_check_and_meet_targets() {
     for name in common::LIGHT {
         for batch in [1, 8] {
             let g = import_file(&common::light_model(name), &ImportOptions { batch: Some(batch) }).unwrap();
-            let unfused = compiled(&g, false);
-            let plain = planned(&unfused, &format!("{name} b{batch}"));
-            let hint = schedule_names(&unfused, &plain);
-            let fused = planned_with(&compiled(&g, true), Some(&hint), &format!("{name} b{batch} fused"));
+            let (unfused, fused_graph) = (compiled(&g, false), compiled(&g, true));
+            let (fused, plain) = smelt::plan_both(&fused_graph, &unfused).unwrap();
+            for (graph, p, what) in [(&unfused, &plain, "unfused"), (&fused_graph, &fused, "fused")] {
+                check(graph, p).unwrap_or_else(|e| panic!("{name} b{batch} {what}: checker rejected the plan: {e}"));
+            }
             for (p, what) in [(&plain, "unfused"), (&fused, "fused")] {
                 let ratio = p.arena as f64 / p.lower_bound as f64;
                 assert!(ratio <= 1.02, "{name} b{batch} {what}: arena {} is {ratio:.4} x the lower bound {}", p.arena, p.lower_bound);
