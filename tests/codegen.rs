@@ -1,12 +1,14 @@
-//! Generated kernels: every elementwise kernel of the nine light models
-//! (fused), described once, run on the CPU from its description and compared
-//! with the reference executor, and compiled with NVRTC (required where the
-//! test script set SMELT_REQUIRE_NVRTC; skipped with a reason elsewhere).
+//! Generated kernels: every elementwise and pooling kernel of the nine light
+//! models (fused), described once, run on the CPU from its description and
+//! compared with the reference executor, and compiled with NVRTC (required
+//! where the test script set SMELT_REQUIRE_NVRTC; skipped with a reason
+//! elsewhere).
 
 mod common;
 
 use smelt_codegen::elementwise::Elementwise;
 use smelt_codegen::nvrtc::Compiler;
+use smelt_codegen::pool::Pool;
 use smelt_codegen::Cache;
 use smelt_ir::onnx::{import_file, read_tensor_file, ImportOptions};
 use smelt_ir::{text, Graph, NodeId, Tensor, ValueId};
@@ -29,35 +31,40 @@ fn operands(g: &Graph, id: NodeId, kept: &std::collections::HashMap<ValueId, Arc
 }
 
 #[test]
-fn elementwise_kernels_of_the_light_models_match_the_reference_and_compile() {
+fn elementwise_and_pool_kernels_of_the_light_models_match_the_reference_and_compile() {
     let nvrtc = compiler();
     let (mut kernels, mut compiled) = (0, 0);
     for name in common::LIGHT {
         let v = common::variant(name);
         let mut g = import_file(&v.join("model.onnx"), &ImportOptions::default()).unwrap();
         smelt::compile(&mut g, true, &mut |_, _| {}).unwrap();
-        let descs: Vec<(NodeId, Elementwise)> = g.node_ids().filter_map(|id| Elementwise::of(&g, id).map(|d| (id, d))).collect();
+        let ids: Vec<NodeId> = g.node_ids().filter(|&id| Elementwise::of(&g, id).is_some() || Pool::of(&g, id).is_some()).collect();
         let wanted: HashSet<ValueId> =
-            descs.iter().flat_map(|(id, _)| g.inputs_of(*id).into_iter().chain([ValueId { node: *id, slot: 0 }])).collect();
+            ids.iter().flat_map(|id| g.inputs_of(*id).into_iter().chain([ValueId { node: *id, slot: 0 }])).collect();
         let input = read_tensor_file(&v.join("input_0.pb")).unwrap().1;
         let (_, kept) = smelt_runtime::cpu::run_keeping(&g, &[input], &|v| wanted.contains(&v), &mut |_, _| {}).unwrap();
-        for (id, d) in &descs {
+        for id in &ids {
             let ins = operands(&g, *id, &kept);
             let refs: Vec<&Tensor> = ins.iter().map(|t| t.as_ref()).collect();
-            let got = d.run_cpu(&refs);
+            // The same description runs on the CPU and renders the CUDA C.
+            let (kernel, got, cuda) = match (Elementwise::of(&g, *id), Pool::of(&g, *id)) {
+                (Some(d), _) => (d.name.clone(), d.run_cpu(&refs), d.cuda()),
+                (_, Some(p)) => (p.name.clone(), p.run_cpu(refs[0]), p.cuda()),
+                _ => unreachable!("filtered above"),
+            };
             let want = &kept[&ValueId { node: *id, slot: 0 }];
             let c = smelt::compare(&got, want, 1e-6, 1e-6);
-            assert!(c.ok, "{name}: kernel {} differs from the reference: {c:?}", d.name);
+            assert!(c.ok, "{name}: kernel {kernel} differs from the reference: {c:?}");
             if let Some(nv) = &nvrtc {
-                let k = nv.compile(&d.name, &d.cuda()).unwrap_or_else(|e| panic!("{name}: {e}\n{}", d.cuda()));
-                assert!(k.ptx.contains(&format!(".entry {}", d.name)));
+                let k = nv.compile(&kernel, &cuda).unwrap_or_else(|e| panic!("{name}: {e}\n{cuda}"));
+                assert!(k.ptx.contains(&format!(".entry {kernel}")));
                 compiled += 1;
             }
             kernels += 1;
         }
     }
-    println!("{kernels} elementwise kernels checked on the CPU, {compiled} compiled with NVRTC");
-    assert!(kernels >= 60, "only {kernels} elementwise kernels in the light models");
+    println!("{kernels} elementwise and pooling kernels checked on the CPU, {compiled} compiled with NVRTC");
+    assert!(kernels >= 90, "only {kernels} elementwise and pooling kernels in the light models");
 }
 
 /// The CUDA C of each elementwise pattern, as insta snapshots: a change to
@@ -77,6 +84,32 @@ fn elementwise_cuda_snapshots() {
         let cuda = d.cuda();
         if let Some(nv) = &nvrtc {
             nv.compile(&d.name, &cuda).unwrap_or_else(|e| panic!("{e}"));
+        }
+        insta::assert_snapshot!(name, cuda);
+    }
+}
+
+/// The CUDA C of pooling kernels: max with padding, average counting padding.
+#[test]
+fn pool_cuda_snapshots() {
+    let cases = [
+        ("maxpool_3x3_s2_pad1", "graph {\n  %0 \"x\" = input : f32[1,2,6,6]\n  %1 = max_pool(%0) {kernel=[3,3], strides=[2,2], pads=[1,1,1,1], ceil_mode=false} : f32[1,2,3,3]\n  output \"y\" = %1\n}\n"),
+        ("avgpool_include_pad_f16", "graph {\n  %0 \"x\" = input : f16[1,2,5,5]\n  %1 = avg_pool(%0) {kernel=[3,3], strides=[2,2], pads=[1,1,1,1], ceil_mode=true, count_include_pad=true} : f16[1,2,3,3]\n  output \"y\" = %1\n}\n"),
+    ];
+    let nvrtc = compiler();
+    for (name, src) in cases {
+        let g = text::parse(src).unwrap();
+        let id = g.outputs()[0].1.node;
+        let p = Pool::of(&g, id).unwrap();
+        // The description agrees with the reference executor here too.
+        let ty = g.ty(g.inputs_of(id)[0]).clone();
+        let x = Tensor::from_f32(ty.shape.clone(), (0..ty.numel()).map(|i| (i as f32 * 0.37).sin()).collect()).cast(ty.dtype);
+        let want = smelt_runtime::cpu::run(&g, std::slice::from_ref(&x)).unwrap();
+        let c = smelt::compare(&p.run_cpu(&x), &want[0], 1e-3, 1e-3);
+        assert!(c.ok, "{name}: {c:?}");
+        let cuda = p.cuda();
+        if let Some(nv) = &nvrtc {
+            nv.compile(&p.name, &cuda).unwrap_or_else(|e| panic!("{e}\n{cuda}"));
         }
         insta::assert_snapshot!(name, cuda);
     }

@@ -89,7 +89,8 @@ impl Elementwise {
             })
             .take(4)
             .collect();
-        let name = format!("ew_{}_{}", ops.join("_"), shape_tag(&out.shape));
+        let suffix = if out.dtype == DType::F32 { String::new() } else { format!("_{}", out.dtype) };
+        let name = format!("ew_{}_{}{suffix}", ops.join("_"), shape_tag(&out.shape));
         let inputs = ins.iter().map(|v| (g.ty(*v).dtype, strides(&g.ty(*v).shape, &out.shape))).collect();
         Some(Elementwise { name, expr, shape: out.shape.clone(), inputs, out: out.dtype })
     }
