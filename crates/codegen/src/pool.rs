@@ -121,6 +121,7 @@ impl Pool {
     }
 
     /// Runs the description on the CPU exactly as the kernel does.
+    #[allow(clippy::needless_range_loop)] // per-dimension index math, as in the CUDA C
     pub fn run_cpu(&self, x: &Tensor) -> Tensor {
         let n = self.spatial();
         let p = &self.attrs;
