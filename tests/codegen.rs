@@ -1,4 +1,5 @@
-//! Generated kernels: every elementwise and pooling kernel of the nine light
+//! Generated kernels: every elementwise, pooling and reduction (global average
+//! pool, softmax, with fused prologues) kernel of the nine light
 //! models (fused), described once, run on the CPU from its description and
 //! compared with the reference executor, and compiled with NVRTC (required
 //! where the test script set SMELT_REQUIRE_NVRTC; skipped with a reason
@@ -9,6 +10,7 @@ mod common;
 use smelt_codegen::elementwise::Elementwise;
 use smelt_codegen::nvrtc::Compiler;
 use smelt_codegen::pool::Pool;
+use smelt_codegen::reduce::Reduction;
 use smelt_codegen::Cache;
 use smelt_ir::onnx::{import_file, read_tensor_file, ImportOptions};
 use smelt_ir::{text, Graph, NodeId, Tensor, ValueId};
@@ -38,7 +40,10 @@ fn elementwise_and_pool_kernels_of_the_light_models_match_the_reference_and_comp
         let v = common::variant(name);
         let mut g = import_file(&v.join("model.onnx"), &ImportOptions::default()).unwrap();
         smelt::compile(&mut g, true, &mut |_, _| {}).unwrap();
-        let ids: Vec<NodeId> = g.node_ids().filter(|&id| Elementwise::of(&g, id).is_some() || Pool::of(&g, id).is_some()).collect();
+        let ids: Vec<NodeId> = g
+            .node_ids()
+            .filter(|&id| Elementwise::of(&g, id).is_some() || Pool::of(&g, id).is_some() || Reduction::of(&g, id).is_some())
+            .collect();
         let wanted: HashSet<ValueId> =
             ids.iter().flat_map(|id| g.inputs_of(*id).into_iter().chain([ValueId { node: *id, slot: 0 }])).collect();
         let input = read_tensor_file(&v.join("input_0.pb")).unwrap().1;
@@ -47,9 +52,10 @@ fn elementwise_and_pool_kernels_of_the_light_models_match_the_reference_and_comp
             let ins = operands(&g, *id, &kept);
             let refs: Vec<&Tensor> = ins.iter().map(|t| t.as_ref()).collect();
             // The same description runs on the CPU and renders the CUDA C.
-            let (kernel, got, cuda) = match (Elementwise::of(&g, *id), Pool::of(&g, *id)) {
-                (Some(d), _) => (d.name.clone(), d.run_cpu(&refs), d.cuda()),
-                (_, Some(p)) => (p.name.clone(), p.run_cpu(refs[0]), p.cuda()),
+            let (kernel, got, cuda) = match (Elementwise::of(&g, *id), Pool::of(&g, *id), Reduction::of(&g, *id)) {
+                (Some(d), _, _) => (d.name.clone(), d.run_cpu(&refs), d.cuda()),
+                (_, Some(p), _) => (p.name.clone(), p.run_cpu(refs[0]), p.cuda()),
+                (_, _, Some(r)) => (r.name.clone(), r.run_cpu(&refs), r.cuda()),
                 _ => unreachable!("filtered above"),
             };
             let want = &kept[&ValueId { node: *id, slot: 0 }];
@@ -63,8 +69,8 @@ fn elementwise_and_pool_kernels_of_the_light_models_match_the_reference_and_comp
             kernels += 1;
         }
     }
-    println!("{kernels} elementwise and pooling kernels checked on the CPU, {compiled} compiled with NVRTC");
-    assert!(kernels >= 90, "only {kernels} elementwise and pooling kernels in the light models");
+    println!("{kernels} elementwise, pooling and reduction kernels checked on the CPU, {compiled} compiled with NVRTC");
+    assert!(kernels >= 100, "only {kernels} such kernels in the light models");
 }
 
 /// The CUDA C of each elementwise pattern, as insta snapshots: a change to
@@ -110,6 +116,39 @@ fn pool_cuda_snapshots() {
         let cuda = p.cuda();
         if let Some(nv) = &nvrtc {
             nv.compile(&p.name, &cuda).unwrap_or_else(|e| panic!("{e}\n{cuda}"));
+        }
+        insta::assert_snapshot!(name, cuda);
+    }
+}
+
+/// The CUDA C of reductions: a global average pool with a fused prologue,
+/// and a softmax.
+#[test]
+fn reduction_cuda_snapshots() {
+    let cases = [
+        ("fused_gap_scale_shift_relu", "graph {\n  %0 \"x\" = input : f32[2,3,4,4]\n  %1 \"s\" = input : f32[3,1,1]\n  %2 \"t\" = input : f32[3,1,1]\n  %3 = fused_reduction(%0, %1, %2) {expr=\"relu(add(mul($0,$1),$2))\", reduction=\"global_avg_pool\"} : f32[2,3,1,1]\n  output \"y\" = %3\n}\n"),
+        ("softmax_axis1", "graph {\n  %0 \"x\" = input : f32[2,5,3]\n  %1 = softmax(%0) {axis=1} : f32[2,5,3]\n  output \"y\" = %1\n}\n"),
+    ];
+    let nvrtc = compiler();
+    for (name, src) in cases {
+        let g = text::parse(src).unwrap();
+        let id = g.outputs()[0].1.node;
+        let r = Reduction::of(&g, id).unwrap();
+        let mut rng = smelt_ir::Rng::new(5);
+        let ins: Vec<Tensor> = g
+            .inputs()
+            .iter()
+            .map(|&i| {
+                let ty = &g.node(i).outputs[0];
+                Tensor::from_f32(ty.shape.clone(), (0..ty.numel()).map(|_| rng.normal()).collect())
+            })
+            .collect();
+        let want = smelt_runtime::cpu::run(&g, &ins).unwrap();
+        let c = smelt::compare(&r.run_cpu(&ins.iter().collect::<Vec<_>>()), &want[0], 1e-5, 1e-6);
+        assert!(c.ok, "{name}: {c:?}");
+        let cuda = r.cuda();
+        if let Some(nv) = &nvrtc {
+            nv.compile(&r.name, &cuda).unwrap_or_else(|e| panic!("{e}\n{cuda}"));
         }
         insta::assert_snapshot!(name, cuda);
     }

@@ -22,7 +22,8 @@ pub struct Elementwise {
     pub out: DType,
 }
 
-fn strides(shape: &[usize], full: &[usize]) -> Vec<usize> {
+/// Element strides of `shape` broadcast to `full` (0 along broadcast dims).
+pub fn strides(shape: &[usize], full: &[usize]) -> Vec<usize> {
     let mut st = vec![0; full.len()];
     let mut s = 1;
     for d in (0..shape.len()).rev() {
@@ -107,11 +108,6 @@ impl Elementwise {
             DType::BF16 => "__nv_bfloat16",
             _ => "float",
         };
-        let load = |d: DType, v: String| match d {
-            DType::F16 => format!("__half2float({v})"),
-            DType::BF16 => format!("__bfloat162float({v})"),
-            _ => v,
-        };
         let mut s = String::from("#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n\n");
         s += &format!("// {}: {} over {:?}\n", self.name, self.expr, self.shape);
         let params: Vec<String> =
@@ -123,43 +119,8 @@ impl Elementwise {
             ty(self.out)
         );
         s += "    unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;\n    if (i >= n) return;\n";
-        // Coordinates, only when some input broadcasts.
-        let broadcast = self.inputs.iter().any(|(_, st)| st != &strides(&self.shape, &self.shape));
-        if broadcast {
-            s += "    unsigned long long r = i;\n";
-            for d in (0..self.shape.len()).rev() {
-                s += &format!("    unsigned long long c{d} = r % {}ull; r /= {}ull;\n", self.shape[d], self.shape[d]);
-            }
-        }
-        for (k, (d, st)) in self.inputs.iter().enumerate() {
-            let idx = if broadcast {
-                let terms: Vec<String> = st
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, &x)| x != 0)
-                    .map(|(d, &x)| if x == 1 { format!("c{d}") } else { format!("c{d} * {x}ull") })
-                    .collect();
-                if terms.is_empty() {
-                    "0".to_string()
-                } else {
-                    terms.join(" + ")
-                }
-            } else {
-                "i".to_string()
-            };
-            s += &format!("    float a{k} = {};\n", load(*d, format!("in{k}[{idx}]")));
-        }
-        for (j, n) in self.expr.nodes.iter().enumerate() {
-            let v = match *n {
-                ExprNode::Input(k) => format!("a{k}"),
-                ExprNode::Const(c) => format!("{c:?}f"),
-                ExprNode::Unary(u, a) => unary_c(u, &format!("t{a}")),
-                ExprNode::Binary(b, x, y) => binary_c(b, &format!("t{x}"), &format!("t{y}")),
-                ExprNode::Clip(lo, hi, a) => format!("fminf(fmaxf(t{a}, {lo:?}f), {hi:?}f)"),
-            };
-            s += &format!("    float t{j} = {v};\n");
-        }
-        let last = format!("t{}", self.expr.nodes.len() - 1);
+        s += &expr_c(&self.expr, &self.shape, &self.inputs, "i").replace("    return ", "    float result = ");
+        let last = "result".to_string();
         let store = match self.out {
             DType::F16 => format!("__float2half({last})"),
             DType::BF16 => format!("__float2bfloat16({last})"),
@@ -193,6 +154,55 @@ impl Elementwise {
         }
         Tensor::from_f32(self.shape.clone(), out).cast(self.out)
     }
+}
+
+/// C statements that load each input at flat index `idx` of `shape` (through
+/// its broadcast strides), evaluate `expr` in f32 and `return` the result.
+pub fn expr_c(expr: &Expr, shape: &[usize], inputs: &[(DType, Vec<usize>)], idx: &str) -> String {
+    let load = |d: DType, v: String| match d {
+        DType::F16 => format!("__half2float({v})"),
+        DType::BF16 => format!("__bfloat162float({v})"),
+        _ => v,
+    };
+    let mut s = String::new();
+    // Coordinates, only when some input broadcasts.
+    let broadcast = inputs.iter().any(|(_, st)| st != &strides(shape, shape));
+    if broadcast {
+        s += &format!("    unsigned long long r = {idx};\n");
+        for d in (0..shape.len()).rev() {
+            s += &format!("    unsigned long long c{d} = r % {}ull; r /= {}ull;\n", shape[d], shape[d]);
+        }
+    }
+    for (k, (d, st)) in inputs.iter().enumerate() {
+        let at = if broadcast {
+            let terms: Vec<String> = st
+                .iter()
+                .enumerate()
+                .filter(|(_, &x)| x != 0)
+                .map(|(d, &x)| if x == 1 { format!("c{d}") } else { format!("c{d} * {x}ull") })
+                .collect();
+            if terms.is_empty() {
+                "0".to_string()
+            } else {
+                terms.join(" + ")
+            }
+        } else {
+            idx.to_string()
+        };
+        s += &format!("    float a{k} = {};\n", load(*d, format!("in{k}[{at}]")));
+    }
+    for (j, n) in expr.nodes.iter().enumerate() {
+        let v = match *n {
+            ExprNode::Input(k) => format!("a{k}"),
+            ExprNode::Const(c) => format!("{c:?}f"),
+            ExprNode::Unary(u, a) => unary_c(u, &format!("t{a}")),
+            ExprNode::Binary(b, x, y) => binary_c(b, &format!("t{x}"), &format!("t{y}")),
+            ExprNode::Clip(lo, hi, a) => format!("fminf(fmaxf(t{a}, {lo:?}f), {hi:?}f)"),
+        };
+        s += &format!("    float t{j} = {v};\n");
+    }
+    s += &format!("    return t{};\n", expr.nodes.len() - 1);
+    s
 }
 
 fn unary_c(u: UnaryOp, x: &str) -> String {

@@ -1,0 +1,191 @@
+//! Reduction kernels as data: global average pooling and (log-)softmax,
+//! each reading its input through an optional elementwise prologue (a
+//! `fused_reduction`), so the prologue's value never reaches memory. One
+//! thread per reduced row; the row is walked in registers.
+
+use crate::elementwise::{expr_c, strides};
+use smelt_ir::{DType, Expr, ExprNode, Graph, NodeId, Op, Tensor};
+
+/// What is reduced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Mean over all spatial positions of each (n, c) plane.
+    GlobalAveragePool,
+    /// Softmax along `axis` (log-softmax when `log`).
+    Softmax {
+        /// The normalised axis.
+        axis: usize,
+        /// Log of the softmax.
+        log: bool,
+    },
+}
+
+/// A reduction kernel.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Reduction {
+    /// A stable, readable name, e.g. `softmax_a1_1x1000`.
+    pub name: String,
+    /// The kind.
+    pub kind: Kind,
+    /// The prologue computing the reduced value from the inputs (`$0` alone
+    /// when there is none).
+    pub expr: Expr,
+    /// The shape the prologue produces (every input broadcasts to it).
+    pub pre: Vec<usize>,
+    /// Per input: dtype and element strides in `pre`'s index space.
+    pub inputs: Vec<(DType, Vec<usize>)>,
+    /// The output shape.
+    pub output: Vec<usize>,
+    /// The output dtype.
+    pub out: DType,
+}
+
+impl Reduction {
+    /// The description of node `id`, if it is a global average pool or a
+    /// softmax, fused with a prologue or not.
+    pub fn of(g: &Graph, id: NodeId) -> Option<Reduction> {
+        let node = g.node(id);
+        let ins = g.inputs_of(id);
+        let (expr, inner) = match &node.op {
+            Op::FusedReduction { expr, reduction } => (expr.clone(), reduction.as_ref().clone()),
+            op => {
+                let mut e = Expr::default();
+                e.push(ExprNode::Input(0));
+                (e, op.clone())
+            }
+        };
+        let kind = match inner {
+            Op::GlobalAveragePool => Kind::GlobalAveragePool,
+            Op::Softmax { axis } => Kind::Softmax { axis, log: false },
+            Op::LogSoftmax { axis } => Kind::Softmax { axis, log: true },
+            _ => return None,
+        };
+        let out = &node.outputs[0];
+        let pre = ins.iter().fold(Vec::new(), |acc: Vec<usize>, v| smelt_ir::broadcast(&acc, &g.ty(*v).shape).unwrap_or(acc));
+        if !out.dtype.is_float() || ins.iter().any(|v| !g.ty(*v).dtype.is_float()) {
+            return None;
+        }
+        let inputs = ins.iter().map(|v| (g.ty(*v).dtype, strides(&g.ty(*v).shape, &pre))).collect();
+        let dims: String = pre.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x");
+        let suffix = if out.dtype == DType::F32 { String::new() } else { format!("_{}", out.dtype) };
+        let fused = if matches!(node.op, Op::FusedReduction { .. }) { "fused_" } else { "" };
+        let name = match kind {
+            Kind::GlobalAveragePool => format!("{fused}gap_{dims}{suffix}"),
+            Kind::Softmax { axis, log } => format!("{fused}{}softmax_a{axis}_{dims}{suffix}", if log { "log" } else { "" }),
+        };
+        Some(Reduction { name, kind, expr, pre, inputs, output: out.shape.clone(), out: out.dtype })
+    }
+
+    /// (rows, row length, inner stride): row r, element k is at flat index
+    /// `(r / inner * len + k) * inner + r % inner` of `pre`.
+    fn rows(&self) -> (usize, usize, usize) {
+        match self.kind {
+            Kind::GlobalAveragePool => {
+                let len: usize = self.pre[2..].iter().product();
+                (self.pre[0] * self.pre[1], len, 1)
+            }
+            Kind::Softmax { axis, .. } => {
+                let inner: usize = self.pre[axis + 1..].iter().product();
+                let outer: usize = self.pre[..axis].iter().product();
+                (outer * inner, self.pre[axis], inner)
+            }
+        }
+    }
+
+    /// The CUDA C source: `extern "C" __global__ void NAME(in0, ..., out, rows)`.
+    pub fn cuda(&self) -> String {
+        let ty = |d: DType| match d {
+            DType::F16 => "__half",
+            DType::BF16 => "__nv_bfloat16",
+            _ => "float",
+        };
+        let (_, len, inner) = self.rows();
+        let mut s = String::from("#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n\n");
+        s += &format!("// {}: {:?} of {} over {:?}\n", self.name, self.kind, self.expr, self.pre);
+        let params: Vec<String> =
+            self.inputs.iter().enumerate().map(|(i, (d, _))| format!("const {}* __restrict__ in{i}", ty(*d))).collect();
+        // The prologue, evaluated at one flat index of `pre`.
+        s += &format!("__device__ __forceinline__ float value_{}({}, unsigned long long f) {{\n", self.name, params.join(", "));
+        s += &expr_c(&self.expr, &self.pre, &self.inputs, "f");
+        s += "}\n\n";
+        let args: Vec<String> = (0..self.inputs.len()).map(|i| format!("in{i}")).collect();
+        let args = args.join(", ");
+        s += &format!(
+            "extern \"C\" __global__ void {}({}, {}* __restrict__ out, unsigned long long rows) {{\n",
+            self.name,
+            params.join(", "),
+            ty(self.out)
+        );
+        s += "    unsigned long long r = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;\n    if (r >= rows) return;\n";
+        s += &format!("    unsigned long long base = (r / {inner}ull) * {len}ull * {inner}ull + r % {inner}ull;\n");
+        let store = |v: &str| match self.out {
+            DType::F16 => format!("__float2half({v})"),
+            DType::BF16 => format!("__float2bfloat16({v})"),
+            _ => v.to_string(),
+        };
+        match self.kind {
+            Kind::GlobalAveragePool => {
+                s += &format!(
+                    "    float acc = 0.0f;\n    for (unsigned long long k = 0; k < {len}ull; ++k) acc += value_{}({args}, base + k);\n",
+                    self.name
+                );
+                s += &format!("    out[r] = {};\n}}\n", store(&format!("acc / {len}.0f")));
+            }
+            Kind::Softmax { log, .. } => {
+                s += &format!("    float m = __int_as_float(0xff800000);\n    for (unsigned long long k = 0; k < {len}ull; ++k) m = fmaxf(m, value_{}({args}, base + k * {inner}ull));\n", self.name);
+                s += &format!("    float sum = 0.0f;\n    for (unsigned long long k = 0; k < {len}ull; ++k) sum += expf(value_{}({args}, base + k * {inner}ull) - m);\n", self.name);
+                let v = if log { "value - m - logf(sum)" } else { "expf(value - m) / sum" };
+                s += &format!(
+                    "    for (unsigned long long k = 0; k < {len}ull; ++k) {{\n        float value = value_{}({args}, base + k * {inner}ull);\n        out[base + k * {inner}ull] = {};\n    }}\n}}\n",
+                    self.name,
+                    store(v)
+                );
+            }
+        }
+        s
+    }
+
+    /// Runs the description on the CPU as the kernel does (f32 arithmetic,
+    /// the prologue recomputed at each read).
+    pub fn run_cpu(&self, inputs: &[&Tensor]) -> Tensor {
+        let vals: Vec<Vec<f32>> = inputs.iter().map(|t| t.to_f32_vec()).collect();
+        let mut scratch = Vec::new();
+        let mut a = vec![0f32; inputs.len()];
+        let mut value = |f: usize| {
+            let mut r = f;
+            let mut offs = vec![0usize; inputs.len()];
+            for d in (0..self.pre.len()).rev() {
+                let c = r % self.pre[d];
+                r /= self.pre[d];
+                for (k, (_, st)) in self.inputs.iter().enumerate() {
+                    offs[k] += c * st[d];
+                }
+            }
+            for k in 0..a.len() {
+                a[k] = vals[k][offs[k]];
+            }
+            self.expr.eval(&a, &mut scratch)
+        };
+        let (rows, len, inner) = self.rows();
+        let n: usize = self.output.iter().product();
+        let mut out = vec![0f32; n];
+        for r in 0..rows {
+            let base = (r / inner) * len * inner + r % inner;
+            match self.kind {
+                Kind::GlobalAveragePool => {
+                    let acc: f32 = (0..len).map(|k| value(base + k)).sum();
+                    out[r] = acc / len as f32;
+                }
+                Kind::Softmax { log, .. } => {
+                    let m = (0..len).map(|k| value(base + k * inner)).fold(f32::NEG_INFINITY, f32::max);
+                    let sum: f32 = (0..len).map(|k| (value(base + k * inner) - m).exp()).sum();
+                    for k in 0..len {
+                        let v = value(base + k * inner);
+                        out[base + k * inner] = if log { v - m - sum.ln() } else { (v - m).exp() / sum };
+                    }
+                }
+            }
+        }
+        Tensor::from_f32(self.output.clone(), out).cast(self.out)
+    }
+}
