@@ -1,5 +1,6 @@
-//! Generated kernels: every elementwise, pooling and reduction (global average
-//! pool, softmax, with fused prologues) kernel of the nine light
+//! Generated kernels: every elementwise, pooling, reduction (global average
+//! pool, softmax, with fused prologues), transpose, concat and LRN kernel of
+//! the nine light
 //! models (fused), described once, run on the CPU from its description and
 //! compared with the reference executor, and compiled with NVRTC (required
 //! where the test script set SMELT_REQUIRE_NVRTC; skipped with a reason
@@ -8,6 +9,7 @@
 mod common;
 
 use smelt_codegen::elementwise::Elementwise;
+use smelt_codegen::layout::Layout;
 use smelt_codegen::nvrtc::Compiler;
 use smelt_codegen::pool::Pool;
 use smelt_codegen::reduce::Reduction;
@@ -33,7 +35,7 @@ fn operands(g: &Graph, id: NodeId, kept: &std::collections::HashMap<ValueId, Arc
 }
 
 #[test]
-fn elementwise_and_pool_kernels_of_the_light_models_match_the_reference_and_compile() {
+fn every_kernel_but_conv_and_gemm_of_the_light_models_matches_the_reference_and_compiles() {
     let nvrtc = compiler();
     let (mut kernels, mut compiled) = (0, 0);
     for name in common::LIGHT {
@@ -42,7 +44,12 @@ fn elementwise_and_pool_kernels_of_the_light_models_match_the_reference_and_comp
         smelt::compile(&mut g, true, &mut |_, _| {}).unwrap();
         let ids: Vec<NodeId> = g
             .node_ids()
-            .filter(|&id| Elementwise::of(&g, id).is_some() || Pool::of(&g, id).is_some() || Reduction::of(&g, id).is_some())
+            .filter(|&id| {
+                Elementwise::of(&g, id).is_some()
+                    || Pool::of(&g, id).is_some()
+                    || Reduction::of(&g, id).is_some()
+                    || Layout::of(&g, id).is_some()
+            })
             .collect();
         let wanted: HashSet<ValueId> =
             ids.iter().flat_map(|id| g.inputs_of(*id).into_iter().chain([ValueId { node: *id, slot: 0 }])).collect();
@@ -56,7 +63,10 @@ fn elementwise_and_pool_kernels_of_the_light_models_match_the_reference_and_comp
                 (Some(d), _, _) => (d.name.clone(), d.run_cpu(&refs), d.cuda()),
                 (_, Some(p), _) => (p.name.clone(), p.run_cpu(refs[0]), p.cuda()),
                 (_, _, Some(r)) => (r.name.clone(), r.run_cpu(&refs), r.cuda()),
-                _ => unreachable!("filtered above"),
+                _ => {
+                    let l = Layout::of(&g, *id).expect("filtered above");
+                    (l.name.clone(), l.run_cpu(&refs), l.cuda())
+                }
             };
             let want = &kept[&ValueId { node: *id, slot: 0 }];
             let c = smelt::compare(&got, want, 1e-6, 1e-6);
@@ -69,7 +79,7 @@ fn elementwise_and_pool_kernels_of_the_light_models_match_the_reference_and_comp
             kernels += 1;
         }
     }
-    println!("{kernels} elementwise, pooling and reduction kernels checked on the CPU, {compiled} compiled with NVRTC");
+    println!("{kernels} kernels (all but conv and GEMM) checked on the CPU, {compiled} compiled with NVRTC");
     assert!(kernels >= 100, "only {kernels} such kernels in the light models");
 }
 
@@ -149,6 +159,40 @@ fn reduction_cuda_snapshots() {
         let cuda = r.cuda();
         if let Some(nv) = &nvrtc {
             nv.compile(&r.name, &cuda).unwrap_or_else(|e| panic!("{e}\n{cuda}"));
+        }
+        insta::assert_snapshot!(name, cuda);
+    }
+}
+
+/// The CUDA C of data movement and LRN: ShuffleNet's channel shuffle
+/// transpose, a channel concat, AlexNet's LRN.
+#[test]
+fn layout_cuda_snapshots() {
+    let cases = [
+        ("transpose_channel_shuffle", "graph {\n  %0 \"x\" = input : f32[1,4,3,2,2]\n  %1 = transpose(%0) {perm=[0,2,1,3,4]} : f32[1,3,4,2,2]\n  output \"y\" = %1\n}\n"),
+        ("concat_channels", "graph {\n  %0 \"a\" = input : f32[2,2,3]\n  %1 \"b\" = input : f32[2,1,3]\n  %2 = concat(%0, %1) {axis=1} : f32[2,3,3]\n  output \"y\" = %2\n}\n"),
+        ("lrn5", "graph {\n  %0 \"x\" = input : f32[1,7,2,2]\n  %1 = lrn(%0) {size=5, alpha=0.0001, beta=0.75, bias=1.0} : f32[1,7,2,2]\n  output \"y\" = %1\n}\n"),
+    ];
+    let nvrtc = compiler();
+    for (name, src) in cases {
+        let g = text::parse(src).unwrap();
+        let id = g.outputs()[0].1.node;
+        let l = Layout::of(&g, id).unwrap();
+        let mut rng = smelt_ir::Rng::new(6);
+        let ins: Vec<Tensor> = g
+            .inputs()
+            .iter()
+            .map(|&i| {
+                let ty = &g.node(i).outputs[0];
+                Tensor::from_f32(ty.shape.clone(), (0..ty.numel()).map(|_| rng.normal()).collect())
+            })
+            .collect();
+        let want = smelt_runtime::cpu::run(&g, &ins).unwrap();
+        let c = smelt::compare(&l.run_cpu(&ins.iter().collect::<Vec<_>>()), &want[0], 1e-5, 1e-6);
+        assert!(c.ok, "{name}: {c:?}");
+        let cuda = l.cuda();
+        if let Some(nv) = &nvrtc {
+            nv.compile(&l.name, &cuda).unwrap_or_else(|e| panic!("{e}\n{cuda}"));
         }
         insta::assert_snapshot!(name, cuda);
     }

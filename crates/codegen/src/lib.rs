@@ -2,13 +2,14 @@
 //! goes through (compilation to PTX with the NVRTC log and the offending
 //! source line on failure, an on-disk cache keyed by source and options) and
 //! the probes that tell whether NVRTC and the CUDA driver can be loaded.
-//! Kernels as data: so far elementwise ([`elementwise`]), pooling ([`pool`])
-//! and reduction ([`reduce`]) kernels, rendered to CUDA C and run on the CPU
+//! Kernels as data: so far elementwise ([`elementwise`]), pooling ([`pool`]),
+//! reduction ([`reduce`]) and transpose, concat and LRN ([`layout`]) kernels, rendered to CUDA C and run on the CPU
 //! from the same description; convolutions and GEMM come next.
 
 mod cache;
 pub mod elementwise;
 mod error;
+pub mod layout;
 pub mod nvrtc;
 pub mod pool;
 pub mod reduce;
