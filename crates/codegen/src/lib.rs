@@ -3,12 +3,14 @@
 //! source line on failure, an on-disk cache keyed by source and options) and
 //! the probes that tell whether NVRTC and the CUDA driver can be loaded.
 //! Kernels as data: so far elementwise ([`elementwise`]), pooling ([`pool`]),
-//! reduction ([`reduce`]) and transpose, concat and LRN ([`layout`]) kernels, rendered to CUDA C and run on the CPU
-//! from the same description; convolutions and GEMM come next.
+//! reduction ([`reduce`]), transpose, concat and LRN ([`layout`]) and GEMM
+//! ([`gemm`]) kernels, rendered to CUDA C and run on the CPU
+//! from the same description; convolutions come next.
 
 mod cache;
 pub mod elementwise;
 mod error;
+pub mod gemm;
 pub mod layout;
 pub mod nvrtc;
 pub mod pool;
