@@ -150,15 +150,7 @@ fn reduction_cuda_snapshots() {
         let g = text::parse(src).unwrap();
         let id = g.outputs()[0].1.node;
         let r = Reduction::of(&g, id).unwrap();
-        let mut rng = smelt_ir::Rng::new(5);
-        let ins: Vec<Tensor> = g
-            .inputs()
-            .iter()
-            .map(|&i| {
-                let ty = &g.node(i).outputs[0];
-                Tensor::from_f32(ty.shape.clone(), (0..ty.numel()).map(|_| rng.normal()).collect())
-            })
-            .collect();
+        let ins = common::random_inputs(&g, 5);
         let want = smelt_runtime::cpu::run(&g, &ins).unwrap();
         let c = smelt::compare(&r.run_cpu(&ins.iter().collect::<Vec<_>>()), &want[0], 1e-5, 1e-6);
         assert!(c.ok, "{name}: {c:?}");
@@ -184,15 +176,7 @@ fn layout_cuda_snapshots() {
         let g = text::parse(src).unwrap();
         let id = g.outputs()[0].1.node;
         let l = Layout::of(&g, id).unwrap();
-        let mut rng = smelt_ir::Rng::new(6);
-        let ins: Vec<Tensor> = g
-            .inputs()
-            .iter()
-            .map(|&i| {
-                let ty = &g.node(i).outputs[0];
-                Tensor::from_f32(ty.shape.clone(), (0..ty.numel()).map(|_| rng.normal()).collect())
-            })
-            .collect();
+        let ins = common::random_inputs(&g, 6);
         let want = smelt_runtime::cpu::run(&g, &ins).unwrap();
         let c = smelt::compare(&l.run_cpu(&ins.iter().collect::<Vec<_>>()), &want[0], 1e-5, 1e-6);
         assert!(c.ok, "{name}: {c:?}");
@@ -211,15 +195,7 @@ fn gemm_cuda_snapshot() {
     let g = text::parse(src).unwrap();
     let id = g.outputs()[0].1.node;
     let m = Gemm::of(&g, id).unwrap();
-    let mut rng = smelt_ir::Rng::new(7);
-    let ins: Vec<Tensor> = g
-        .inputs()
-        .iter()
-        .map(|&i| {
-            let ty = &g.node(i).outputs[0];
-            Tensor::from_f32(ty.shape.clone(), (0..ty.numel()).map(|_| rng.normal()).collect())
-        })
-        .collect();
+    let ins = common::random_inputs(&g, 7);
     let want = smelt_runtime::cpu::run(&g, &ins).unwrap();
     let c = smelt::compare(&m.run_cpu(&ins[0], &ins[1], Some(&ins[2])), &want[0], 1e-5, 1e-5);
     assert!(c.ok, "{c:?}");

@@ -3,20 +3,11 @@
 //! change). `tests/filetests/<pass>/*.tir`; the folder names the pass. Each
 //! case also runs on the CPU before and after: the numbers must agree.
 
-use smelt_ir::{text, Graph, Rng, Tensor};
+mod common;
+
+use smelt_ir::text;
 use std::collections::BTreeSet;
 use std::path::Path;
-
-fn random_inputs(g: &Graph, seed: u64) -> Vec<Tensor> {
-    let mut r = Rng::new(seed);
-    g.inputs()
-        .iter()
-        .map(|&i| {
-            let ty = &g.node(i).outputs[0];
-            Tensor::from_f32(ty.shape.clone(), (0..ty.numel()).map(|_| r.normal()).collect()).cast(ty.dtype)
-        })
-        .collect()
-}
 
 /// Runs the `fuse` filetest `path`; returns the snapshot text and the rules that fired.
 fn check_fuse(path: &Path) -> (String, BTreeSet<String>) {
@@ -25,7 +16,7 @@ fn check_fuse(path: &Path) -> (String, BTreeSet<String>) {
     smelt::fill_missing_weights(&mut before);
     let mut after = before.clone();
     let stats = smelt::compile(&mut after, true, &mut |_, _| {}).unwrap();
-    let inputs = random_inputs(&before, 1);
+    let inputs = common::random_inputs(&before, 1);
     let want = smelt_runtime::cpu::run(&before, &inputs).unwrap();
     let got = smelt_runtime::cpu::run(&after, &inputs).unwrap();
     for (a, b) in got.iter().zip(&want) {

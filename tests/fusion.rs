@@ -4,7 +4,7 @@
 mod common;
 
 use smelt_ir::onnx::{import_file, read_tensor_file, ImportOptions};
-use smelt_ir::{Graph, NodeId, Op, Rng, Tensor, UnaryOp};
+use smelt_ir::{Graph, NodeId, Op, UnaryOp};
 
 fn fused(g: &Graph) -> Graph {
     let mut f = g.clone();
@@ -65,15 +65,7 @@ fn random_graphs_fuse_without_changing_results() {
     for seed in 0..150 {
         let g = common::random_graph(seed);
         let f = fused(&g);
-        let mut r = Rng::new(seed + 1000);
-        let inputs: Vec<Tensor> = g
-            .inputs()
-            .iter()
-            .map(|&i| {
-                let ty = &g.node(i).outputs[0];
-                Tensor::from_f32(ty.shape.clone(), (0..ty.numel()).map(|_| r.normal()).collect())
-            })
-            .collect();
+        let inputs = common::random_inputs(&g, seed + 1000);
         let a = smelt_runtime::cpu::run(&g, &inputs).unwrap();
         let b = smelt_runtime::cpu::run(&f, &inputs).unwrap();
         for (x, y) in b.iter().zip(&a) {

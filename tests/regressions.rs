@@ -1,19 +1,10 @@
 //! Cases found in review: each compiles, plans (checked) and computes the
 //! same numbers fused as unfused.
 
-use smelt_ir::{text, Graph, Rng, Tensor};
-use smelt_passes::memory::{check::check, plan};
+mod common;
 
-fn inputs(g: &Graph) -> Vec<Tensor> {
-    let mut r = Rng::new(3);
-    g.inputs()
-        .iter()
-        .map(|&i| {
-            let ty = &g.node(i).outputs[0];
-            Tensor::from_f32(ty.shape.clone(), (0..ty.numel()).map(|_| r.normal()).collect()).cast(ty.dtype)
-        })
-        .collect()
-}
+use smelt_ir::text;
+use smelt_passes::memory::{check::check, plan};
 
 /// Parses, fuses, plans and checks both graphs, and compares their numbers.
 fn roundtrip_numbers(src: &str) {
@@ -25,7 +16,7 @@ fn roundtrip_numbers(src: &str) {
         let p = plan(graph).unwrap();
         check(graph, &p).unwrap_or_else(|e| panic!("{e}\n{}", text::print(graph)));
     }
-    let ins = inputs(&g);
+    let ins = common::random_inputs(&g, 3);
     let a = smelt_runtime::cpu::run(&g, &ins).unwrap();
     let b = smelt_runtime::cpu::run(&f, &ins).unwrap();
     for (x, y) in b.iter().zip(&a) {

@@ -1,7 +1,7 @@
 //! Shared helpers of the integration tests: where the test data lives.
 #![allow(dead_code)]
 
-use smelt_ir::{builder::Builder, BinaryOp, Graph, Op, Rng, UnaryOp, ValueId};
+use smelt_ir::{builder::Builder, BinaryOp, Graph, Op, Rng, Tensor, UnaryOp, ValueId};
 use std::path::PathBuf;
 
 /// The nine light models of the onnx wheel.
@@ -35,6 +35,18 @@ pub fn light_model(name: &str) -> PathBuf {
 /// The random-weight variant folder of a light model.
 pub fn variant(name: &str) -> PathBuf {
     testdata().join("variants").join(name)
+}
+
+/// Seeded standard-normal values for every graph input, in its dtype.
+pub fn random_inputs(g: &Graph, seed: u64) -> Vec<Tensor> {
+    let mut r = Rng::new(seed);
+    g.inputs()
+        .iter()
+        .map(|&i| {
+            let ty = &g.node(i).outputs[0];
+            Tensor::from_f32(ty.shape.clone(), (0..ty.numel()).map(|_| r.normal()).collect()).cast(ty.dtype)
+        })
+        .collect()
 }
 
 /// The `smelt` binary built for this test run.

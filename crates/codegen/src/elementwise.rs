@@ -22,17 +22,7 @@ pub struct Elementwise {
     pub out: DType,
 }
 
-/// Element strides of `shape` broadcast to `full` (0 along broadcast dims).
-pub fn strides(shape: &[usize], full: &[usize]) -> Vec<usize> {
-    let mut st = vec![0; full.len()];
-    let mut s = 1;
-    for d in (0..shape.len()).rev() {
-        let fd = d + full.len() - shape.len();
-        st[fd] = if shape[d] == 1 { 0 } else { s };
-        s *= shape[d];
-    }
-    st
-}
+pub use smelt_ir::broadcast_strides as strides;
 
 fn shape_tag(shape: &[usize]) -> String {
     let letters = ["n", "c", "h", "w"];

@@ -241,6 +241,31 @@ pub fn broadcast(a: &[usize], b: &[usize]) -> Option<Shape> {
         .collect()
 }
 
+/// Element strides of `shape` read as `full` under numpy broadcasting (0
+/// along broadcast dims): element `c` of `full` is at `sum(c[d] * st[d])`.
+pub fn broadcast_strides(shape: &[usize], full: &[usize]) -> Vec<usize> {
+    let mut st = vec![0; full.len()];
+    let mut s = 1;
+    for d in (0..shape.len()).rev() {
+        let fd = d + full.len() - shape.len();
+        st[fd] = if shape[d] == 1 { 0 } else { s };
+        s *= shape[d];
+    }
+    st
+}
+
+/// The flat index in `shape` (broadcast to `full`) of flat index `i` of `full`.
+pub fn broadcast_index(i: usize, full: &[usize], shape: &[usize]) -> usize {
+    let st = broadcast_strides(shape, full);
+    let mut rem = i;
+    let mut off = 0;
+    for d in (0..full.len()).rev() {
+        off += (rem % full[d]) * st[d];
+        rem /= full[d];
+    }
+    off
+}
+
 fn broadcast_all(ins: &[&TensorType]) -> Result<Shape, String> {
     let mut s = ins[0].shape.clone();
     for t in &ins[1..] {

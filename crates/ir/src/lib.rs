@@ -26,7 +26,7 @@ pub use dtype::{DType, Shape, TensorType, MAX_TENSOR_BYTES};
 pub use error::IrError;
 pub use fused::{Act, Expr, ExprNode};
 pub use graph::{Graph, Node, NodeId, ValueId};
-pub use infer::{broadcast, infer, slice_len};
+pub use infer::{broadcast, broadcast_index, broadcast_strides, infer, slice_len};
 pub use op::{apply_binary, apply_unary, erf, BinaryOp, Conv, Op, PadMode, Pool, ReduceOp, UnaryOp};
 pub use rng::Rng;
 pub use tensor::{Tensor, TensorData};

@@ -78,20 +78,7 @@ fn const_binary(a: &Tensor, b: &Tensor, f: fn(f32, f32) -> f32) -> Option<Tensor
         return None;
     }
     let (av, bv) = (a.to_f32_vec(), b.to_f32_vec());
-    let at = |v: &[f32], s: &[usize], i: usize| -> f32 {
-        let (mut rem, mut off, mut stride) = (i, 0, 1);
-        for d in (0..shape.len()).rev() {
-            let c = rem % shape[d];
-            rem /= shape[d];
-            if let Some(k) = (d + s.len()).checked_sub(shape.len()) {
-                if s[k] != 1 {
-                    off += c * stride;
-                }
-                stride *= s[k];
-            }
-        }
-        v[off]
-    };
+    let at = |v: &[f32], s: &[usize], i: usize| v[smelt_ir::broadcast_index(i, &shape, s)];
     let out: Vec<f32> = (0..n).map(|i| f(at(&av, a.shape(), i), at(&bv, b.shape(), i))).collect();
     Some(Tensor::from_f32(shape, out).cast(a.ty().dtype))
 }

@@ -8,18 +8,6 @@ pub(crate) fn unary(u: UnaryOp, x: &[f32]) -> Vec<f32> {
     x.iter().map(|&v| apply_unary(u, v)).collect()
 }
 
-/// Element strides of `shape` broadcast to `full` (0 along broadcast dims).
-fn bstrides(shape: &[usize], full: &[usize]) -> Vec<usize> {
-    let mut st = vec![0; full.len()];
-    let mut s = 1;
-    for d in (0..shape.len()).rev() {
-        let fd = d + full.len() - shape.len();
-        st[fd] = if shape[d] == 1 { 0 } else { s };
-        s *= shape[d];
-    }
-    st
-}
-
 /// Calls `f(out_index, a_index, b_index)` over `full`, innermost dim in a tight loop.
 fn for_each2(full: &[usize], sa: &[usize], sb: &[usize], mut f: impl FnMut(usize, usize, usize)) {
     let n: usize = full.iter().product();
@@ -67,7 +55,9 @@ pub(crate) fn binary(b: BinaryOp, x: &Tensor, y: &Tensor, full: &[usize]) -> Vec
         return xv.iter().zip(yv.iter()).map(|(&a, &b)| f(a, b)).collect();
     }
     let mut out = vec![0f32; full.iter().product()];
-    for_each2(full, &bstrides(x.shape(), full), &bstrides(y.shape(), full), |o, i, j| out[o] = f(xv[i], yv[j]));
+    for_each2(full, &smelt_ir::broadcast_strides(x.shape(), full), &smelt_ir::broadcast_strides(y.shape(), full), |o, i, j| {
+        out[o] = f(xv[i], yv[j])
+    });
     out
 }
 
@@ -76,7 +66,7 @@ pub(crate) fn sum(args: &[Arc<Tensor>], full: &[usize]) -> Vec<f32> {
     let zero = vec![0; full.len()];
     for a in args {
         let av = f32s(a);
-        for_each2(full, &zero, &bstrides(a.shape(), full), |o, _, j| acc[o] += av[j]);
+        for_each2(full, &zero, &smelt_ir::broadcast_strides(a.shape(), full), |o, _, j| acc[o] += av[j]);
     }
     acc
 }
@@ -85,7 +75,7 @@ pub(crate) fn sum(args: &[Arc<Tensor>], full: &[usize]) -> Vec<f32> {
 /// each input through its broadcast strides.
 pub(crate) fn fused(expr: &Expr, args: &[Arc<Tensor>], full: &[usize]) -> Vec<f32> {
     let vals: Vec<_> = args.iter().map(|a| f32s(a)).collect();
-    let strides: Vec<Vec<usize>> = args.iter().map(|a| bstrides(a.shape(), full)).collect();
+    let strides: Vec<Vec<usize>> = args.iter().map(|a| smelt_ir::broadcast_strides(a.shape(), full)).collect();
     let n: usize = full.iter().product();
     let mut out = Vec::with_capacity(n);
     let (mut ins, mut scratch) = (vec![0f32; args.len()], Vec::new());

@@ -1,7 +1,7 @@
 //! Gemm and batched MatMul on matrixmultiply's sgemm.
 
 use super::f32s;
-use smelt_ir::{broadcast, Tensor, TensorType};
+use smelt_ir::{broadcast, broadcast_index, Tensor, TensorType};
 use std::sync::Arc;
 
 /// `c[m,n] = alpha * a[m,k] b[k,n] + beta * c`, with row/column strides.
@@ -88,20 +88,4 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor, out: &TensorType) -> Vec<f32> {
         sgemm(m, k, n, 1.0, &av[ai * m * k..][..m * k], (k, 1), &bv[bi * k * n..][..k * n], (n, 1), 0.0, &mut c[i * m * n..][..m * n]);
     }
     c
-}
-
-/// The flat index in `shape` (broadcast to `full`) of flat index `i` of `full`.
-pub(crate) fn broadcast_index(mut i: usize, full: &[usize], shape: &[usize]) -> usize {
-    let (mut off, mut stride) = (0, 1);
-    for d in (0..full.len()).rev() {
-        let coord = i % full[d];
-        i /= full[d];
-        if let Some(k) = (d + shape.len()).checked_sub(full.len()) {
-            if shape[k] != 1 {
-                off += coord * stride;
-            }
-            stride *= shape[k];
-        }
-    }
-    off
 }

@@ -53,7 +53,7 @@ pub(crate) fn layer_norm(args: &[Arc<Tensor>], axis: usize, eps: f32) -> Vec<f32
     // Scale and bias broadcast to the normalised dims.
     let expand = |t: &Tensor| -> Vec<f32> {
         let v = f32s(t);
-        (0..inner).map(|i| v[super::matmul::broadcast_index(i, norm_shape, t.shape())]).collect()
+        (0..inner).map(|i| v[smelt_ir::broadcast_index(i, norm_shape, t.shape())]).collect()
     };
     let scale = expand(&args[1]);
     let bias = args.get(2).map(|b| expand(b)).unwrap_or_else(|| vec![0.0; inner]);
