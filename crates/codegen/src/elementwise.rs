@@ -93,11 +93,7 @@ impl Elementwise {
 
     /// The CUDA C source: `extern "C" __global__ void NAME(in0, in1, ..., out, n)`.
     pub fn cuda(&self) -> String {
-        let ty = |d: DType| match d {
-            DType::F16 => "__half",
-            DType::BF16 => "__nv_bfloat16",
-            _ => "float",
-        };
+        let ty = |d: DType| crate::c_type(d).0;
         let mut s = String::from("#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n\n");
         s += &format!("// {}: {} over {:?}\n", self.name, self.expr, self.shape);
         let params: Vec<String> =

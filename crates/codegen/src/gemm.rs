@@ -65,11 +65,7 @@ impl Gemm {
 
     /// The CUDA C source: `extern "C" __global__ void NAME(a, b, [c,] out)`.
     pub fn cuda(&self) -> String {
-        let (ty, load, store) = match self.dtype {
-            DType::F16 => ("__half", "__half2float", "__float2half"),
-            DType::BF16 => ("__nv_bfloat16", "__bfloat162float", "__float2bfloat16"),
-            _ => ("float", "", ""),
-        };
+        let (ty, load, store) = crate::c_type(self.dtype);
         let (m, n, k) = (self.m, self.n, self.k);
         let a_at = |r: &str, c: &str| {
             if self.trans_a {

@@ -99,14 +99,7 @@ impl Layout {
 
     /// The CUDA C source: `extern "C" __global__ void NAME(in0, ..., out, n)`.
     pub fn cuda(&self) -> String {
-        let (ty, load, store) = match self.dtype {
-            DType::F16 => ("__half", "__half2float", "__float2half"),
-            DType::BF16 => ("__nv_bfloat16", "__bfloat162float", "__float2bfloat16"),
-            DType::F32 => ("float", "", ""),
-            DType::I64 => ("long long", "", ""),
-            DType::I32 => ("int", "", ""),
-            DType::Bool => ("bool", "", ""),
-        };
+        let (ty, load, store) = crate::c_type(self.dtype);
         let mut s = String::from("#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n\n");
         s += &format!("// {}: {:?}, {:?} -> {:?}\n", self.name, self.kind, self.input, self.output);
         let params: Vec<String> = (0..self.arity).map(|i| format!("const {ty}* __restrict__ in{i}")).collect();

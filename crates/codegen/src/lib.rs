@@ -19,6 +19,20 @@ pub mod reduce;
 pub use cache::Cache;
 pub use error::CodegenError;
 
+/// The CUDA C type of a dtype, and the functions that load it to and store
+/// it from f32 (empty where no conversion is needed).
+pub(crate) fn c_type(d: smelt_ir::DType) -> (&'static str, &'static str, &'static str) {
+    use smelt_ir::DType;
+    match d {
+        DType::F16 => ("__half", "__half2float", "__float2half"),
+        DType::BF16 => ("__nv_bfloat16", "__bfloat162float", "__float2bfloat16"),
+        DType::F32 => ("float", "", ""),
+        DType::I64 => ("long long", "", ""),
+        DType::I32 => ("int", "", ""),
+        DType::Bool => ("bool", "", ""),
+    }
+}
+
 /// Whether `libnvrtc` can be loaded (through `LD_LIBRARY_PATH` or the system
 /// loader). Never panics: callers use it to skip GPU work with a clear reason.
 pub fn nvrtc_available() -> bool {

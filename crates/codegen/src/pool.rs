@@ -52,11 +52,7 @@ impl Pool {
     /// The CUDA C source: `extern "C" __global__ void NAME(const T* in, T* out, n)`.
     pub fn cuda(&self) -> String {
         let n = self.spatial();
-        let (ty, load, store) = match self.dtype {
-            DType::F16 => ("__half", "__half2float", "__float2half"),
-            DType::BF16 => ("__nv_bfloat16", "__bfloat162float", "__float2bfloat16"),
-            _ => ("float", "", ""),
-        };
+        let (ty, load, store) = crate::c_type(self.dtype);
         let p = &self.attrs;
         let mut s = String::from("#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n\n");
         s += &format!(

@@ -94,11 +94,7 @@ impl Reduction {
 
     /// The CUDA C source: `extern "C" __global__ void NAME(in0, ..., out, rows)`.
     pub fn cuda(&self) -> String {
-        let ty = |d: DType| match d {
-            DType::F16 => "__half",
-            DType::BF16 => "__nv_bfloat16",
-            _ => "float",
-        };
+        let ty = |d: DType| crate::c_type(d).0;
         let (_, len, inner) = self.rows();
         let mut s = String::from("#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n\n");
         s += &format!("// {}: {:?} of {} over {:?}\n", self.name, self.kind, self.expr, self.pre);
