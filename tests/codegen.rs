@@ -30,6 +30,15 @@ fn compiler() -> Option<Compiler> {
     None
 }
 
+/// Compiles a kernel's CUDA C with NVRTC (when there) and compares it with
+/// its insta snapshot `name`.
+fn compile_and_snapshot(nvrtc: Option<&Compiler>, name: &str, kernel: &str, cuda: &str) {
+    if let Some(nv) = nvrtc {
+        nv.compile(kernel, cuda).unwrap_or_else(|e| panic!("{e}\n{cuda}"));
+    }
+    insta::assert_snapshot!(name, cuda);
+}
+
 /// The inputs of `id` as the reference executor computed them.
 fn operands(g: &Graph, id: NodeId, kept: &std::collections::HashMap<ValueId, Arc<Tensor>>) -> Vec<Arc<Tensor>> {
     g.inputs_of(id).iter().map(|v| g.weight(v.node).cloned().unwrap_or_else(|| kept[v].clone())).collect()
@@ -103,11 +112,7 @@ fn elementwise_cuda_snapshots() {
         let g = text::parse(src).unwrap();
         let id = g.outputs()[0].1.node;
         let d = Elementwise::of(&g, id).unwrap();
-        let cuda = d.cuda();
-        if let Some(nv) = &nvrtc {
-            nv.compile(&d.name, &cuda).unwrap_or_else(|e| panic!("{e}"));
-        }
-        insta::assert_snapshot!(name, cuda);
+        compile_and_snapshot(nvrtc.as_ref(), name, &d.name, &d.cuda());
     }
 }
 
@@ -129,11 +134,7 @@ fn pool_cuda_snapshots() {
         let want = smelt_runtime::cpu::run(&g, std::slice::from_ref(&x)).unwrap();
         let c = smelt::compare(&p.run_cpu(&x), &want[0], 1e-3, 1e-3);
         assert!(c.ok, "{name}: {c:?}");
-        let cuda = p.cuda();
-        if let Some(nv) = &nvrtc {
-            nv.compile(&p.name, &cuda).unwrap_or_else(|e| panic!("{e}\n{cuda}"));
-        }
-        insta::assert_snapshot!(name, cuda);
+        compile_and_snapshot(nvrtc.as_ref(), name, &p.name, &p.cuda());
     }
 }
 
@@ -154,11 +155,7 @@ fn reduction_cuda_snapshots() {
         let want = smelt_runtime::cpu::run(&g, &ins).unwrap();
         let c = smelt::compare(&r.run_cpu(&ins.iter().collect::<Vec<_>>()), &want[0], 1e-5, 1e-6);
         assert!(c.ok, "{name}: {c:?}");
-        let cuda = r.cuda();
-        if let Some(nv) = &nvrtc {
-            nv.compile(&r.name, &cuda).unwrap_or_else(|e| panic!("{e}\n{cuda}"));
-        }
-        insta::assert_snapshot!(name, cuda);
+        compile_and_snapshot(nvrtc.as_ref(), name, &r.name, &r.cuda());
     }
 }
 
@@ -180,11 +177,7 @@ fn layout_cuda_snapshots() {
         let want = smelt_runtime::cpu::run(&g, &ins).unwrap();
         let c = smelt::compare(&l.run_cpu(&ins.iter().collect::<Vec<_>>()), &want[0], 1e-5, 1e-6);
         assert!(c.ok, "{name}: {c:?}");
-        let cuda = l.cuda();
-        if let Some(nv) = &nvrtc {
-            nv.compile(&l.name, &cuda).unwrap_or_else(|e| panic!("{e}\n{cuda}"));
-        }
-        insta::assert_snapshot!(name, cuda);
+        compile_and_snapshot(nvrtc.as_ref(), name, &l.name, &l.cuda());
     }
 }
 
@@ -199,9 +192,5 @@ fn gemm_cuda_snapshot() {
     let want = smelt_runtime::cpu::run(&g, &ins).unwrap();
     let c = smelt::compare(&m.run_cpu(&ins[0], &ins[1], Some(&ins[2])), &want[0], 1e-5, 1e-5);
     assert!(c.ok, "{c:?}");
-    let cuda = m.cuda();
-    if let Some(nv) = compiler() {
-        nv.compile(&m.name, &cuda).unwrap_or_else(|e| panic!("{e}\n{cuda}"));
-    }
-    insta::assert_snapshot!("gemm_tb_relu_bias", cuda);
+    compile_and_snapshot(compiler().as_ref(), "gemm_tb_relu_bias", &m.name, &m.cuda());
 }
