@@ -9,6 +9,8 @@ scripts/fetch-testdata.sh
 site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 export LD_LIBRARY_PATH="$site/nvidia/cuda_nvrtc/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export SMELT_CUDA_INCLUDE="$site/nvidia/cuda_runtime/include"
+# ptxas from nvidia-cuda-nvcc-cu12: registers and spills of every kernel.
+export SMELT_PTXAS="$site/nvidia/cuda_nvcc/bin/ptxas"
 export SMELT_REQUIRE_NVRTC=1
 cargo test --workspace --all-targets "$@"
 cargo test --workspace --doc

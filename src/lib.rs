@@ -2,6 +2,7 @@
 //! and run fast. This crate is the facade over the workspace crates and the
 //! home of the `smelt` command line.
 
+pub mod emit;
 pub mod plan;
 pub mod report;
 

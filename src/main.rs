@@ -51,15 +51,45 @@ enum Command {
     /// (elementwise chains into one kernel), reduce-fuse (elementwise
     /// prologues into pooling, reduce and softmax), concat (in-place
     /// concatenation), final-dce. Statistics of each pass go to standard error.
+    ///
+    /// With --out DIR (or --ptxas-stats), also generate code: every kernel of
+    /// the fused, planned graph becomes CUDA C, compiled to PTX with NVRTC
+    /// in parallel (cached on disk, in $SMELT_CACHE_DIR or
+    /// ~/.cache/smelt/kernels). DIR receives kernels/NAME.cu and
+    /// kernels/NAME.ptx, plan.json (kernel order, launch dimensions, each
+    /// argument's offset in the arena or the weights blob, the weights
+    /// layout), memory.json and memory.svg (the memory plan, as `smelt plan
+    /// --json` and `--svg`), and with --weights the weights blob weights.bin.
+    /// NVRTC is loaded at run time: put the lib folder of the PyPI wheel
+    /// nvidia-cuda-nvrtc-cu12 on LD_LIBRARY_PATH and its headers' folder
+    /// (nvidia-cuda-runtime-cu12's include) in SMELT_CUDA_INCLUDE.
     Compile {
         #[command(flatten)]
         model: ModelArgs,
         /// Print the IR after this pass (default: after the last).
         #[arg(long, value_name = "PASS", value_parser = clap::builder::PossibleValuesParser::new(smelt_passes::pipeline::PASSES))]
         dump_ir: Option<String>,
-        /// Print the pass statistics as JSON on standard output instead of the IR.
+        /// Print the pass statistics (or, with --out, a summary) as JSON on standard output.
         #[arg(long)]
         json: bool,
+        /// Generate and compile the kernels into DIR.
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+        /// NVRTC target: a virtual architecture gives PTX the driver JIT-compiles for newer GPUs.
+        #[arg(long, default_value = smelt_codegen::nvrtc::DEFAULT_ARCH, value_parser = ["compute_70", "compute_75", "compute_80", "compute_86", "compute_89", "compute_90"])]
+        arch: String,
+        /// Assemble each kernel with ptxas ($SMELT_PTXAS or on PATH; PyPI nvidia-cuda-nvcc-cu12) and print registers and spills.
+        #[arg(long)]
+        ptxas_stats: bool,
+        /// The ptxas target for --ptxas-stats.
+        #[arg(long, default_value = smelt_codegen::ptxas::DEFAULT_SM)]
+        sm: String,
+        /// Also write the weights blob (DIR/weights.bin, laid out as plan.json says).
+        #[arg(long, requires = "out")]
+        weights: bool,
+        /// Compile with this many threads (default: one per core).
+        #[arg(long, short = 'j')]
+        jobs: Option<usize>,
     },
     /// Plan activation memory: a memory-aware schedule, liveness, and offsets
     /// in one arena, checked by an independent checker.
@@ -232,7 +262,11 @@ fn real_main() -> Result<()> {
             }
             Ok(())
         }
-        Some(Command::Compile { model, dump_ir, json }) => {
+        Some(Command::Compile { model, out, arch, ptxas_stats, sm, weights, jobs, json, .. }) if out.is_some() || ptxas_stats => {
+            let opts = CodegenOpts { out, arch, ptxas_stats, sm, weights, jobs, json };
+            cmd_codegen(&model, &opts)
+        }
+        Some(Command::Compile { model, dump_ir, json, .. }) => {
             let want = dump_ir.unwrap_or_else(|| "final".into());
             let mut dumped = None;
             let (_, after, stats) = model.compile(&mut |pass, g| {
@@ -482,6 +516,150 @@ fn cmd_plan(model: &ModelArgs, json: bool, svg: Option<PathBuf>, limit: Option<u
                 }
             }
             bail!("{}", smelt::plan::over_limit(&report, limit, fit));
+        }
+    }
+    Ok(())
+}
+
+struct CodegenOpts {
+    out: Option<PathBuf>,
+    arch: String,
+    ptxas_stats: bool,
+    sm: String,
+    weights: bool,
+    jobs: Option<usize>,
+    json: bool,
+}
+
+/// `smelt compile --out DIR` / `--ptxas-stats`: lower, compile, write.
+fn cmd_codegen(model: &ModelArgs, o: &CodegenOpts) -> Result<()> {
+    use smelt_codegen::{nvrtc::Compiler, program::compile_all, Program};
+    let loaded = model.load()?;
+    let mut fused = loaded.graph.clone();
+    smelt::compile(&mut fused, !model.no_fuse, &mut |_, _| {})?;
+    let mut plain = loaded.graph.clone();
+    smelt::compile(&mut plain, false, &mut |_, _| {})?;
+    let (plan, plain_plan) = smelt::plan_both(&fused, &plain)?;
+    smelt_passes::memory::check::check(&fused, &plan)
+        .map_err(|e| anyhow::anyhow!("the memory plan failed its check (a compiler bug): {e}"))?;
+    let program = Program::build(&fused, &plan).with_context(|| format!("cannot generate code for {}", model.model))?;
+    let sources = program.sources();
+    let arch = o.arch.as_str();
+    let compiler = Compiler { arch: o.arch.clone(), ..Compiler::default() };
+    let threads = o.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let bar = ProgressBar::new(sources.len() as u64);
+    bar.set_style(ProgressStyle::with_template("{spinner} compiling kernels {bar:30} {pos}/{len} {wide_msg}").expect("valid template"));
+    if o.json {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    let t = Instant::now();
+    let compiled = compile_all(&compiler, &sources, threads, &|name| {
+        bar.set_message(name.to_string());
+        bar.inc(1);
+    });
+    bar.finish_and_clear();
+    let compiled = compiled.context("kernel compilation failed")?;
+    let compile_s = t.elapsed().as_secs_f64();
+    let cached = compiled.iter().filter(|c| c.cached).count();
+
+    let mut ptxas = Vec::new();
+    if o.ptxas_stats {
+        let exe = smelt_codegen::ptxas::find()
+            .context("--ptxas-stats needs ptxas: pip install nvidia-cuda-nvcc-cu12 and set SMELT_PTXAS to its nvidia/cuda_nvcc/bin/ptxas, or put it on PATH")?;
+        let bar = ProgressBar::new(sources.len() as u64);
+        bar.set_style(ProgressStyle::with_template("{spinner} ptxas {bar:30} {pos}/{len}").expect("valid template"));
+        if o.json {
+            bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+        }
+        for c in &compiled {
+            ptxas.extend(smelt_codegen::ptxas::stats(&exe, &c.ptx, &o.sm)?);
+            bar.inc(1);
+        }
+        bar.finish_and_clear();
+    }
+
+    let title = format!("smelt compile {}{}", model.model, model.batch.map_or(String::new(), |b| format!(" --batch {b}")));
+    if let Some(dir) = &o.out {
+        let kdir = dir.join("kernels");
+        std::fs::create_dir_all(&kdir).with_context(|| format!("cannot create {}", kdir.display()))?;
+        let write = |path: PathBuf, text: &[u8]| std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()));
+        for ((name, src), c) in sources.iter().zip(&compiled) {
+            write(kdir.join(format!("{name}.cu")), src.as_bytes())?;
+            write(kdir.join(format!("{name}.ptx")), c.ptx.as_bytes())?;
+        }
+        let pj = smelt::emit::plan_json(&model.model, model.batch, arch, &program);
+        write(dir.join("plan.json"), serde_json::to_string_pretty(&pj)?.as_bytes())?;
+        let report = smelt::plan::report(&fused, &plan, !model.no_fuse, true);
+        let mem = json!({"model": model.model, "batch": model.batch, "plan": report, "without_fusion": smelt::plan::report(&plain, &plain_plan, false, true)});
+        write(dir.join("memory.json"), serde_json::to_string_pretty(&mem)?.as_bytes())?;
+        write(dir.join("memory.svg"), smelt::plan::svg(&title, &plan, &fused, (!model.no_fuse).then_some(&plain_plan)).as_bytes())?;
+        if o.weights {
+            write(dir.join("weights.bin"), &program.weights_blob(&fused))?;
+        }
+        if o.ptxas_stats {
+            write(dir.join("ptxas.json"), serde_json::to_string_pretty(&ptxas)?.as_bytes())?;
+        }
+    }
+    let spilling: Vec<&smelt_codegen::ptxas::Stats> = ptxas.iter().filter(|s| s.spill_stores + s.spill_loads > 0).collect();
+    if o.json {
+        let v = json!({
+            "model": model.model,
+            "batch": model.batch,
+            "arch": arch,
+            "kernels": program.steps.len(),
+            "distinct_kernels": sources.len(),
+            "from_cache": cached,
+            "compile_seconds": compile_s,
+            "arena_bytes": program.arena,
+            "weights_bytes": program.weights_bytes,
+            "out": o.out,
+            "ptxas": o.ptxas_stats.then_some(&ptxas),
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        if o.ptxas_stats {
+            println!(
+                "{:<60} {:>9} {:>12} {:>11} {:>8}",
+                format!("kernel (ptxas -arch={})", o.sm),
+                "registers",
+                "spill bytes",
+                "shared",
+                "stack"
+            );
+            for s in &ptxas {
+                println!(
+                    "{:<60} {:>9} {:>12} {:>11} {:>8}",
+                    s.kernel,
+                    s.registers,
+                    s.spill_stores + s.spill_loads,
+                    human_bytes(s.shared),
+                    s.stack
+                );
+            }
+            let max = ptxas.iter().map(|s| s.registers).max().unwrap_or(0);
+            println!(
+                "\n{} kernels assembled for {}: at most {max} registers; {}\n",
+                ptxas.len(),
+                o.sm,
+                if spilling.is_empty() { "no kernel spills".to_string() } else { format!("{} kernels spill", spilling.len()) }
+            );
+        }
+        println!(
+            "{}: {} kernel launches, {} distinct kernels compiled for {arch} in {:.2} s ({} from the cache, {} threads)",
+            model.model,
+            program.steps.len(),
+            sources.len(),
+            compile_s,
+            cached,
+            threads
+        );
+        println!("arena {}, weights {}", human_bytes(program.arena), human_bytes(program.weights_bytes));
+        if let Some(dir) = &o.out {
+            println!(
+                "wrote {}/{{kernels/*.cu, kernels/*.ptx, plan.json, memory.json, memory.svg{}}}",
+                dir.display(),
+                if o.weights { ", weights.bin" } else { "" }
+            );
         }
     }
     Ok(())

@@ -164,3 +164,54 @@ fn memory_limit_failure_names_the_peak_and_the_knobs() {
     assert_eq!(code, 2);
     assert!(err.contains("unknown unit"), "{err}");
 }
+
+/// `smelt compile --out`: kernels, PTX, plan.json with every argument inside
+/// the arena or the weights blob, the memory report; a second compile comes
+/// entirely from the cache. NVRTC is needed (required where the test script
+/// set SMELT_REQUIRE_NVRTC; skipped with a reason elsewhere).
+#[test]
+fn compile_out_writes_kernels_ptx_and_plan() {
+    if !smelt_codegen::nvrtc_available() {
+        assert!(std::env::var_os("SMELT_REQUIRE_NVRTC").is_none(), "SMELT_REQUIRE_NVRTC is set but libnvrtc cannot be loaded");
+        eprintln!("SKIP: libnvrtc not found; `smelt compile --out` needs it");
+        return;
+    }
+    let tmp = std::env::temp_dir().join(format!("smelt-compile-out-{}", std::process::id()));
+    let (out_dir, cache) = (tmp.join("out"), tmp.join("cache"));
+    let m = common::variant("squeezenet").join("model.onnx");
+    let args = ["compile", m.to_str().unwrap(), "--batch", "2", "--out", out_dir.to_str().unwrap(), "--weights", "--json"];
+    let compile = || {
+        let out = smelt().args(args).env("SMELT_CACHE_DIR", &cache).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let first = compile();
+    let distinct = first["distinct_kernels"].as_u64().unwrap();
+    assert!(distinct >= 10 && first["from_cache"] == 0, "{first}");
+    let second = compile();
+    assert_eq!(second["from_cache"].as_u64().unwrap(), distinct, "the second compile must come from the cache: {second}");
+
+    let plan: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out_dir.join("plan.json")).unwrap()).unwrap();
+    let (arena, weights) = (plan["arena_bytes"].as_u64().unwrap(), plan["weights_bytes"].as_u64().unwrap());
+    assert_eq!(std::fs::metadata(out_dir.join("weights.bin")).unwrap().len(), weights);
+    let steps = plan["steps"].as_array().unwrap();
+    assert_eq!(steps.len() as u64, first["kernels"].as_u64().unwrap());
+    for s in steps {
+        let name = s["kernel"].as_str().unwrap();
+        let cu = std::fs::read_to_string(out_dir.join(s["source"].as_str().unwrap())).unwrap();
+        assert!(cu.contains(&format!("void __launch_bounds__(256) {name}(")) || cu.contains(&format!("void {name}(")), "{name}");
+        let ptx = std::fs::read_to_string(out_dir.join(s["ptx"].as_str().unwrap())).unwrap();
+        assert!(ptx.contains(&format!(".entry {name}(")), "{name}");
+        assert!(s["grid"].as_array().unwrap().iter().all(|d| d.as_u64().unwrap() >= 1));
+        let args = s["args"].as_array().unwrap();
+        assert_eq!(args.last().unwrap()["space"], "arena", "{name} writes into the arena");
+        for a in args {
+            let limit = if a["space"] == "arena" { arena } else { weights };
+            assert!(a["offset"].as_u64().unwrap() + a["bytes"].as_u64().unwrap() <= limit, "{name}: {a} beyond {limit}");
+        }
+    }
+    let mem: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out_dir.join("memory.json")).unwrap()).unwrap();
+    assert_eq!(mem["plan"]["arena_bytes"].as_u64().unwrap(), arena);
+    assert!(std::fs::read_to_string(out_dir.join("memory.svg")).unwrap().starts_with("<svg"));
+    std::fs::remove_dir_all(tmp).unwrap();
+}

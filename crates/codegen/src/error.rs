@@ -32,4 +32,25 @@ pub enum CodegenError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// A node has no kernel.
+    #[error("node {node} ({op}): {detail}")]
+    Unsupported {
+        /// The node's name.
+        node: String,
+        /// Its op.
+        op: String,
+        /// What is missing.
+        detail: String,
+    },
+    /// ptxas failed or could not be run.
+    #[error("ptxas: {0}")]
+    Ptxas(String),
+    /// A file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
 }

@@ -8,16 +8,22 @@
 //! from the same description; convolutions come next.
 
 mod cache;
+pub mod conv;
 pub mod elementwise;
 mod error;
 pub mod gemm;
+pub mod kernel;
 pub mod layout;
 pub mod nvrtc;
 pub mod pool;
+pub mod program;
+pub mod ptxas;
 pub mod reduce;
 
 pub use cache::Cache;
 pub use error::CodegenError;
+pub use kernel::{Kernel, Launch, Lowered};
+pub use program::Program;
 
 /// The CUDA C type of a dtype, and the functions that load it to and store
 /// it from f32 (empty where no conversion is needed).

@@ -11,7 +11,7 @@ pub const DEFAULT_ARCH: &str = "compute_80";
 #[derive(Clone, Debug)]
 pub struct Compiler {
     /// The `--gpu-architecture` target.
-    pub arch: &'static str,
+    pub arch: String,
     /// Folders searched for headers (`cuda_fp16.h`).
     pub include_paths: Vec<String>,
     /// The cache, if any.
@@ -32,7 +32,7 @@ impl Default for Compiler {
         let include_paths = std::env::var("SMELT_CUDA_INCLUDE")
             .map(|p| std::env::split_paths(&p).map(|p| p.display().to_string()).collect())
             .unwrap_or_default();
-        Compiler { arch: DEFAULT_ARCH, include_paths, cache: Some(Cache::new(Cache::default_dir())) }
+        Compiler { arch: DEFAULT_ARCH.to_string(), include_paths, cache: Some(Cache::new(Cache::default_dir())) }
     }
 }
 

@@ -76,6 +76,11 @@ impl Reduction {
         Some(Reduction { name, kind, expr, pre, inputs, output: out.shape.clone(), out: out.dtype })
     }
 
+    /// Rows reduced: one thread each.
+    pub fn row_count(&self) -> usize {
+        self.rows().0
+    }
+
     /// (rows, row length, inner stride): row r, element k is at flat index
     /// `(r / inner * len + k) * inner + r % inner` of `pre`.
     fn rows(&self) -> (usize, usize, usize) {

@@ -33,6 +33,19 @@ impl TensorData {
         }
     }
 
+    /// The elements as little-endian bytes (bool as one byte each), as a
+    /// device buffer holds them.
+    pub fn to_le_bytes(&self) -> Vec<u8> {
+        match self {
+            TensorData::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            TensorData::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            TensorData::BF16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            TensorData::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            TensorData::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            TensorData::Bool(v) => v.iter().map(|&x| x as u8).collect(),
+        }
+    }
+
     /// Number of elements.
     pub fn len(&self) -> usize {
         match self {
@@ -76,6 +89,26 @@ impl Tensor {
     /// An i64 tensor; panics if the length does not match.
     pub fn from_i64(shape: impl Into<Vec<usize>>, data: Vec<i64>) -> Tensor {
         Tensor::new(shape, TensorData::I64(data)).expect("element count matches the shape")
+    }
+
+    /// A tensor of `ty` from little-endian bytes (as [`TensorData::to_le_bytes`]
+    /// writes them), or `None` when the byte count does not match.
+    pub fn from_le_bytes(ty: &TensorType, bytes: &[u8]) -> Option<Tensor> {
+        if bytes.len() != ty.bytes() {
+            return None;
+        }
+        fn chunks<const N: usize, T>(b: &[u8], f: impl Fn([u8; N]) -> T) -> Vec<T> {
+            b.chunks_exact(N).map(|c| f(c.try_into().expect("exact chunks"))).collect()
+        }
+        let data = match ty.dtype {
+            DType::F32 => TensorData::F32(chunks(bytes, f32::from_le_bytes)),
+            DType::F16 => TensorData::F16(chunks(bytes, f16::from_le_bytes)),
+            DType::BF16 => TensorData::BF16(chunks(bytes, bf16::from_le_bytes)),
+            DType::I64 => TensorData::I64(chunks(bytes, i64::from_le_bytes)),
+            DType::I32 => TensorData::I32(chunks(bytes, i32::from_le_bytes)),
+            DType::Bool => TensorData::Bool(bytes.iter().map(|&b| b != 0).collect()),
+        };
+        Some(Tensor { ty: ty.clone(), data })
     }
 
     /// Dtype and shape.

@@ -1,0 +1,345 @@
+//! Convolution kernels as data, with the fused epilogue
+//! `act(conv(x, w) + bias + residual)` applied in registers.
+//!
+//! Two algorithms:
+//! - [`Algo::ImplicitGemm`]: per group, the output `[M/g, N*OH*OW]` is the
+//!   product of the weights `[M/g, K]` and the never-materialised im2col
+//!   matrix `[K, N*OH*OW]`, `K = C/g * KH * KW`. A block of 256 threads
+//!   computes a 64x64 output tile through 16-deep shared-memory tiles, each
+//!   thread a 4x4 micro-tile in registers; the im2col element is decoded
+//!   from (k, p) while the tile is loaded, padding read as zero.
+//! - [`Algo::Direct`]: one thread per output element walking its window;
+//!   for depthwise and other convs whose groups have too few output
+//!   channels to fill a GEMM tile.
+//!
+//! 1-D convolutions run as 2-D ones of height 1. The CPU runs the same
+//! description: f32 accumulation in ascending k for each output, then bias,
+//! residual and activation, as the kernel does.
+
+use crate::gemm::act_c;
+use smelt_ir::{Act, DType, Graph, NodeId, Op, Tensor};
+
+/// Rows (output channels) of an implicit-GEMM block tile.
+pub const BM: usize = 64;
+/// Columns (output positions) of a block tile.
+pub const BN: usize = 64;
+/// Depth of a shared-memory tile.
+pub const BK: usize = 16;
+/// Threads per block, for both algorithms.
+pub const THREADS: usize = 256;
+
+/// How the convolution is computed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Algo {
+    /// Implicit GEMM with shared-memory tiles.
+    ImplicitGemm,
+    /// One thread per output element.
+    Direct,
+}
+
+/// A convolution kernel (2-D, or 1-D as height 1), NCHW.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Conv {
+    /// A stable, readable name, e.g. `conv3x3_bias_relu_n1c64h56w56_m64`.
+    pub name: String,
+    /// Input `[N, C, H, W]`.
+    pub input: [usize; 4],
+    /// Output `[N, M, OH, OW]`.
+    pub output: [usize; 4],
+    /// Kernel extent (KH, KW).
+    pub kernel: [usize; 2],
+    /// Strides.
+    pub strides: [usize; 2],
+    /// Leading pads (top, left); the trailing ones only shape the output.
+    pub pads: [usize; 2],
+    /// Dilations.
+    pub dilations: [usize; 2],
+    /// Groups.
+    pub groups: usize,
+    /// A bias `[M]` follows the weights.
+    pub bias: bool,
+    /// A residual of the output's shape comes last.
+    pub residual: bool,
+    /// The epilogue activation.
+    pub act: Act,
+    /// Element type of every operand (f32 accumulation).
+    pub dtype: DType,
+    /// The algorithm.
+    pub algo: Algo,
+}
+
+impl Conv {
+    /// The description of node `id`, if it is a 1-D or 2-D (fused) convolution.
+    pub fn of(g: &Graph, id: NodeId) -> Option<Conv> {
+        let node = g.node(id);
+        let (c, bias, residual, act) = match &node.op {
+            Op::Conv(c) => (c, g.inputs_of(id).len() > 2, false, Act::None),
+            Op::FusedConv { conv, bias, residual, act } => (conv, *bias, *residual, *act),
+            _ => return None,
+        };
+        let ins = g.inputs_of(id);
+        let (x, w, out) = (&g.ty(ins[0]).shape, &g.ty(ins[1]).shape, &node.outputs[0]);
+        let dtype = out.dtype;
+        if !dtype.is_float() {
+            return None;
+        }
+        let two = |v: &[usize], one: usize| -> Option<[usize; 2]> {
+            match v.len() {
+                1 => Some([one, v[0]]),
+                2 => Some([v[0], v[1]]),
+                _ => None,
+            }
+        };
+        let sp = x.len().checked_sub(2)?;
+        let [h, wd] = two(&x[2..], 1)?;
+        let [oh, ow] = two(&out.shape[2..], 1)?;
+        let kernel = two(&w[2..], 1)?;
+        let strides = two(&c.strides, 1)?;
+        let pads = two(&c.pads[..sp], 0)?;
+        let dilations = two(&c.dilations, 1)?;
+        let input = [x[0], x[1], h, wd];
+        let output = [out.shape[0], out.shape[1], oh, ow];
+        let groups = c.group.max(1);
+        let mg = output[1] / groups;
+        let algo = if mg < 8 { Algo::Direct } else { Algo::ImplicitGemm };
+        let mut name = format!("conv{}x{}", kernel[0], kernel[1]);
+        if strides != [1, 1] {
+            name += &format!("_s{}", strides[0].max(strides[1]));
+        }
+        if dilations != [1, 1] {
+            name += &format!("_d{}", dilations[0].max(dilations[1]));
+        }
+        if groups > 1 {
+            name += &if groups == input[1] && groups == output[1] { "_dw".to_string() } else { format!("_g{groups}") };
+        }
+        // Pads other than "same" for a stride-1 window are spelled out.
+        let same = (0..2).all(|d| pads[d] == (kernel[d] - 1) * dilations[d] / 2);
+        if !same {
+            name += &format!("_p{}", pads[0].max(pads[1]));
+        }
+        if bias {
+            name += "_bias";
+        }
+        if residual {
+            name += "_res";
+        }
+        if act != Act::None {
+            name += &format!("_{}", act.to_string().split('(').next().unwrap_or("act"));
+        }
+        name += &format!("_n{}c{}h{}w{}_m{}", input[0], input[1], input[2], input[3], output[1]);
+        if dtype != DType::F32 {
+            name += &format!("_{dtype}");
+        }
+        Some(Conv { name, input, output, kernel, strides, pads, dilations, groups, bias, residual, act, dtype, algo })
+    }
+
+    /// Input channels per group.
+    pub fn cg(&self) -> usize {
+        self.input[1] / self.groups
+    }
+
+    /// Output channels per group.
+    pub fn mg(&self) -> usize {
+        self.output[1] / self.groups
+    }
+
+    /// The GEMM depth: `C/g * KH * KW`.
+    pub fn k(&self) -> usize {
+        self.cg() * self.kernel[0] * self.kernel[1]
+    }
+
+    /// The GEMM width: `N * OH * OW`.
+    pub fn p(&self) -> usize {
+        self.output[0] * self.output[2] * self.output[3]
+    }
+
+    /// Output elements.
+    pub fn numel(&self) -> usize {
+        self.output.iter().product()
+    }
+
+    /// Multiply-adds.
+    pub fn macs(&self) -> usize {
+        self.numel() * self.k()
+    }
+
+    /// Launch geometry: grid (x, y, z) of blocks of [`THREADS`] threads.
+    pub fn grid(&self) -> [usize; 3] {
+        match self.algo {
+            Algo::ImplicitGemm => [self.p().div_ceil(BN), self.mg().div_ceil(BM), self.groups],
+            Algo::Direct => [self.numel().div_ceil(THREADS), 1, 1],
+        }
+    }
+
+    /// The kernel's parameters, in order.
+    pub fn params(&self) -> Vec<&'static str> {
+        let mut p = vec!["x", "w"];
+        if self.bias {
+            p.push("bias");
+        }
+        if self.residual {
+            p.push("residual");
+        }
+        p.push("out");
+        p
+    }
+
+    /// The CUDA C source: `extern "C" __global__ void NAME(x, w, [bias,] [residual,] out)`.
+    pub fn cuda(&self) -> String {
+        let (ty, load, store) = crate::c_type(self.dtype);
+        let [n, c, h, w] = self.input;
+        let [_, m, oh, ow] = self.output;
+        let ([kh, kw], [sh, sw], [ph, pw], [dh, dw]) = (self.kernel, self.strides, self.pads, self.dilations);
+        let (cg, mg, k, p) = (self.cg(), self.mg(), self.k(), self.p());
+        let mut s = String::from("#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n\n");
+        s += &format!(
+            "// {}: act={} (conv{kh}x{kw} stride {sh}x{sw} pad {ph}x{pw} dilation {dh}x{dw} groups {} of x[{n},{c},{h},{w}]{}{}) -> [{n},{m},{oh},{ow}], {:?}\n",
+            self.name,
+            self.act,
+            self.groups,
+            if self.bias { " + bias" } else { "" },
+            if self.residual { " + residual" } else { "" },
+            self.algo,
+        );
+        let mut params = vec![format!("const {ty}* __restrict__ x"), format!("const {ty}* __restrict__ w")];
+        if self.bias {
+            params.push(format!("const {ty}* __restrict__ bias"));
+        }
+        if self.residual {
+            params.push(format!("const {ty}* __restrict__ residual"));
+        }
+        params.push(format!("{ty}* __restrict__ out"));
+        s += &format!("extern \"C\" __global__ void __launch_bounds__({THREADS}) {}({}) {{\n", self.name, params.join(", "));
+        // The epilogue for output channel `co` at flat output index `o`.
+        let epilogue = |indent: &str, acc: &str| {
+            let mut e = format!("{indent}float v = {acc};\n");
+            if self.bias {
+                e += &format!("{indent}v += {load}(bias[co]);\n");
+            }
+            if self.residual {
+                e += &format!("{indent}v += {load}(residual[o]);\n");
+            }
+            if self.act != Act::None {
+                e += &format!("{indent}v = {};\n", act_c(self.act, "v"));
+            }
+            e += &format!("{indent}out[o] = {store}(v);\n");
+            e
+        };
+        match self.algo {
+            Algo::Direct => {
+                s += &format!(
+                    "    unsigned long long o = (unsigned long long)blockIdx.x * {THREADS} + threadIdx.x;\n    if (o >= {}ull) return;\n",
+                    self.numel()
+                );
+                s += &format!("    int ox = (int)(o % {ow}ull), oy = (int)(o / {ow}ull % {oh}ull);\n");
+                s += &format!("    int co = (int)(o / {}ull % {m}ull), nb = (int)(o / {}ull);\n", oh * ow, m * oh * ow);
+                s += &format!(
+                    "    int gc = co / {mg} * {cg};\n    const {ty}* wr = w + (unsigned long long)co * {k};\n    float acc = 0.0f;\n"
+                );
+                s += &format!("    for (int ci = 0; ci < {cg}; ++ci) {{\n");
+                s += &format!("        const {ty}* xc = x + ((unsigned long long)nb * {c} + gc + ci) * {};\n", h * w);
+                s += &format!("        #pragma unroll\n        for (int r = 0; r < {kh}; ++r) {{\n            int iy = oy * {sh} - {ph} + r * {dh};\n            if (iy < 0 || iy >= {h}) continue;\n");
+                s += &format!("            #pragma unroll\n            for (int q = 0; q < {kw}; ++q) {{\n                int ix = ox * {sw} - {pw} + q * {dw};\n                if (ix < 0 || ix >= {w}) continue;\n");
+                s += &format!("                acc += {load}(xc[iy * {w} + ix]) * {load}(wr[(ci * {kh} + r) * {kw} + q]);\n            }}\n        }}\n    }}\n");
+                s += &epilogue("    ", "acc");
+            }
+            Algo::ImplicitGemm => {
+                s += &format!("    // A = w[{mg} x {k}] per group, B = im2col(x)[{k} x {p}], 4x4 outputs per thread.\n");
+                s += &format!("    __shared__ float as[{BK}][{}];\n    __shared__ float bs[{BK}][{BN}];\n", BM + 1);
+                s += "    const int tid = threadIdx.x, tm = tid / 16, tn = tid % 16;\n";
+                s += &format!("    const int g = blockIdx.z, m0 = blockIdx.y * {BM}, p0 = blockIdx.x * {BN};\n");
+                s += &format!("    const {ty}* wg = w + (unsigned long long)g * {mg} * {k};\n");
+                s += "    float acc[4][4];\n    #pragma unroll\n    for (int i = 0; i < 4; ++i)\n        #pragma unroll\n        for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;\n";
+                s += &format!("    for (int k0 = 0; k0 < {k}; k0 += {BK}) {{\n");
+                s += &format!("        #pragma unroll\n        for (int i = tid; i < {}; i += {THREADS}) {{\n", BM * BK);
+                s += &format!("            int mm = i / {BK}, kk = i % {BK}, gm = m0 + mm, gk = k0 + kk;\n");
+                s += &format!("            as[kk][mm] = (gm < {mg} && gk < {k}) ? {load}(wg[(unsigned long long)gm * {k} + gk]) : 0.0f;\n        }}\n");
+                s += &format!("        #pragma unroll\n        for (int i = tid; i < {}; i += {THREADS}) {{\n", BK * BN);
+                s += &format!("            int kk = i / {BN}, pp = i % {BN}, gk = k0 + kk, gp = p0 + pp;\n            float v = 0.0f;\n");
+                s += &format!("            if (gk < {k} && gp < {p}) {{\n");
+                s += &format!("                int ci = gk / {}, r = gk / {kw} % {kh}, q = gk % {kw};\n", kh * kw);
+                s += &format!("                int nb = gp / {}, oy = gp / {ow} % {oh}, ox = gp % {ow};\n", oh * ow);
+                s += &format!("                int iy = oy * {sh} - {ph} + r * {dh}, ix = ox * {sw} - {pw} + q * {dw};\n");
+                s += &format!(
+                    "                if (iy >= 0 && iy < {h} && ix >= 0 && ix < {w}) v = {load}(x[(((unsigned long long)nb * {c} + g * {cg} + ci) * {h} + iy) * {w} + ix]);\n            }}\n"
+                );
+                s += "            bs[kk][pp] = v;\n        }\n        __syncthreads();\n";
+                s += &format!("        #pragma unroll\n        for (int kk = 0; kk < {BK}; ++kk) {{\n");
+                s += "            float a[4], b[4];\n            #pragma unroll\n            for (int i = 0; i < 4; ++i) a[i] = as[kk][tm + 16 * i];\n";
+                s += "            #pragma unroll\n            for (int j = 0; j < 4; ++j) b[j] = bs[kk][tn + 16 * j];\n";
+                s += "            #pragma unroll\n            for (int i = 0; i < 4; ++i)\n                #pragma unroll\n                for (int j = 0; j < 4; ++j) acc[i][j] += a[i] * b[j];\n";
+                s += "        }\n        __syncthreads();\n    }\n";
+                s += "    #pragma unroll\n    for (int i = 0; i < 4; ++i) {\n        int gm = m0 + tm + 16 * i;\n";
+                s += &format!("        if (gm >= {mg}) continue;\n        int co = g * {mg} + gm;\n");
+                s += "        #pragma unroll\n        for (int j = 0; j < 4; ++j) {\n            int gp = p0 + tn + 16 * j;\n";
+                s += &format!("            if (gp >= {p}) continue;\n");
+                s += &format!(
+                    "            unsigned long long o = ((unsigned long long)(gp / {}) * {m} + co) * {} + gp % {};\n",
+                    oh * ow,
+                    oh * ow,
+                    oh * ow
+                );
+                s += &epilogue("            ", "acc[i][j]");
+                s += "        }\n    }\n";
+            }
+        }
+        s += "}\n";
+        s
+    }
+
+    /// Runs the description on the CPU as the kernel computes it: for each
+    /// output, the products summed in f32 in ascending k (padding taps
+    /// contribute nothing), then bias, residual and activation; the result
+    /// rounded to the dtype.
+    pub fn run_cpu(&self, inputs: &[&Tensor]) -> Tensor {
+        let x = inputs[0].to_f32_vec();
+        let w = inputs[1].to_f32_vec();
+        let bias = self.bias.then(|| inputs[2].to_f32_vec());
+        let residual = self.residual.then(|| inputs[inputs.len() - 1].to_f32_vec());
+        let [_, c, h, wd] = self.input;
+        let [_, m, oh, ow] = self.output;
+        let ([kh, kw], [sh, sw], [ph, pw], [dh, dw]) = (self.kernel, self.strides, self.pads, self.dilations);
+        let (cg, mg, k, p) = (self.cg(), self.mg(), self.k(), self.p());
+        let plane = oh * ow;
+        let mut out = vec![0f32; self.numel()];
+        let mut row = vec![0f32; p];
+        let mut acc = vec![0f32; mg * p];
+        for g in 0..self.groups {
+            acc.fill(0.0);
+            for kk in 0..k {
+                let (ci, r, q) = (kk / (kh * kw), kk / kw % kh, kk % kw);
+                // Row kk of the im2col matrix, as the kernel decodes it.
+                for (gp, v) in row.iter_mut().enumerate() {
+                    let (nb, oy, ox) = (gp / plane, gp / ow % oh, gp % ow);
+                    let iy = (oy * sh + r * dh).checked_sub(ph).filter(|&i| i < h);
+                    let ix = (ox * sw + q * dw).checked_sub(pw).filter(|&i| i < wd);
+                    *v = match (iy, ix) {
+                        (Some(iy), Some(ix)) => x[((nb * c + g * cg + ci) * h + iy) * wd + ix],
+                        _ => 0.0,
+                    };
+                }
+                for gm in 0..mg {
+                    let a = w[(g * mg + gm) * k + kk];
+                    acc[gm * p..][..p].iter_mut().zip(&row).for_each(|(acc, b)| *acc += a * b);
+                }
+            }
+            for gm in 0..mg {
+                let co = g * mg + gm;
+                for gp in 0..p {
+                    let o = ((gp / plane) * m + co) * plane + gp % plane;
+                    let mut v = acc[gm * p + gp];
+                    if let Some(b) = &bias {
+                        v += b[co];
+                    }
+                    if let Some(r) = &residual {
+                        v += r[o];
+                    }
+                    out[o] = self.act.apply(v);
+                }
+            }
+        }
+        let shape = inputs[0].shape().len();
+        let out_shape = if shape == 3 { vec![self.output[0], m, ow] } else { self.output.to_vec() };
+        Tensor::from_f32(out_shape, out).cast(self.dtype)
+    }
+}

@@ -1,0 +1,188 @@
+//! One kernel of any kind: the description every node of a fused graph
+//! lowers to, with its launch geometry, and the CPU run of it.
+
+use crate::conv::Conv;
+use crate::elementwise::Elementwise;
+use crate::gemm::{Gemm, TILE};
+use crate::layout::Layout;
+use crate::pool::Pool;
+use crate::reduce::Reduction;
+use crate::CodegenError;
+use smelt_ir::{Graph, NodeId, Op, Tensor};
+
+/// Threads per block of the one-thread-per-element kernels.
+pub const BLOCK: usize = 256;
+
+/// A kernel description.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Kernel {
+    /// Fused elementwise (or a single unary/binary op).
+    Elementwise(Elementwise),
+    /// Max or average pooling.
+    Pool(Pool),
+    /// Global average pool or softmax, with a prologue.
+    Reduction(Reduction),
+    /// Transpose, concat copy, LRN.
+    Layout(Layout),
+    /// (Fused) GEMM.
+    Gemm(Gemm),
+    /// (Fused) convolution.
+    Conv(Conv),
+}
+
+/// Launch geometry, and the trailing scalar argument (an element or row
+/// count) that some kernels take after their pointers.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Launch {
+    /// Blocks (x, y, z).
+    pub grid: [usize; 3],
+    /// Threads per block (x, y, z).
+    pub block: [usize; 3],
+    /// The `unsigned long long` passed after the pointers, if any.
+    pub count: Option<usize>,
+}
+
+/// What a node lowers to.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Lowered {
+    /// A kernel.
+    Kernel(Box<Kernel>),
+    /// Nothing to run: inputs, constants, views (reshape and friends share
+    /// their input's bytes) and in-place concatenations (their inputs were
+    /// written into place).
+    Nothing,
+}
+
+fn linear(n: usize) -> Launch {
+    Launch { grid: [n.div_ceil(BLOCK).max(1), 1, 1], block: [BLOCK, 1, 1], count: Some(n) }
+}
+
+impl Kernel {
+    /// What node `id` of `g` lowers to; `copied_concat` says whether an
+    /// in-place concatenation was planned as a copy after all. An op with no
+    /// kernel is an error naming the node.
+    pub fn lower(g: &Graph, id: NodeId, copied_concat: bool) -> Result<Lowered, CodegenError> {
+        let node = g.node(id);
+        match &node.op {
+            Op::Input | Op::Constant => return Ok(Lowered::Nothing),
+            Op::ConcatInPlace { .. } if !copied_concat => return Ok(Lowered::Nothing),
+            op if op.is_view() => return Ok(Lowered::Nothing),
+            _ => {}
+        }
+        Kernel::of(g, id).map(|k| Lowered::Kernel(Box::new(k))).ok_or_else(|| CodegenError::Unsupported {
+            node: node.name.clone(),
+            op: node.op.name().to_string(),
+            detail: format!(
+                "no CUDA kernel for this op with inputs {}",
+                g.inputs_of(id).iter().map(|v| g.ty(*v).to_string()).collect::<Vec<_>>().join(", ")
+            ),
+        })
+    }
+
+    /// The kernel of node `id`, if there is one.
+    pub fn of(g: &Graph, id: NodeId) -> Option<Kernel> {
+        if let Some(c) = Conv::of(g, id) {
+            return Some(Kernel::Conv(c));
+        }
+        if let Some(m) = Gemm::of(g, id) {
+            return Some(Kernel::Gemm(m));
+        }
+        if let Some(p) = Pool::of(g, id) {
+            return Some(Kernel::Pool(p));
+        }
+        if let Some(r) = Reduction::of(g, id) {
+            return Some(Kernel::Reduction(r));
+        }
+        if let Some(l) = Layout::of(g, id) {
+            return Some(Kernel::Layout(l));
+        }
+        Elementwise::of(g, id).map(Kernel::Elementwise)
+    }
+
+    /// Its name (the CUDA function's).
+    pub fn name(&self) -> &str {
+        match self {
+            Kernel::Elementwise(k) => &k.name,
+            Kernel::Pool(k) => &k.name,
+            Kernel::Reduction(k) => &k.name,
+            Kernel::Layout(k) => &k.name,
+            Kernel::Gemm(k) => &k.name,
+            Kernel::Conv(k) => &k.name,
+        }
+    }
+
+    /// Renames it (to keep names unique in a program).
+    pub fn rename(&mut self, name: String) {
+        match self {
+            Kernel::Elementwise(k) => k.name = name,
+            Kernel::Pool(k) => k.name = name,
+            Kernel::Reduction(k) => k.name = name,
+            Kernel::Layout(k) => k.name = name,
+            Kernel::Gemm(k) => k.name = name,
+            Kernel::Conv(k) => k.name = name,
+        }
+    }
+
+    /// The kind, for reports: `elementwise`, `pool`, `reduction`, `layout`, `gemm`, `conv`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Kernel::Elementwise(_) => "elementwise",
+            Kernel::Pool(_) => "pool",
+            Kernel::Reduction(_) => "reduction",
+            Kernel::Layout(_) => "layout",
+            Kernel::Gemm(_) => "gemm",
+            Kernel::Conv(_) => "conv",
+        }
+    }
+
+    /// The CUDA C source.
+    pub fn cuda(&self) -> String {
+        match self {
+            Kernel::Elementwise(k) => k.cuda(),
+            Kernel::Pool(k) => k.cuda(),
+            Kernel::Reduction(k) => k.cuda(),
+            Kernel::Layout(k) => k.cuda(),
+            Kernel::Gemm(k) => k.cuda(),
+            Kernel::Conv(k) => k.cuda(),
+        }
+    }
+
+    /// Launch geometry.
+    pub fn launch(&self) -> Launch {
+        match self {
+            Kernel::Elementwise(k) => linear(k.numel()),
+            Kernel::Pool(k) => linear(k.numel()),
+            Kernel::Reduction(k) => linear(k.row_count()),
+            Kernel::Layout(k) => linear(k.numel()),
+            Kernel::Gemm(k) => {
+                let (x, y) = k.grid();
+                Launch { grid: [x.max(1), y.max(1), 1], block: [TILE, TILE, 1], count: None }
+            }
+            Kernel::Conv(k) => Launch { grid: k.grid().map(|d| d.max(1)), block: [crate::conv::THREADS, 1, 1], count: None },
+        }
+    }
+
+    /// Multiply-adds (GEMM, conv) or elements produced, for FLOP-rate reports.
+    pub fn flops(&self) -> usize {
+        match self {
+            Kernel::Gemm(k) => 2 * k.m * k.n * k.k,
+            Kernel::Conv(k) => 2 * k.macs(),
+            Kernel::Elementwise(k) => k.numel() * k.expr.nodes.len(),
+            Kernel::Pool(k) => k.numel() * k.attrs.kernel.iter().product::<usize>(),
+            Kernel::Reduction(k) => k.pre.iter().product(),
+            Kernel::Layout(k) => k.numel(),
+        }
+    }
+
+    /// Runs the description on the CPU (inputs in the node's order).
+    pub fn run_cpu(&self, inputs: &[&Tensor]) -> Tensor {
+        match self {
+            Kernel::Elementwise(k) => k.run_cpu(inputs),
+            Kernel::Pool(k) => k.run_cpu(inputs[0]),
+            Kernel::Reduction(k) => k.run_cpu(inputs),
+            Kernel::Layout(k) => k.run_cpu(inputs),
+            Kernel::Gemm(k) => k.run_cpu(inputs[0], inputs[1], inputs.get(2).copied()),
+            Kernel::Conv(k) => k.run_cpu(inputs),
+        }
+    }
+}

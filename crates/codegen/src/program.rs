@@ -1,0 +1,317 @@
+//! A program: the kernels of a fused, planned graph in schedule order, each
+//! argument addressed as an offset into the arena (activations, graph
+//! inputs and outputs) or into the weights blob (constants, uploaded once).
+//! This is what `smelt compile --out` writes as `plan.json`, and what a
+//! runtime executes.
+
+use crate::kernel::{Kernel, Launch, Lowered};
+use crate::nvrtc::{Compiled, Compiler};
+use crate::CodegenError;
+use smelt_ir::{Graph, NodeId, Tensor, TensorType, ValueId};
+use smelt_passes::memory::{Plan, ALIGN};
+use std::collections::HashMap;
+
+/// Where an argument's bytes are.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Space {
+    /// The activation arena.
+    Arena,
+    /// The weights blob.
+    Weights,
+}
+
+/// A pointer argument of a kernel launch.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Arg {
+    /// The kernel parameter it binds (`in0`, `x`, `out`, ...).
+    pub param: String,
+    /// The value's name (`node` or `node:slot`).
+    pub value: String,
+    /// Arena or weights.
+    pub space: Space,
+    /// Byte offset of the first element.
+    pub offset: usize,
+    /// Bytes of the value (contiguous).
+    pub bytes: usize,
+    /// Its type, e.g. `f32[1,64,56,56]`.
+    #[serde(serialize_with = "display")]
+    pub ty: TensorType,
+}
+
+fn display<S: serde::Serializer>(t: &TensorType, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(t)
+}
+
+/// One kernel launch.
+#[derive(Clone, Debug)]
+pub struct Step {
+    /// The node it computes.
+    pub node: String,
+    /// The kernel (its name unique in the program).
+    pub kernel: Kernel,
+    /// Launch geometry.
+    pub launch: Launch,
+    /// Pointer arguments in parameter order (inputs, then the output).
+    pub args: Vec<Arg>,
+}
+
+/// A constant in the weights blob.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct WeightSlot {
+    /// The constant's name.
+    pub name: String,
+    /// Its dtype.
+    pub dtype: String,
+    /// Its shape.
+    pub shape: Vec<usize>,
+    /// Byte offset in the blob (aligned to [`ALIGN`]).
+    pub offset: usize,
+    /// Bytes.
+    pub bytes: usize,
+}
+
+/// A graph input or output and where it lives in the arena.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Io {
+    /// Its name.
+    pub name: String,
+    /// Its type, e.g. `f32[1,3,224,224]`.
+    pub ty: String,
+    /// Byte offset in the arena.
+    pub offset: usize,
+    /// Bytes.
+    pub bytes: usize,
+}
+
+/// The kernels of a planned graph.
+#[derive(Clone, Debug)]
+pub struct Program {
+    /// Launches in schedule order.
+    pub steps: Vec<Step>,
+    /// Arena bytes.
+    pub arena: usize,
+    /// Constants, in order of first use.
+    pub weights: Vec<WeightSlot>,
+    /// Bytes of the weights blob.
+    pub weights_bytes: usize,
+    /// Graph inputs.
+    pub inputs: Vec<Io>,
+    /// Graph outputs.
+    pub outputs: Vec<Io>,
+    /// The outputs' types.
+    pub output_types: Vec<TensorType>,
+}
+
+fn value_name(g: &Graph, v: ValueId) -> String {
+    let n = &g.node(v.node).name;
+    if g.node(v.node).outputs.len() > 1 {
+        format!("{n}:{}", v.slot)
+    } else {
+        n.clone()
+    }
+}
+
+/// The parameter names of a kernel with `n` pointer inputs.
+fn params(k: &Kernel, n: usize) -> Vec<String> {
+    let mut p: Vec<String> = match k {
+        Kernel::Conv(c) => c.params().into_iter().map(String::from).collect(),
+        Kernel::Gemm(_) => ["a", "b", "c"].iter().take(n).map(|s| s.to_string()).chain(["out".to_string()]).collect(),
+        Kernel::Pool(_) => vec!["in".into(), "out".into()],
+        _ => (0..n).map(|i| format!("in{i}")).chain(["out".to_string()]).collect(),
+    };
+    p.truncate(n + 1);
+    p
+}
+
+impl Program {
+    /// Lowers every node of `g` in `plan`'s schedule. Kernel names are made
+    /// unique by a numeric suffix where two different kernels would share one.
+    pub fn build(g: &Graph, plan: &Plan) -> Result<Program, CodegenError> {
+        let mut weights = Vec::new();
+        let mut weight_at: HashMap<NodeId, usize> = HashMap::new();
+        let mut weights_bytes = 0;
+        let mut names: HashMap<String, Vec<String>> = HashMap::new();
+        let mut steps = Vec::new();
+        for &id in &plan.schedule {
+            let k = match Kernel::lower(g, id, plan.copied_concats.contains(&id))? {
+                Lowered::Nothing => continue,
+                Lowered::Kernel(k) => *k,
+            };
+            let mut kernel = k;
+            // Unique names: same name and same source share the name.
+            let source = kernel.cuda();
+            let seen = names.entry(kernel.name().to_string()).or_default();
+            match seen.iter().position(|s| *s == source) {
+                Some(0) => {}
+                Some(i) => kernel.rename(format!("{}_{i}", kernel.name())),
+                None => {
+                    let i = seen.len();
+                    seen.push(source);
+                    if i > 0 {
+                        kernel.rename(format!("{}_{i}", kernel.name()));
+                    }
+                }
+            }
+            let ins = g.inputs_of(id);
+            let names_of = params(&kernel, ins.len());
+            let mut args = Vec::new();
+            for (param, v) in names_of.iter().zip(ins.iter().copied().chain([ValueId { node: id, slot: 0 }])) {
+                let bytes = g.ty(v).bytes();
+                if g.node(v.node).op == smelt_ir::Op::Constant {
+                    let offset = *weight_at.entry(v.node).or_insert_with(|| {
+                        let at = weights_bytes;
+                        let ty = g.ty(v);
+                        weights.push(WeightSlot {
+                            name: g.node(v.node).name.clone(),
+                            dtype: ty.dtype.to_string(),
+                            shape: ty.shape.clone(),
+                            offset: at,
+                            bytes,
+                        });
+                        weights_bytes += bytes.div_ceil(ALIGN) * ALIGN;
+                        at
+                    });
+                    args.push(Arg {
+                        param: param.clone(),
+                        value: value_name(g, v),
+                        space: Space::Weights,
+                        offset,
+                        bytes,
+                        ty: g.ty(v).clone(),
+                    });
+                    continue;
+                }
+                let place = plan.placements.get(&v).ok_or_else(|| CodegenError::Unsupported {
+                    node: g.node(id).name.clone(),
+                    op: g.node(id).op.name().to_string(),
+                    detail: format!("value {} has no place in the memory plan", value_name(g, v)),
+                })?;
+                // The planner aliases only contiguous slices; kernels address
+                // their operands densely.
+                if place.intervals.len() != 1 {
+                    return Err(CodegenError::Unsupported {
+                        node: g.node(id).name.clone(),
+                        op: g.node(id).op.name().to_string(),
+                        detail: format!(
+                            "value {} is placed in {} strided pieces; kernels need it contiguous",
+                            value_name(g, v),
+                            place.intervals.len()
+                        ),
+                    });
+                }
+                args.push(Arg {
+                    param: param.clone(),
+                    value: value_name(g, v),
+                    space: Space::Arena,
+                    offset: place.intervals[0].0,
+                    bytes,
+                    ty: g.ty(v).clone(),
+                });
+            }
+            let launch = kernel.launch();
+            steps.push(Step { node: g.node(id).name.clone(), kernel, launch, args });
+        }
+        let io = |v: ValueId, name: String| -> Io {
+            let ty = g.ty(v);
+            let offset = plan.placements.get(&v).map_or(0, |p| p.intervals[0].0);
+            Io { name, ty: ty.to_string(), offset, bytes: ty.bytes() }
+        };
+        let inputs = g.inputs().iter().map(|&n| io(ValueId { node: n, slot: 0 }, g.node(n).name.clone())).collect();
+        let outputs = g.outputs().iter().map(|(name, v)| io(*v, name.clone())).collect();
+        let output_types = g.outputs().iter().map(|(_, v)| g.ty(*v).clone()).collect();
+        Ok(Program { steps, arena: plan.arena, weights, weights_bytes, inputs, outputs, output_types })
+    }
+
+    /// The weights blob of `g` (the graph the program was built from): each
+    /// constant's little-endian bytes at its offset.
+    pub fn weights_blob(&self, g: &Graph) -> Vec<u8> {
+        let mut blob = vec![0u8; self.weights_bytes];
+        let by_name: HashMap<&str, NodeId> =
+            g.node_ids().filter(|&n| g.node(n).op == smelt_ir::Op::Constant).map(|n| (g.node(n).name.as_str(), n)).collect();
+        for w in &self.weights {
+            if let Some(t) = by_name.get(w.name.as_str()).and_then(|&n| g.weight(n)) {
+                let bytes = t.data().to_le_bytes();
+                blob[w.offset..w.offset + bytes.len()].copy_from_slice(&bytes);
+            }
+        }
+        blob
+    }
+
+    /// Executes the program on the CPU as a device would: one byte arena of
+    /// [`Program::arena`] bytes and the weights blob, each step's kernel
+    /// description reading its operands at their offsets and writing its
+    /// output at its offset. Views, in-place writes and in-place
+    /// concatenations happen through the offsets alone, so this checks the
+    /// memory plan and the lowering together with the kernels.
+    pub fn run_cpu(&self, weights: &[u8], inputs: &[Tensor]) -> Result<Vec<Tensor>, CodegenError> {
+        let bad = |what: String| CodegenError::Unsupported { node: "program".into(), op: "run".into(), detail: what };
+        if inputs.len() != self.inputs.len() || weights.len() != self.weights_bytes {
+            return Err(bad(format!(
+                "{} inputs and {} weight bytes given, {} and {} expected",
+                inputs.len(),
+                weights.len(),
+                self.inputs.len(),
+                self.weights_bytes
+            )));
+        }
+        let mut arena = vec![0u8; self.arena];
+        for (io, t) in self.inputs.iter().zip(inputs) {
+            let b = t.data().to_le_bytes();
+            if b.len() != io.bytes {
+                return Err(bad(format!("input {} has {} bytes, {} expected", io.name, b.len(), io.bytes)));
+            }
+            arena[io.offset..io.offset + io.bytes].copy_from_slice(&b);
+        }
+        for s in &self.steps {
+            let (out, ins) = s.args.split_last().expect("every kernel has an output");
+            let ts: Vec<Tensor> = ins
+                .iter()
+                .map(|a| {
+                    let mem = if a.space == Space::Arena { &arena[..] } else { weights };
+                    Tensor::from_le_bytes(&a.ty, &mem[a.offset..a.offset + a.bytes]).expect("sizes match the type")
+                })
+                .collect();
+            let y = s.kernel.run_cpu(&ts.iter().collect::<Vec<_>>());
+            arena[out.offset..out.offset + out.bytes].copy_from_slice(&y.data().to_le_bytes());
+        }
+        let read = |io: &Io, ty: &TensorType| Tensor::from_le_bytes(ty, &arena[io.offset..io.offset + io.bytes]).expect("sizes match");
+        Ok(self.outputs.iter().zip(&self.output_types).map(|(io, ty)| read(io, ty)).collect())
+    }
+
+    /// The distinct kernels, by name, in first-use order: `(name, source)`.
+    pub fn sources(&self) -> Vec<(String, String)> {
+        let mut seen = std::collections::HashSet::new();
+        self.steps
+            .iter()
+            .filter(|s| seen.insert(s.kernel.name().to_string()))
+            .map(|s| (s.kernel.name().to_string(), s.kernel.cuda()))
+            .collect()
+    }
+}
+
+/// Compiles `(name, source)` pairs on `threads` threads (at least one),
+/// calling `progress(name)` after each. Results are in input order; the
+/// first failure is returned.
+pub fn compile_all(
+    compiler: &Compiler,
+    kernels: &[(String, String)],
+    threads: usize,
+    progress: &(dyn Fn(&str) + Sync),
+) -> Result<Vec<Compiled>, CodegenError> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results: Vec<std::sync::Mutex<Option<Result<Compiled, CodegenError>>>> =
+        kernels.iter().map(|_| std::sync::Mutex::new(None)).collect();
+    std::thread::scope(|s| {
+        for _ in 0..threads.clamp(1, kernels.len().max(1)) {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some((name, src)) = kernels.get(i) else { break };
+                let r = compiler.compile(name, src);
+                progress(name);
+                *results[i].lock().expect("no panics while holding the lock") = Some(r);
+            });
+        }
+    });
+    results.into_iter().map(|m| m.into_inner().expect("no panics while holding the lock").expect("every kernel was compiled")).collect()
+}
