@@ -148,6 +148,13 @@ fn elementwise_cuda_snapshots() {
         let d = Elementwise::of(&g, id).unwrap();
         compile_and_snapshot(nvrtc.as_ref(), name, &d.name, &d.cuda());
     }
+    // Four elements per thread: same-shape f32 operands.
+    let g = text::parse("graph {\n  %0 \"a\" = input : f32[2,8]\n  %1 \"b\" = input : f32[2,8]\n  %2 = elementwise(%0, %1) {expr=\"relu(add($0,$1))\"} : f32[2,8]\n  output \"y\" = %2\n}\n").unwrap();
+    let mut d = Elementwise::of(&g, g.outputs()[0].1.node).unwrap();
+    assert!(d.vectorizable());
+    d.vector = true;
+    assert_eq!(d.threads(), 4);
+    compile_and_snapshot(nvrtc.as_ref(), "add_relu_v4", &d.name, &d.cuda());
 }
 
 /// The CUDA C of pooling kernels: max with padding, average counting padding.

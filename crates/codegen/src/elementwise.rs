@@ -20,6 +20,10 @@ pub struct Elementwise {
     pub inputs: Vec<(DType, Vec<usize>)>,
     /// The output dtype.
     pub out: DType,
+    /// Four elements per thread through 16-byte `float4` loads and stores
+    /// (set by the lowering where [`Elementwise::vectorizable`] and every
+    /// operand's address is 16-byte aligned).
+    pub vector: bool,
 }
 
 pub use smelt_ir::broadcast_strides as strides;
@@ -83,16 +87,35 @@ impl Elementwise {
         let suffix = if out.dtype == DType::F32 { String::new() } else { format!("_{}", out.dtype) };
         let name = format!("ew_{}_{}{suffix}", ops.join("_"), shape_tag(&out.shape));
         let inputs = ins.iter().map(|v| (g.ty(*v).dtype, strides(&g.ty(*v).shape, &out.shape))).collect();
-        Some(Elementwise { name, expr, shape: out.shape.clone(), inputs, out: out.dtype })
+        Some(Elementwise { name, expr, shape: out.shape.clone(), inputs, out: out.dtype, vector: false })
     }
 
-    /// Number of output elements (threads).
+    /// Number of output elements.
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
     }
 
+    /// Threads to launch: one per element, or per four with [`Elementwise::vector`].
+    pub fn threads(&self) -> usize {
+        if self.vector {
+            self.numel() / 4
+        } else {
+            self.numel()
+        }
+    }
+
+    /// Whether four elements per thread work: f32 throughout, no input
+    /// broadcast, a multiple of four elements.
+    pub fn vectorizable(&self) -> bool {
+        let dense = strides(&self.shape, &self.shape);
+        self.out == DType::F32 && self.numel() % 4 == 0 && self.inputs.iter().all(|(d, st)| *d == DType::F32 && *st == dense)
+    }
+
     /// The CUDA C source: `extern "C" __global__ void NAME(in0, in1, ..., out, n)`.
     pub fn cuda(&self) -> String {
+        if self.vector {
+            return self.cuda_vector();
+        }
         let ty = |d: DType| crate::c_type(d).0;
         let mut s = String::from("#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n\n");
         s += &format!("// {}: {} over {:?}\n", self.name, self.expr, self.shape);
@@ -113,6 +136,35 @@ impl Elementwise {
             _ => last,
         };
         s += &format!("    out[i] = {store};\n}}\n");
+        s
+    }
+
+    /// The four-wide kernel: `float4` loads, the expression per lane, one
+    /// `float4` store; `n` counts elements.
+    fn cuda_vector(&self) -> String {
+        let k = self.inputs.len();
+        let mut s = String::from("#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n\n");
+        s += &format!("// {}: {} over {:?}, four elements per thread\n", self.name, self.expr, self.shape);
+        let args: Vec<String> = (0..k).map(|i| format!("float a{i}")).collect();
+        s += &format!("__device__ __forceinline__ float value_{}({}) {{\n", self.name, args.join(", "));
+        s += &expr_body(&self.expr);
+        s += "}\n\n";
+        let params: Vec<String> = (0..k).map(|i| format!("const float4* __restrict__ in{i}")).collect();
+        s += &format!(
+            "extern \"C\" __global__ void {}({}, float4* __restrict__ out, unsigned long long n) {{\n",
+            self.name,
+            params.join(", ")
+        );
+        s += "    unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;\n    if (i * 4 >= n) return;\n";
+        for i in 0..k {
+            s += &format!("    float4 v{i} = in{i}[i];\n");
+        }
+        s += "    float4 r;\n";
+        for lane in ["x", "y", "z", "w"] {
+            let a: Vec<String> = (0..k).map(|i| format!("v{i}.{lane}")).collect();
+            s += &format!("    r.{lane} = value_{}({});\n", self.name, a.join(", "));
+        }
+        s += "    out[i] = r;\n}\n";
         s
     }
 
@@ -177,6 +229,13 @@ pub fn expr_c(expr: &Expr, shape: &[usize], inputs: &[(DType, Vec<usize>)], idx:
         };
         s += &format!("    float a{k} = {};\n", load(*d, format!("in{k}[{at}]")));
     }
+    s + &expr_body(expr)
+}
+
+/// C statements evaluating `expr` in f32 from the inputs `a0`, `a1`, ...
+/// and `return`ing the result.
+fn expr_body(expr: &Expr) -> String {
+    let mut s = String::new();
     for (j, n) in expr.nodes.iter().enumerate() {
         let v = match *n {
             ExprNode::Input(k) => format!("a{k}"),

@@ -150,7 +150,7 @@ impl Kernel {
     /// Launch geometry.
     pub fn launch(&self) -> Launch {
         match self {
-            Kernel::Elementwise(k) => linear(k.numel()),
+            Kernel::Elementwise(k) => Launch { count: Some(k.numel()), ..linear(k.threads()) },
             Kernel::Pool(k) => linear(k.numel()),
             Kernel::Reduction(k) => linear(k.row_count()),
             Kernel::Layout(k) => linear(k.numel()),

@@ -1,11 +1,9 @@
-//! Code generation. Today: the NVRTC toolchain that every generated kernel
-//! goes through (compilation to PTX with the NVRTC log and the offending
-//! source line on failure, an on-disk cache keyed by source and options) and
-//! the probes that tell whether NVRTC and the CUDA driver can be loaded.
-//! Kernels as data: so far elementwise ([`elementwise`]), pooling ([`pool`]),
-//! reduction ([`reduce`]), transpose, concat and LRN ([`layout`]) and GEMM
-//! ([`gemm`]) kernels, rendered to CUDA C and run on the CPU
-//! from the same description; convolutions come next.
+//! Code generation: kernels as data. Every node of a fused graph lowers to a
+//! description ([`Kernel`]: [`conv`], [`gemm`], [`elementwise`], [`pool`],
+//! [`reduce`], [`layout`]) that renders to CUDA C and runs on the CPU; a
+//! [`Program`] puts them in schedule order with arena and weights offsets
+//! from the memory plan. NVRTC ([`nvrtc`]) compiles the CUDA C to PTX with
+//! an on-disk [`Cache`]; [`ptxas`] reports registers and spills.
 
 mod cache;
 pub mod conv;

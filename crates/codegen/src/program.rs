@@ -209,6 +209,13 @@ impl Program {
                     ty: g.ty(v).clone(),
                 });
             }
+            // Four f32 elements per thread where every operand is 16-byte aligned.
+            if let Kernel::Elementwise(e) = &mut kernel {
+                if e.vectorizable() && args.iter().all(|a| a.offset % 16 == 0) {
+                    e.vector = true;
+                    e.name += "_v4";
+                }
+            }
             let launch = kernel.launch();
             steps.push(Step { node: g.node(id).name.clone(), kernel, launch, args });
         }
