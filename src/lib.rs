@@ -63,6 +63,56 @@ pub fn compile(
     smelt_passes::pipeline::run_with(graph, &opts, after)
 }
 
+/// As [`compile`], with every pipeline option (the precision policy among them).
+pub fn compile_with(
+    graph: &mut Graph,
+    opts: &smelt_passes::pipeline::Options,
+    after: &mut dyn FnMut(&str, &Graph),
+) -> Result<smelt_passes::pipeline::Stats, smelt_passes::PassError> {
+    smelt_passes::pipeline::run_with(graph, opts, after)
+}
+
+/// How a reduced-precision output compares with the f32 one.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct PrecisionError {
+    /// Largest |half - f32|.
+    pub max_abs: f64,
+    /// Largest |half - f32| / |f32| over elements with f32 != 0.
+    pub max_rel: f64,
+    /// max_abs / the largest |f32|: the error relative to the output's scale.
+    pub max_abs_over_range: f64,
+    /// Rows whose arg-max along the class axis (the last axis longer than
+    /// one) agrees with f32's.
+    pub argmax_agree: usize,
+    /// Rows compared.
+    pub rows: usize,
+}
+
+/// Compares `half` with `reference` (same shape): errors and the agreement
+/// of the arg-max along the class axis, row by row.
+pub fn precision_error(half: &Tensor, reference: &Tensor) -> PrecisionError {
+    let c = compare(half, reference, 0.0, 0.0);
+    let (a, r) = (half.to_f32_vec(), reference.to_f32_vec());
+    let shape = reference.shape();
+    let axis = shape.iter().rposition(|&d| d > 1).unwrap_or(0);
+    let len = shape.get(axis).copied().unwrap_or(1).max(1);
+    let inner: usize = shape.iter().skip(axis + 1).product();
+    let rows = r.len() / len;
+    let argmax = |v: &[f32], row: usize| {
+        let base = row / inner * len * inner + row % inner;
+        (0..len).max_by(|&i, &j| v[base + i * inner].total_cmp(&v[base + j * inner]).then(j.cmp(&i))).unwrap_or(0)
+    };
+    let agree = if a.len() == r.len() { (0..rows).filter(|&i| argmax(&a, i) == argmax(&r, i)).count() } else { 0 };
+    let range = r.iter().fold(0f64, |m, x| m.max(x.abs() as f64));
+    PrecisionError {
+        max_abs: c.max_abs,
+        max_rel: c.max_rel,
+        max_abs_over_range: c.max_abs / range.max(f64::MIN_POSITIVE),
+        argmax_agree: agree,
+        rows,
+    }
+}
+
 /// Plans a model's fused graph and its unfused graph: the unfused plan's
 /// schedule is a hint for the fused one, so fusion never raises the peak.
 /// Returns (fused plan, unfused plan).

@@ -164,6 +164,16 @@ struct ModelArgs {
     /// Turn fusion off everywhere (for comparison).
     #[arg(long)]
     no_fuse: bool,
+    /// Precision policy: f32 (as imported), f16 or bf16 (every float op),
+    /// mixed-f16 or mixed-bf16 (half storage and compute with f32
+    /// accumulation; f32 kept for softmax, normalization, reductions, the
+    /// final classifier layer and --keep-f32). Graph inputs and outputs stay f32.
+    #[arg(long, default_value = "f32", value_parser = clap::builder::TypedValueParser::map(clap::builder::PossibleValuesParser::new(smelt_passes::precision::Policy::NAMES), |s| s.parse::<smelt_passes::precision::Policy>().expect("listed")))]
+    precision: smelt_passes::precision::Policy,
+    /// Keep these in f32 under a reduced precision: an op type (softmax,
+    /// conv, gemm...) or a node name, `*` matching any characters. Repeatable.
+    #[arg(long = "keep-f32", value_name = "PATTERN")]
+    keep_f32: Vec<String>,
 }
 
 impl ModelArgs {
@@ -183,12 +193,32 @@ impl ModelArgs {
         Ok(loaded)
     }
 
+    /// The pipeline's options, with fusion on when `fuse` (and not --no-fuse).
+    fn options(&self, fuse: bool) -> smelt_passes::pipeline::Options {
+        smelt_passes::pipeline::Options {
+            fuse: fuse && !self.no_fuse,
+            precision: smelt_passes::precision::Options { policy: self.precision, keep_f32: self.keep_f32.clone() },
+            ..Default::default()
+        }
+    }
+
+    /// The same model at another batch size.
+    fn with_batch(&self, batch: usize) -> ModelArgs {
+        ModelArgs {
+            model: self.model.clone(),
+            batch: Some(batch),
+            no_fuse: self.no_fuse,
+            precision: self.precision,
+            keep_f32: self.keep_f32.clone(),
+        }
+    }
+
     /// Loads and compiles; returns the graph before and after the passes.
     fn compile(&self, after: &mut dyn FnMut(&str, &Graph)) -> Result<(Graph, Graph, smelt_passes::pipeline::Stats)> {
         let loaded = self.load()?;
         let mut g = loaded.graph.clone();
         let t = Instant::now();
-        let stats = smelt::compile(&mut g, !self.no_fuse, after).with_context(|| format!("cannot compile {}", self.model))?;
+        let stats = smelt::compile_with(&mut g, &self.options(true), after).with_context(|| format!("cannot compile {}", self.model))?;
         log_time("compile", t);
         Ok((loaded.graph, g, stats))
     }
@@ -231,7 +261,8 @@ fn real_main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
         None => {
-            let model = ModelArgs { model: DEFAULT_MODEL.into(), batch: None, no_fuse: false };
+            let model =
+                ModelArgs { model: DEFAULT_MODEL.into(), batch: None, no_fuse: false, precision: Default::default(), keep_f32: Vec::new() };
             let (before, after, stats) = model.compile(&mut |_, _| {})?;
             println!("smelt: {DEFAULT_MODEL} (built-in, deterministic random weights)\n");
             print_inspect(&inspect(&before, &after), &stats);
@@ -243,7 +274,8 @@ fn real_main() -> Result<()> {
                 human_bytes(after.weight_bytes())
             );
             println!();
-            let ok = cmd_run(&after, &[], &[], 1e-3, 1e-7, None, false)?;
+            let run = RunArgs { inputs: &[], expects: &[], rtol: 1e-3, atol: 1e-7, save: None, json: false };
+            let ok = cmd_run(&after, &run, None)?;
             println!(
                 "\nTry `smelt --help`, `smelt inspect MODEL`, `smelt plan MODEL --svg memory.svg`, `smelt run MODEL --expect FILE.pb`."
             );
@@ -288,8 +320,18 @@ fn real_main() -> Result<()> {
         }
         Some(Command::Plan { model, json, svg, memory_limit, timings }) => cmd_plan(&model, json, svg, memory_limit, timings),
         Some(Command::Run { model, inputs, expects, rtol, atol, save_outputs, json }) => {
-            let (_, g, _) = model.compile(&mut |_, _| {})?;
-            let ok = cmd_run(&g, &inputs, &expects, rtol, atol, save_outputs, json)?;
+            let (before, g, _) = model.compile(&mut |_, _| {})?;
+            // Under a reduced precision, also run in f32 and report the error.
+            let reference = if model.precision != smelt_passes::precision::Policy::F32 {
+                let mut r = before.clone();
+                let opts = smelt_passes::pipeline::Options { precision: Default::default(), ..model.options(true) };
+                smelt::compile_with(&mut r, &opts, &mut |_, _| {})?;
+                Some(r)
+            } else {
+                None
+            };
+            let run = RunArgs { inputs: &inputs, expects: &expects, rtol, atol, save: save_outputs, json };
+            let ok = cmd_run(&g, &run, reference.as_ref().map(|r| (r, model.precision)))?;
             exit_if(!ok)
         }
         Some(Command::Print { model, output }) => {
@@ -346,7 +388,20 @@ fn read_inputs(g: &Graph, files: &[PathBuf]) -> Result<Vec<Tensor>> {
     files.iter().map(|f| Ok(onnx::read_tensor_file(f)?.1)).collect()
 }
 
-fn cmd_run(g: &Graph, inputs: &[PathBuf], expects: &[PathBuf], rtol: f64, atol: f64, save: Option<PathBuf>, json: bool) -> Result<bool> {
+struct RunArgs<'a> {
+    inputs: &'a [PathBuf],
+    expects: &'a [PathBuf],
+    rtol: f64,
+    atol: f64,
+    save: Option<PathBuf>,
+    json: bool,
+}
+
+/// Runs `g` on the CPU; with `reference` (the f32 graph and the policy of
+/// `g`), also runs that and reports the error of `g` against it.
+fn cmd_run(g: &Graph, a: &RunArgs, reference: Option<(&Graph, smelt_passes::precision::Policy)>) -> Result<bool> {
+    let RunArgs { inputs, expects, rtol, atol, json, .. } = *a;
+    let save = &a.save;
     let ins = read_inputs(g, inputs)?;
     if !expects.is_empty() && expects.len() != g.outputs().len() {
         bail!("the model has {} outputs but {} --expect files were given", g.outputs().len(), expects.len());
@@ -365,6 +420,13 @@ fn cmd_run(g: &Graph, inputs: &[PathBuf], expects: &[PathBuf], rtol: f64, atol: 
             onnx::write_tensor_file(&dir.join(format!("output_{i}.pb")), name, t)?;
         }
     }
+    let against_f32: Option<Vec<smelt::PrecisionError>> = match reference {
+        Some((r, _)) => {
+            let want = smelt_runtime::cpu::run(r, &ins)?;
+            Some(outs.iter().zip(&want).map(|(h, w)| smelt::precision_error(h, w)).collect())
+        }
+        None => None,
+    };
     let mut ok = true;
     let mut rows = Vec::new();
     for (i, ((name, _), t)) in g.outputs().iter().zip(&outs).enumerate() {
@@ -376,18 +438,22 @@ fn cmd_run(g: &Graph, inputs: &[PathBuf], expects: &[PathBuf], rtol: f64, atol: 
     if json {
         let outputs: Vec<_> = rows
             .iter()
-            .map(|(name, t, s, cmp)| json!({"name": name, "dtype": t.ty().dtype.name(), "shape": t.shape(), "summary": s, "comparison": cmp}))
+            .enumerate()
+            .map(|(i, (name, t, s, cmp))| {
+                json!({"name": name, "dtype": t.ty().dtype.name(), "shape": t.shape(), "summary": s, "comparison": cmp,
+                       "against_f32": against_f32.as_ref().map(|e| &e[i])})
+            })
             .collect();
         println!(
             "{}",
             serde_json::to_string_pretty(
-                &json!({"backend": "cpu", "seconds": secs, "ok": ok, "rtol": rtol, "atol": atol, "outputs": outputs})
+                &json!({"backend": "cpu", "precision": reference.map_or("f32".to_string(), |(_, p)| p.to_string()), "seconds": secs, "ok": ok, "rtol": rtol, "atol": atol, "outputs": outputs})
             )?
         );
         return Ok(ok);
     }
-    println!("ran on the CPU reference executor in {secs:.3} s");
-    for (name, t, s, cmp) in rows {
+    println!("ran on the CPU reference executor in {secs:.3} s{}", reference.map_or(String::new(), |(_, p)| format!(" at precision {p}")));
+    for (i, (name, t, s, cmp)) in rows.into_iter().enumerate() {
         println!(
             "output {name}: {}  min {:.6} max {:.6} mean {:.6} argmax {}{}",
             t.ty(),
@@ -397,6 +463,12 @@ fn cmd_run(g: &Graph, inputs: &[PathBuf], expects: &[PathBuf], rtol: f64, atol: 
             s.argmax,
             if s.finite { "" } else { "  (NOT FINITE)" }
         );
+        if let Some(e) = against_f32.as_ref().map(|e| &e[i]) {
+            println!(
+                "  against f32: max abs err {:.3e} ({:.3e} of the largest |output|)  max rel err {:.3e}  arg-max agrees on {} of {} rows",
+                e.max_abs, e.max_abs_over_range, e.max_rel, e.argmax_agree, e.rows
+            );
+        }
         if let Some(c) = cmp {
             match &c.error {
                 Some(e) => println!("  expected: MISMATCH: {e}"),
@@ -431,12 +503,12 @@ fn cmd_plan(model: &ModelArgs, json: bool, svg: Option<PathBuf>, limit: Option<u
     let import_s = t0.elapsed().as_secs_f64();
     let t = Instant::now();
     let mut fused = loaded.graph.clone();
-    let stats = smelt::compile(&mut fused, !model.no_fuse, &mut |_, _| {})?;
+    let stats = smelt::compile_with(&mut fused, &model.options(true), &mut |_, _| {})?;
     let passes_s = t.elapsed().as_secs_f64();
     // Without fusion first: for comparison, and its schedule is a hint for
     // the fused graph (so fusion never raises the peak).
     let mut plain = loaded.graph.clone();
-    smelt::compile(&mut plain, false, &mut |_, _| {})?;
+    smelt::compile_with(&mut plain, &model.options(false), &mut |_, _| {})?;
     let (plain_plan, _, _) = plan_checked(&plain, None)?;
     let hint = smelt_passes::memory::schedule_names(&plain, &plain_plan);
     let (plan, plan_s, check_s) = plan_checked(&fused, Some(&hint))?;
@@ -503,11 +575,11 @@ fn cmd_plan(model: &ModelArgs, json: bool, svg: Option<PathBuf>, limit: Option<u
             if !model.model.ends_with(".tir") {
                 let mut b = batch / 2;
                 while b >= 1 && fit.is_none() {
-                    let m = ModelArgs { model: model.model.clone(), batch: Some(b), no_fuse: model.no_fuse };
+                    let m = model.with_batch(b);
                     let g = load(&m.model, m.batch)?.graph;
                     let (mut fused, mut plain) = (g.clone(), g);
-                    smelt::compile(&mut fused, !m.no_fuse, &mut |_, _| {})?;
-                    smelt::compile(&mut plain, false, &mut |_, _| {})?;
+                    smelt::compile_with(&mut fused, &m.options(true), &mut |_, _| {})?;
+                    smelt::compile_with(&mut plain, &m.options(false), &mut |_, _| {})?;
                     let (p, _) = smelt::plan_both(&fused, &plain)?;
                     if p.arena <= limit {
                         fit = Some((b, p.arena));
@@ -536,9 +608,9 @@ fn cmd_codegen(model: &ModelArgs, o: &CodegenOpts) -> Result<()> {
     use smelt_codegen::{nvrtc::Compiler, program::compile_all, Program};
     let loaded = model.load()?;
     let mut fused = loaded.graph.clone();
-    smelt::compile(&mut fused, !model.no_fuse, &mut |_, _| {})?;
+    smelt::compile_with(&mut fused, &model.options(true), &mut |_, _| {})?;
     let mut plain = loaded.graph.clone();
-    smelt::compile(&mut plain, false, &mut |_, _| {})?;
+    smelt::compile_with(&mut plain, &model.options(false), &mut |_, _| {})?;
     let (plan, plain_plan) = smelt::plan_both(&fused, &plain)?;
     smelt_passes::memory::check::check(&fused, &plan)
         .map_err(|e| anyhow::anyhow!("the memory plan failed its check (a compiler bug): {e}"))?;

@@ -52,6 +52,12 @@ pub struct MemoryReport {
     pub peak_live: Vec<LiveTensor>,
     /// Whether the independent checker accepted the plan.
     pub checked: bool,
+    /// Weight bytes per dtype.
+    pub weights_by_dtype: std::collections::BTreeMap<String, usize>,
+    /// Activation bytes per dtype, every value counted once (as the naive sum).
+    pub activations_by_dtype: std::collections::BTreeMap<String, usize>,
+    /// Kernels that only convert precision (casts nothing could absorb).
+    pub cast_kernels: usize,
 }
 
 /// Builds the report of `plan` for `g`.
@@ -82,7 +88,21 @@ pub fn report(g: &Graph, plan: &Plan, fused: bool, checked: bool) -> MemoryRepor
         peak_node,
         peak_live,
         checked,
+        weights_by_dtype: by_dtype(g, true),
+        activations_by_dtype: by_dtype(g, false),
+        cast_kernels: g.node_ids().filter(|&n| matches!(g.node(n).op, Op::Cast { .. })).count(),
     }
+}
+
+/// Bytes per dtype of the constants (`weights`) or of every other value.
+fn by_dtype(g: &Graph, weights: bool) -> std::collections::BTreeMap<String, usize> {
+    let mut m = std::collections::BTreeMap::new();
+    for n in g.node_ids().filter(|&n| (g.node(n).op == Op::Constant) == weights) {
+        for t in &g.node(n).outputs {
+            *m.entry(t.dtype.to_string()).or_insert(0) += t.bytes();
+        }
+    }
+    m
 }
 
 /// Parses `6GiB`, `512 MiB`, `1.5GB`, `4096` (bytes): binary units B, KiB,

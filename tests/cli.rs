@@ -112,7 +112,7 @@ fn compile_dumps_the_ir_after_a_pass() {
     assert!(before.contains("batch_norm(") && !before.contains("fused_conv"));
     let (code, _, err) = run(&["compile", m.to_str().unwrap(), "--dump-ir", "nonsense"]);
     assert_eq!(code, 2);
-    assert!(err.contains("possible values: dce, fuse, ew-cluster, reduce-fuse, concat, final-dce"), "{err}");
+    assert!(err.contains("possible values: dce, fuse, precision, ew-cluster, reduce-fuse, concat, final-dce"), "{err}");
     let (code, json, _) = run(&["compile", m.to_str().unwrap(), "--json"]);
     assert_eq!(code, 0);
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();

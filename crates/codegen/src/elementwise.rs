@@ -43,31 +43,10 @@ impl Elementwise {
     pub fn of(g: &Graph, id: NodeId) -> Option<Elementwise> {
         let node = g.node(id);
         let ins = g.inputs_of(id);
-        let mut e = Expr::default();
-        let args: Vec<usize> = (0..ins.len()).map(|i| e.push(ExprNode::Input(i))).collect();
-        let expr = match &node.op {
-            Op::Elementwise { expr } => expr.clone(),
-            Op::Unary(u) => {
-                e.push(ExprNode::Unary(*u, args[0]));
-                e
-            }
-            Op::Clip { min, max } => {
-                e.push(ExprNode::Clip(*min, *max, args[0]));
-                e
-            }
-            Op::Binary(b) => {
-                e.push(ExprNode::Binary(*b, args[0], args[1]));
-                e
-            }
-            Op::Sum => {
-                let mut acc = args[0];
-                for &a in &args[1..] {
-                    acc = e.push(ExprNode::Binary(BinaryOp::Add, acc, a));
-                }
-                e
-            }
-            _ => return None,
-        };
+        if ins.iter().any(|v| !g.ty(*v).dtype.is_float()) {
+            return None;
+        }
+        let expr = Expr::of_op(&node.op, ins.len())?;
         let out = &node.outputs[0];
         if !out.dtype.is_float() {
             return None;
@@ -80,6 +59,7 @@ impl Elementwise {
                 ExprNode::Unary(u, _) => Some(Op::Unary(*u).name()),
                 ExprNode::Binary(b, ..) => Some(Op::Binary(*b).name()),
                 ExprNode::Clip(..) => Some("clip"),
+                ExprNode::Cast(..) => Some("cast"),
                 _ => None,
             })
             .take(4)
@@ -243,6 +223,9 @@ fn expr_body(expr: &Expr) -> String {
             ExprNode::Unary(u, a) => unary_c(u, &format!("t{a}")),
             ExprNode::Binary(b, x, y) => binary_c(b, &format!("t{x}"), &format!("t{y}")),
             ExprNode::Clip(lo, hi, a) => format!("fminf(fmaxf(t{a}, {lo:?}f), {hi:?}f)"),
+            ExprNode::Cast(DType::F16, a) => format!("__half2float(__float2half(t{a}))"),
+            ExprNode::Cast(DType::BF16, a) => format!("__bfloat162float(__float2bfloat16(t{a}))"),
+            ExprNode::Cast(_, a) => format!("t{a}"),
         };
         s += &format!("    float t{j} = {v};\n");
     }

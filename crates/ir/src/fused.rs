@@ -3,7 +3,8 @@
 //! from the compact strings the text format uses (`relu`, `clip(0.0,6.0)`,
 //! `relu(add($0,mul($1,$2)))`).
 
-use crate::op::{BinaryOp, UnaryOp};
+use crate::dtype::DType;
+use crate::op::{BinaryOp, Op, UnaryOp};
 use std::fmt;
 
 /// An activation applied in a kernel's epilogue, in registers.
@@ -78,6 +79,9 @@ pub enum ExprNode {
     Binary(BinaryOp, usize, usize),
     /// Clamp to `[min, max]`.
     Clip(f32, f32, usize),
+    /// Round to a float dtype (a precision boundary inside a kernel; the
+    /// value stays in f32 registers, rounded as a store and load would).
+    Cast(DType, usize),
 }
 
 /// An elementwise expression: nodes in dependency order, the last is the result.
@@ -103,10 +107,73 @@ impl Expr {
     pub fn is_well_formed(&self) -> bool {
         !self.nodes.is_empty()
             && self.nodes.iter().enumerate().all(|(i, n)| match *n {
-                ExprNode::Unary(_, a) | ExprNode::Clip(_, _, a) => a < i,
+                ExprNode::Unary(_, a) | ExprNode::Clip(_, _, a) | ExprNode::Cast(_, a) => a < i,
                 ExprNode::Binary(_, a, b) => a < i && b < i,
                 _ => true,
             })
+    }
+
+    /// The expression of an elementwise op over its `arity` inputs: unary,
+    /// binary, clip, sum, a float-to-float cast, or a fused expression.
+    pub fn of_op(op: &Op, arity: usize) -> Option<Expr> {
+        let mut e = Expr::default();
+        let ins: Vec<usize> = (0..arity).map(|i| e.push(ExprNode::Input(i))).collect();
+        match op {
+            Op::Elementwise { expr } => return Some(expr.clone()),
+            Op::Unary(u) => e.push(ExprNode::Unary(*u, ins[0])),
+            Op::Clip { min, max } => e.push(ExprNode::Clip(*min, *max, ins[0])),
+            Op::Binary(b) => e.push(ExprNode::Binary(*b, ins[0], ins[1])),
+            Op::Cast { to } if to.is_float() => e.push(ExprNode::Cast(*to, ins[0])),
+            Op::Sum if arity >= 1 => {
+                let mut acc = ins[0];
+                for &a in &ins[1..] {
+                    acc = e.push(ExprNode::Binary(BinaryOp::Add, acc, a));
+                }
+                acc
+            }
+            _ => return None,
+        };
+        Some(e)
+    }
+
+    /// Appends `other` with its inputs bound to nodes `args` of `self`;
+    /// returns the index of its result.
+    pub fn inline(&mut self, other: &Expr, args: &[usize]) -> usize {
+        let mut remap: Vec<usize> = Vec::with_capacity(other.nodes.len());
+        for n in &other.nodes {
+            let k = match *n {
+                ExprNode::Input(i) => args[i],
+                ExprNode::Const(c) => self.push(ExprNode::Const(c)),
+                ExprNode::Unary(u, a) => self.push(ExprNode::Unary(u, remap[a])),
+                ExprNode::Binary(b, x, y) => self.push(ExprNode::Binary(b, remap[x], remap[y])),
+                ExprNode::Clip(lo, hi, a) => self.push(ExprNode::Clip(lo, hi, remap[a])),
+                ExprNode::Cast(d, a) => self.push(ExprNode::Cast(d, remap[a])),
+            };
+            remap.push(k);
+        }
+        *remap.last().expect("non-empty expression")
+    }
+
+    /// The dtype of the result given the inputs' dtypes: operands of a
+    /// binary function must agree (constants adapt), a cast sets its dtype.
+    pub fn dtype(&self, inputs: &[DType]) -> Result<DType, String> {
+        let mut t: Vec<Option<DType>> = Vec::with_capacity(self.nodes.len());
+        for n in &self.nodes {
+            let d = match *n {
+                ExprNode::Input(i) => Some(*inputs.get(i).ok_or_else(|| format!("expression {self} reads input {i} of {}", inputs.len()))?),
+                ExprNode::Const(_) => None,
+                ExprNode::Unary(_, a) | ExprNode::Clip(_, _, a) => t[a],
+                ExprNode::Binary(b, x, y) => match (t[x], t[y]) {
+                    (Some(p), Some(q)) if p != q => {
+                        return Err(format!("{} of {p} and {q} in expression {self}: cast one side", Op::Binary(b).name()))
+                    }
+                    (p, q) => p.or(q),
+                },
+                ExprNode::Cast(d, _) => Some(d),
+            };
+            t.push(d);
+        }
+        Ok(t.last().copied().flatten().or(inputs.first().copied()).unwrap_or(DType::F32))
     }
 
     /// Evaluates the expression for one element given input values.
@@ -119,6 +186,7 @@ impl Expr {
                 ExprNode::Unary(u, a) => crate::op::apply_unary(u, scratch[a]),
                 ExprNode::Binary(b, x, y) => crate::op::apply_binary(b, scratch[x], scratch[y]),
                 ExprNode::Clip(lo, hi, a) => scratch[a].max(lo).min(hi),
+                ExprNode::Cast(d, a) => round_to(d, scratch[a]),
             };
             scratch.push(v);
         }
@@ -149,6 +217,11 @@ impl Expr {
             }
             ExprNode::Clip(lo, hi, a) => {
                 write!(f, "clip({lo:?},{hi:?},")?;
+                self.write(a, f)?;
+                f.write_str(")")
+            }
+            ExprNode::Cast(d, a) => {
+                write!(f, "cast_{d}(")?;
                 self.write(a, f)?;
                 f.write_str(")")
             }
@@ -228,6 +301,10 @@ fn parse_node(cs: &[char], pos: &mut usize, e: &mut Expr) -> Result<usize, Strin
         ("leaky_relu", &[a]) => ExprNode::Unary(UnaryOp::LeakyRelu(p[0]), a),
         ("elu", &[a]) => ExprNode::Unary(UnaryOp::Elu(p[0]), a),
         ("selu", &[a]) => ExprNode::Unary(UnaryOp::Selu(p[0], p[1]), a),
+        (name, &[a]) if name.starts_with("cast_") => match DType::from_name(&name[5..]).filter(|d| d.is_float()) {
+            Some(d) => ExprNode::Cast(d, a),
+            None => return Err(format!("{name}: only casts to f32, f16 and bf16 are elementwise")),
+        },
         (name, args) => match (crate::text::op_by_name(name), args) {
             (Some(crate::op::Op::Unary(u)), &[a]) => ExprNode::Unary(u, a),
             (Some(crate::op::Op::Binary(b)), &[x, y]) => ExprNode::Binary(b, x, y),
@@ -235,4 +312,13 @@ fn parse_node(cs: &[char], pos: &mut usize, e: &mut Expr) -> Result<usize, Strin
         },
     };
     Ok(e.push(node))
+}
+
+/// `x` rounded to float dtype `d` (the identity for f32).
+pub fn round_to(d: DType, x: f32) -> f32 {
+    match d {
+        DType::F16 => half::f16::from_f32(x).to_f32(),
+        DType::BF16 => half::bf16::from_f32(x).to_f32(),
+        _ => x,
+    }
 }

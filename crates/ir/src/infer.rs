@@ -153,12 +153,14 @@ pub fn infer(op: &Op, ins: &[&TensorType]) -> Result<Vec<TensorType>, String> {
         Op::FusedGemm { trans_a, trans_b, .. } => gemm(*trans_a, *trans_b, ins)?,
         Op::Elementwise { expr } => {
             arity(ins, 1, usize::MAX)?;
-            same_dtype(ins)?;
-            float(ins[0])?;
+            for t in ins {
+                float(t)?;
+            }
             if !expr.is_well_formed() || expr.arity() != ins.len() {
                 return Err(format!("expression {expr} does not use exactly {} inputs", ins.len()));
             }
-            TensorType::new(ins[0].dtype, broadcast_all(ins)?)
+            let d = expr.dtype(&ins.iter().map(|t| t.dtype).collect::<Vec<_>>())?;
+            TensorType::new(d, broadcast_all(ins)?)
         }
         Op::ConcatInPlace { axis } => concat(*axis, ins)?,
         Op::FusedReduction { expr, reduction } => {

@@ -24,7 +24,7 @@ pub mod zoo;
 
 pub use dtype::{DType, Shape, TensorType, MAX_TENSOR_BYTES};
 pub use error::IrError;
-pub use fused::{Act, Expr, ExprNode};
+pub use fused::{round_to, Act, Expr, ExprNode};
 pub use graph::{Graph, Node, NodeId, ValueId};
 pub use infer::{broadcast, broadcast_index, broadcast_strides, infer, slice_len};
 pub use op::{apply_binary, apply_unary, erf, BinaryOp, Conv, Op, PadMode, Pool, ReduceOp, UnaryOp};

@@ -1,5 +1,5 @@
 //! Elementwise clustering: merges each tree of elementwise ops (unary,
-//! binary with broadcasting, clip, sum, earlier clusters) into one
+//! binary with broadcasting, clip, sum, float casts, earlier clusters) into one
 //! `elementwise` kernel, so its intermediates never reach memory.
 //!
 //! A producer joins its consumers' kernels when every user is elementwise,
@@ -23,10 +23,13 @@ pub struct Stats {
     pub absorbed: usize,
 }
 
-/// Elementwise float ops (integer arithmetic stays as it is: fused kernels compute in float).
+/// Elementwise float ops, float-to-float casts included (integer arithmetic
+/// stays as it is: fused kernels compute in float).
 fn is_elementwise(g: &Graph, id: NodeId) -> bool {
     let n = g.node(id);
-    matches!(n.op, Op::Unary(_) | Op::Binary(_) | Op::Clip { .. } | Op::Sum | Op::Elementwise { .. }) && n.outputs[0].dtype.is_float()
+    n.outputs[0].dtype.is_float()
+        && g.inputs_of(id).iter().all(|v| g.ty(*v).dtype.is_float())
+        && Expr::of_op(&n.op, g.inputs_of(id).len()).is_some()
 }
 
 /// Clusters `g` in place.
@@ -40,12 +43,12 @@ pub fn run(g: &mut Graph) -> Result<Stats, IrError> {
         .filter(|&id| {
             let users = g.users_of(id);
             let op = &g.node(id).op;
-            let cheap = matches!(op, Op::Unary(_) | Op::Binary(_) | Op::Clip { .. });
+            let cheap = matches!(op, Op::Unary(_) | Op::Binary(_) | Op::Clip { .. } | Op::Cast { .. });
             is_elementwise(g, id)
                 && !users.is_empty()
                 && (users.len() == 1 || cheap)
                 && !outputs.contains(&id)
-                && users.iter().all(|&u| is_elementwise(g, u) && g.node(u).outputs[0].dtype == g.node(id).outputs[0].dtype)
+                && users.iter().all(|&u| is_elementwise(g, u))
         })
         .collect();
     let mut out = Graph::new();
@@ -111,38 +114,13 @@ impl ExprBuilder<'_> {
         }
     }
 
-    /// Appends the expression of node `id`; returns its index.
+    /// Appends the expression of node `id` (earlier clusters inlined, their
+    /// inputs bound to our operands); returns its index.
     fn visit(&mut self, id: smelt_ir::NodeId) -> usize {
         let ins = self.g.inputs_of(id);
         let args: Vec<usize> = ins.iter().map(|&v| self.operand(v)).collect();
-        let node = match &self.g.node(id).op {
-            Op::Unary(u) => ExprNode::Unary(*u, args[0]),
-            Op::Clip { min, max } => ExprNode::Clip(*min, *max, args[0]),
-            Op::Binary(b) => ExprNode::Binary(*b, args[0], args[1]),
-            Op::Sum => {
-                let mut acc = args[0];
-                for &a in &args[1..] {
-                    acc = self.expr.push(ExprNode::Binary(smelt_ir::BinaryOp::Add, acc, a));
-                }
-                return acc;
-            }
-            Op::Elementwise { expr } => {
-                // Inline an earlier cluster: its inputs are our operands.
-                let mut remap = Vec::with_capacity(expr.nodes.len());
-                for n in &expr.nodes {
-                    let k = match *n {
-                        ExprNode::Input(i) => args[i],
-                        ExprNode::Const(c) => self.expr.push(ExprNode::Const(c)),
-                        ExprNode::Unary(u, a) => self.expr.push(ExprNode::Unary(u, remap[a])),
-                        ExprNode::Binary(b, x, y) => self.expr.push(ExprNode::Binary(b, remap[x], remap[y])),
-                        ExprNode::Clip(lo, hi, a) => self.expr.push(ExprNode::Clip(lo, hi, remap[a])),
-                    };
-                    remap.push(k);
-                }
-                return *remap.last().expect("non-empty expression");
-            }
-            op => unreachable!("{} is not elementwise", op.name()),
-        };
-        self.expr.push(node)
+        let op = &self.g.node(id).op;
+        let e = Expr::of_op(op, ins.len()).unwrap_or_else(|| unreachable!("{} is not elementwise", op.name()));
+        self.expr.inline(&e, &args)
     }
 }

@@ -10,6 +10,7 @@ pub mod ew_cluster;
 pub mod fusion;
 pub mod memory;
 pub mod pipeline;
+pub mod precision;
 pub mod reduce_fuse;
 
 /// Errors of the passes crate.

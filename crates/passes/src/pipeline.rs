@@ -1,12 +1,13 @@
 //! The order of passes, with the verifier after each in debug builds:
-//! `dce`, then with fusion on `fuse` (egg), `ew-cluster`, `reduce-fuse`,
-//! `concat`, `final-dce`.
+//! `dce`, then with fusion on `fuse` (egg), `precision` (a no-op at f32),
+//! `ew-cluster`, `reduce-fuse`, `concat`, `final-dce`. Without fusion,
+//! `precision` runs after `dce`.
 
-use crate::{concat, dce, ew_cluster, fusion, reduce_fuse, PassError};
+use crate::{concat, dce, ew_cluster, fusion, precision, reduce_fuse, PassError};
 use smelt_ir::Graph;
 
 /// The names of the passes, in order (for `--dump-ir`).
-pub const PASSES: [&str; 6] = ["dce", "fuse", "ew-cluster", "reduce-fuse", "concat", "final-dce"];
+pub const PASSES: [&str; 7] = ["dce", "fuse", "precision", "ew-cluster", "reduce-fuse", "concat", "final-dce"];
 
 /// Options of the pipeline.
 #[derive(Clone, Debug)]
@@ -15,11 +16,13 @@ pub struct Options {
     pub fuse: bool,
     /// Limits of the e-graph run.
     pub limits: fusion::Limits,
+    /// The precision policy.
+    pub precision: precision::Options,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { fuse: true, limits: fusion::Limits::default() }
+        Options { fuse: true, limits: fusion::Limits::default(), precision: precision::Options::default() }
     }
 }
 
@@ -36,6 +39,8 @@ pub struct Stats {
     pub reduce_fuse: Option<reduce_fuse::Stats>,
     /// In-place concatenation.
     pub concat: Option<concat::Stats>,
+    /// Mixed precision (absent at f32).
+    pub precision: Option<precision::Stats>,
 }
 
 /// Runs every pass on `graph`, in order.
@@ -61,10 +66,26 @@ pub fn run_with(graph: &mut Graph, opts: &Options, after: &mut dyn FnMut(&str, &
     let mut stats = Stats { dce_removed: dce::run(graph).removed, ..Default::default() };
     verify_if(graph, "dce")?;
     after("dce", graph, &stats.dce_removed);
+    let precision = |graph: &mut Graph, stats: &mut Stats| -> Result<(), PassError> {
+        if opts.precision.policy != precision::Policy::F32 {
+            stats.precision =
+                Some(precision::run(graph, &opts.precision).map_err(|source| PassError::Verify { pass: "precision", source })?);
+            verify_if(graph, "precision")?;
+        }
+        Ok(())
+    };
+    if !opts.fuse {
+        precision(graph, &mut stats)?;
+        if stats.precision.is_some() {
+            after("precision", graph, &stats.precision);
+        }
+    }
     if opts.fuse {
         stats.fusion = Some(fusion::run(graph, &opts.limits)?);
         verify_if(graph, "fuse")?;
         after("fuse", graph, &stats.fusion);
+        precision(graph, &mut stats)?;
+        after("precision", graph, &stats.precision);
         stats.ew_cluster = Some(ew_cluster::run(graph).map_err(|source| PassError::Verify { pass: "ew-cluster", source })?);
         verify_if(graph, "ew-cluster")?;
         after("ew-cluster", graph, &stats.ew_cluster);

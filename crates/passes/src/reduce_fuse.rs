@@ -3,7 +3,7 @@
 //! reduction computes the expression on the fly and the intermediate never
 //! reaches memory (DenseNet's final BatchNorm + ReLU into its pooling).
 
-use smelt_ir::{Expr, ExprNode, Graph, IrError, NodeId, Op, ValueId};
+use smelt_ir::{Expr, Graph, IrError, NodeId, Op, ValueId};
 use std::collections::{HashMap, HashSet};
 
 /// What the pass did.
@@ -11,20 +11,6 @@ use std::collections::{HashMap, HashSet};
 pub struct Stats {
     /// Reductions that absorbed their elementwise producer.
     pub fused: usize,
-}
-
-/// The expression computed by an elementwise node, over its own inputs.
-fn expr_of(op: &Op, arity: usize) -> Option<Expr> {
-    let mut e = Expr::default();
-    let ins: Vec<usize> = (0..arity).map(|i| e.push(ExprNode::Input(i))).collect();
-    match op {
-        Op::Elementwise { expr } => return Some(expr.clone()),
-        Op::Unary(u) => e.push(ExprNode::Unary(*u, ins[0])),
-        Op::Clip { min, max } => e.push(ExprNode::Clip(*min, *max, ins[0])),
-        Op::Binary(b) => e.push(ExprNode::Binary(*b, ins[0], ins[1])),
-        _ => return None,
-    };
-    Some(e)
 }
 
 /// Fuses elementwise producers into the reductions of `g`.
@@ -39,9 +25,9 @@ pub fn run(g: &mut Graph) -> Result<Stats, IrError> {
         }
         let x = g.inputs_of(id)[0];
         let p = g.node(x.node);
-        let float_inputs = g.inputs_of(x.node).iter().all(|v| g.ty(*v).dtype == p.outputs[0].dtype && p.outputs[0].dtype.is_float());
+        let float_inputs = g.inputs_of(x.node).iter().all(|v| g.ty(*v).dtype.is_float()) && p.outputs[0].dtype.is_float();
         if float_inputs
-            && expr_of(&p.op, g.inputs_of(x.node).len()).is_some()
+            && Expr::of_op(&p.op, g.inputs_of(x.node).len()).is_some()
             && g.users_of(x.node).len() == 1
             && !outputs.contains(&x.node)
         {
@@ -59,7 +45,7 @@ pub fn run(g: &mut Graph) -> Result<Stats, IrError> {
         let new = match absorb.get(&id) {
             Some(&p) => {
                 let pins = g.inputs_of(p);
-                let expr = expr_of(&g.node(p).op, pins.len()).expect("checked above");
+                let expr = Expr::of_op(&g.node(p).op, pins.len()).expect("checked above");
                 let ins: Vec<ValueId> = pins.iter().map(|v| map[v]).collect();
                 out.add(Op::FusedReduction { expr, reduction: Box::new(node.op.clone()) }, node.name.clone(), &ins)?
             }
