@@ -1,0 +1,208 @@
+//! Mixed precision: the arena halves, weights are converted once, casts
+//! fold into neighbouring kernels, the numbers stay close to f32, and the
+//! f16 kernels check against the reference executor and compile.
+
+mod common;
+
+use smelt_codegen::nvrtc::Compiler;
+use smelt_codegen::{Cache, Program};
+use smelt_ir::builder::Builder;
+use smelt_ir::onnx::read_tensor_file;
+use smelt_ir::{text, Graph, Op, Tensor};
+use smelt_passes::pipeline::{Options, Stats};
+use smelt_passes::precision::{self, Policy};
+
+fn compile(g: &Graph, policy: Policy, keep_f32: &[&str]) -> (Graph, Stats) {
+    let mut g = g.clone();
+    let opts = Options {
+        precision: precision::Options { policy, keep_f32: keep_f32.iter().map(|s| s.to_string()).collect() },
+        ..Options::default()
+    };
+    let stats = smelt::compile_with(&mut g, &opts, &mut |_, _| {}).unwrap();
+    (g, stats)
+}
+
+fn nvrtc() -> Option<Compiler> {
+    if smelt_codegen::nvrtc_available() {
+        let dir = std::env::temp_dir().join(format!("smelt-precision-{}", std::process::id()));
+        return Some(Compiler { cache: Some(Cache::new(dir)), ..Compiler::default() });
+    }
+    assert!(std::env::var_os("SMELT_REQUIRE_NVRTC").is_none(), "SMELT_REQUIRE_NVRTC is set but libnvrtc cannot be loaded");
+    eprintln!("SKIP (NVRTC part): libnvrtc not found");
+    None
+}
+
+#[test]
+fn mixed_precision_on_the_light_models() {
+    let nv = nvrtc();
+    let mut sources = Vec::new();
+    for name in common::LIGHT {
+        let v = common::variant(name);
+        let plain = smelt::load(v.join("model.onnx").to_str().unwrap(), None).unwrap().graph;
+        let image = read_tensor_file(&v.join("input_0.pb")).unwrap().1;
+        let (f32g, _) = compile(&plain, Policy::F32, &[]);
+        let f32_plan = smelt_passes::memory::plan(&f32g).unwrap();
+        let want = smelt_runtime::cpu::run(&f32g, std::slice::from_ref(&image)).unwrap();
+        for (policy, tol) in [(Policy::MixedF16, 0.1), (Policy::MixedBf16, 0.3)] {
+            let (g, stats) = compile(&plain, policy, &[]);
+            let half = policy.half().unwrap();
+            let p = stats.precision.as_ref().unwrap();
+            // The classifier and the softmax stay f32, the rest is half.
+            assert!(p.kept_f32.iter().any(|k| k.reason == "classifier"), "{name}: {:?}", p.kept_f32);
+            assert!(p.half_nodes > 5 && p.weights_converted > 5, "{name}: {p:?}");
+            let plan = smelt_passes::memory::plan(&g).unwrap();
+            smelt_passes::memory::check::check(&g, &plan).unwrap();
+            let ratio = plan.arena as f64 / f32_plan.arena as f64;
+            assert!(ratio <= 0.51, "{name} {policy}: arena {} vs f32 {} ({ratio:.3})", plan.arena, f32_plan.arena);
+            // Weights: all but the classifier's (f32) halve.
+            assert!(g.weight_bytes() * 4 <= f32g.weight_bytes() * 3, "{name} {policy}: weights not converted");
+            // Casts fold into neighbours: at most the input image's and the
+            // classifier's remain kernels of their own.
+            let casts = g.node_ids().filter(|&n| matches!(g.node(n).op, Op::Cast { .. })).count();
+            assert!(casts <= 2, "{name} {policy}: {casts} cast kernels\n{}", text::print(&g));
+            assert!(g.node_ids().any(|n| g.node(n).outputs[0].dtype == half));
+            // Interface unchanged; numbers close to f32; same arg-max.
+            let got = smelt_runtime::cpu::run(&g, std::slice::from_ref(&image)).unwrap();
+            assert_eq!(got[0].ty(), want[0].ty());
+            let e = smelt::precision_error(&got[0], &want[0]);
+            assert!(e.max_abs_over_range <= tol, "{name} {policy}: {e:?}");
+            if policy == Policy::MixedF16 {
+                assert_eq!(e.argmax_agree, e.rows, "{name}: {e:?}");
+                // Each half kernel's description matches the reference
+                // executor on that node's operands (to an f16 rounding: the
+                // f32 sums run in another order).
+                check_kernels(name, &g, &image);
+                // The program of half kernels, run in one arena from the
+                // kernel descriptions, ends near the reference: these
+                // random-weight nets amplify a one-ulp difference, as they
+                // amplify the f16 rounding itself (the tolerance above).
+                let program = Program::build(&g, &plan).unwrap();
+                let out = program.run_cpu(&program.weights_blob(&g), std::slice::from_ref(&image)).unwrap();
+                let c = smelt::precision_error(&out[0], &got[0]);
+                assert!(c.max_abs_over_range <= tol && c.argmax_agree == c.rows, "{name}: program vs reference {c:?}");
+                sources.extend(program.sources());
+            }
+        }
+    }
+    if let Some(nv) = nv {
+        sources.sort();
+        sources.dedup();
+        let n = smelt_codegen::program::compile_all(&nv, &sources, 2, &|_| {}).unwrap_or_else(|e| panic!("{e}")).len();
+        println!("{n} distinct mixed-f16 kernels of the nine light models compiled with NVRTC");
+    }
+}
+
+/// Every kernel of `g` run from its description on the operands the
+/// reference executor computed, against the reference's output.
+fn check_kernels(name: &str, g: &Graph, image: &Tensor) {
+    use smelt_ir::ValueId;
+    let ids: Vec<_> = g.node_ids().filter(|&id| smelt_codegen::Kernel::of(g, id).is_some()).collect();
+    let wanted: std::collections::HashSet<ValueId> =
+        ids.iter().flat_map(|id| g.inputs_of(*id).into_iter().chain([ValueId { node: *id, slot: 0 }])).collect();
+    let (_, kept) = smelt_runtime::cpu::run_keeping(g, std::slice::from_ref(image), &|v| wanted.contains(&v), &mut |_, _| {}).unwrap();
+    for id in ids {
+        let k = smelt_codegen::Kernel::of(g, id).unwrap();
+        let ins: Vec<std::sync::Arc<Tensor>> =
+            g.inputs_of(id).iter().map(|v| g.weight(v.node).cloned().unwrap_or_else(|| kept[v].clone())).collect();
+        let got = k.run_cpu(&ins.iter().map(|t| t.as_ref()).collect::<Vec<_>>());
+        let c = smelt::compare(&got, &kept[&ValueId { node: id, slot: 0 }], 3e-3, 2e-4);
+        assert!(c.ok, "{name}: kernel {} differs from the reference: {c:?}", k.name());
+    }
+}
+
+/// A small residual network under each policy.
+fn block() -> Graph {
+    let mut b = Builder::new(3);
+    let x = b.input("x", &[1, 8, 6, 6]).unwrap();
+    let y = b.conv(x, 8, 3, 1, 1).and_then(|y| b.batch_norm(y, 1.0)).and_then(|y| b.relu(y)).unwrap();
+    let y = b.conv(y, 8, 1, 1, 0).and_then(|y| b.batch_norm(y, 1.0)).unwrap();
+    let y = b.add(y, x).and_then(|y| b.relu(y)).unwrap();
+    let y = b.pool_flatten(y).and_then(|y| b.linear(y, 5)).and_then(|y| b.softmax(y)).unwrap();
+    b.finish("y", y).unwrap()
+}
+
+/// The IR after the passes and the CUDA C of every kernel of a residual
+/// block at mixed-f16, as insta snapshots: a change to the policy, the cast
+/// fusion or an f16 template shows as a diff.
+#[test]
+fn mixed_f16_block_snapshots() {
+    let g = block();
+    let (m, _) = compile(&g, Policy::MixedF16, &[]);
+    insta::assert_snapshot!("mixed_f16_block_ir", text::print(&m));
+    let plan = smelt_passes::memory::plan(&m).unwrap();
+    let program = Program::build(&m, &plan).unwrap();
+    let nv = nvrtc();
+    let mut all = String::new();
+    for (name, src) in program.sources() {
+        if let Some(nv) = &nv {
+            nv.compile(&name, &src).unwrap_or_else(|e| panic!("{e}"));
+        }
+        all += &format!("// ==== {name} ====\n{src}\n");
+    }
+    insta::assert_snapshot!("mixed_f16_block_kernels", all);
+    // The kernels compute what the reference executor computes.
+    let x = common::random_inputs(&m, 1);
+    let want = smelt_runtime::cpu::run(&m, &x).unwrap();
+    let got = program.run_cpu(&program.weights_blob(&m), &x).unwrap();
+    assert!(smelt::precision_error(&got[0], &want[0]).max_abs_over_range <= 1e-2);
+}
+
+#[test]
+fn policies_and_keep_f32() {
+    let g = block();
+    let count =
+        |g: &Graph, d: smelt_ir::DType| g.node_ids().filter(|&n| g.node(n).op.is_kernel() && g.node(n).outputs[0].dtype == d).count();
+    // f32 is the identity.
+    let (f, s) = compile(&g, Policy::F32, &[]);
+    assert!(s.precision.is_none() && count(&f, smelt_ir::DType::F16) == 0);
+    // Pure f16: even softmax and the classifier; the interface stays f32.
+    let (h, s) = compile(&g, Policy::F16, &[]);
+    assert!(s.precision.unwrap().kept_f32.is_empty());
+    assert_eq!(h.ty(h.outputs()[0].1).dtype, smelt_ir::DType::F32);
+    assert!(h
+        .node_ids()
+        .any(|n| matches!(&h.node(n).op, Op::Softmax { .. } | Op::FusedReduction { .. })
+            && h.node(n).outputs[0].dtype == smelt_ir::DType::F16));
+    // --keep-f32 by op type and by node name pattern.
+    let (k, s) = compile(&g, Policy::MixedBf16, &["conv"]);
+    let kept = s.precision.unwrap().kept_f32;
+    assert!(kept.iter().filter(|k| k.reason == "--keep-f32 conv").count() >= 2, "{kept:?}");
+    assert!(k.node_ids().all(|n| !matches!(k.node(n).op, Op::FusedConv { .. }) || k.node(n).outputs[0].dtype == smelt_ir::DType::F32));
+    // Node names are those after fusion (as `smelt compile` prints them).
+    let first_conv = f.node_ids().find(|&n| matches!(f.node(n).op, Op::FusedConv { .. })).map(|n| f.node(n).name.clone()).unwrap();
+    let (_, s) = compile(&g, Policy::MixedF16, &[&first_conv]);
+    assert!(s.precision.unwrap().kept_f32.iter().any(|k| k.node == first_conv));
+    // Every policy computes close to f32.
+    let x = common::random_inputs(&g, 2);
+    let want = smelt_runtime::cpu::run(&f, &x).unwrap();
+    for p in [Policy::F16, Policy::Bf16, Policy::MixedF16, Policy::MixedBf16] {
+        let (h, _) = compile(&g, p, &[]);
+        let got: Vec<Tensor> = smelt_runtime::cpu::run(&h, &x).unwrap();
+        let e = smelt::precision_error(&got[0], &want[0]);
+        assert!(e.max_abs_over_range < 0.05, "{p}: {e:?}");
+    }
+}
+
+#[test]
+fn precision_on_the_command_line() {
+    let m = common::variant("squeezenet").join("model.onnx");
+    let out = common::smelt().args(["plan", m.to_str().unwrap(), "--precision", "mixed-f16", "--json"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["plan"]["weights_by_dtype"]["f16"].as_u64().unwrap() > 0);
+    assert!(v["plan"]["activations_by_dtype"]["f16"].as_u64().unwrap() > v["plan"]["activations_by_dtype"]["f32"].as_u64().unwrap());
+    let input = common::variant("squeezenet").join("input_0.pb");
+    let out = common::smelt()
+        .args(["run", m.to_str().unwrap(), "--input", input.to_str().unwrap(), "--precision", "mixed-bf16", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["precision"], "mixed-bf16");
+    assert_eq!(v["outputs"][0]["dtype"], "f32");
+    let e = &v["outputs"][0]["against_f32"];
+    assert!(e["max_abs"].as_f64().unwrap() > 0.0 && e["argmax_agree"] == e["rows"], "{e}");
+    let bad = common::smelt().args(["plan", m.to_str().unwrap(), "--precision", "f8"]).output().unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("mixed-f16"));
+}
