@@ -88,7 +88,7 @@ impl Elementwise {
     /// broadcast, a multiple of four elements.
     pub fn vectorizable(&self) -> bool {
         let dense = strides(&self.shape, &self.shape);
-        self.out == DType::F32 && self.numel() % 4 == 0 && self.inputs.iter().all(|(d, st)| *d == DType::F32 && *st == dense)
+        self.out == DType::F32 && (self.numel() & 3) == 0 && self.inputs.iter().all(|(d, st)| *d == DType::F32 && *st == dense)
     }
 
     /// The CUDA C source: `extern "C" __global__ void NAME(in0, in1, ..., out, n)`.
