@@ -139,6 +139,21 @@ enum Command {
         /// Write each output as DIR/output_<i>.pb.
         #[arg(long, value_name = "DIR")]
         save_outputs: Option<PathBuf>,
+        /// Where to run: cpu (the reference executor) or cuda (generated
+        /// kernels on GPU 0, one arena of the planned size; needs an NVIDIA
+        /// driver and NVRTC or a warm kernel cache).
+        #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
+        backend: String,
+        /// With --backend cuda: time each kernel with CUDA events and print
+        /// its share, bandwidth and FLOP rate.
+        #[arg(long)]
+        profile: bool,
+        /// With --backend cuda: timed runs after one warm-up.
+        #[arg(long, default_value_t = 20)]
+        repeat: usize,
+        /// Refuse to run when the activation arena exceeds SIZE (as `smelt plan --memory-limit`).
+        #[arg(long, value_name = "SIZE", value_parser = smelt::plan::parse_size)]
+        memory_limit: Option<usize>,
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
@@ -319,7 +334,7 @@ fn real_main() -> Result<()> {
             Ok(())
         }
         Some(Command::Plan { model, json, svg, memory_limit, timings }) => cmd_plan(&model, json, svg, memory_limit, timings),
-        Some(Command::Run { model, inputs, expects, rtol, atol, save_outputs, json }) => {
+        Some(Command::Run { model, inputs, expects, rtol, atol, save_outputs, json, backend, profile, repeat, memory_limit }) => {
             let (before, g, _) = model.compile(&mut |_, _| {})?;
             // Under a reduced precision, also run in f32 and report the error.
             let reference = if model.precision != smelt_passes::precision::Policy::F32 {
@@ -331,7 +346,15 @@ fn real_main() -> Result<()> {
                 None
             };
             let run = RunArgs { inputs: &inputs, expects: &expects, rtol, atol, save: save_outputs, json };
-            let ok = cmd_run(&g, &run, reference.as_ref().map(|r| (r, model.precision)))?;
+            let reference = reference.as_ref().map(|r| (r, model.precision));
+            let ok = if backend == "cuda" {
+                cmd_run_cuda(&model, &run, reference, &CudaArgs { profile, memory_limit, repeat })?
+            } else {
+                if profile || memory_limit.is_some() {
+                    bail!("--profile and --memory-limit apply to --backend cuda (use `smelt plan --memory-limit` for the plan alone)");
+                }
+                cmd_run(&g, &run, reference)?
+            };
             exit_if(!ok)
         }
         Some(Command::Print { model, output }) => {
@@ -399,7 +422,38 @@ struct RunArgs<'a> {
 
 /// Runs `g` on the CPU; with `reference` (the f32 graph and the policy of
 /// `g`), also runs that and reports the error of `g` against it.
+/// What an executor did: outputs, seconds, a line saying where it ran, and
+/// fields for `--json`.
+struct Ran {
+    outs: Vec<Tensor>,
+    secs: f64,
+    label: String,
+    extra: serde_json::Value,
+}
+
+/// The CPU reference executor, with a progress bar.
+fn run_cpu(g: &Graph, ins: &[Tensor]) -> Result<Ran> {
+    let bar = ProgressBar::new(g.len() as u64).with_style(
+        ProgressStyle::with_template("{spinner} running on the CPU {bar:30} {pos}/{len} nodes {elapsed}").expect("valid template"),
+    );
+    let t = Instant::now();
+    let outs = smelt_runtime::cpu::run_with_progress(g, ins, &mut |done, _| bar.set_position(done as u64))?;
+    bar.finish_and_clear();
+    let secs = t.elapsed().as_secs_f64();
+    Ok(Ran { outs, secs, label: format!("ran on the CPU reference executor in {secs:.3} s"), extra: json!({"backend": "cpu"}) })
+}
+
 fn cmd_run(g: &Graph, a: &RunArgs, reference: Option<(&Graph, smelt_passes::precision::Policy)>) -> Result<bool> {
+    cmd_run_on(g, a, reference, &mut |ins| run_cpu(g, ins))
+}
+
+/// Runs `g` with `exec`, then reports, compares and saves its outputs.
+fn cmd_run_on(
+    g: &Graph,
+    a: &RunArgs,
+    reference: Option<(&Graph, smelt_passes::precision::Policy)>,
+    exec: &mut dyn FnMut(&[Tensor]) -> Result<Ran>,
+) -> Result<bool> {
     let RunArgs { inputs, expects, rtol, atol, json, .. } = *a;
     let save = &a.save;
     let ins = read_inputs(g, inputs)?;
@@ -407,13 +461,7 @@ fn cmd_run(g: &Graph, a: &RunArgs, reference: Option<(&Graph, smelt_passes::prec
         bail!("the model has {} outputs but {} --expect files were given", g.outputs().len(), expects.len());
     }
     let expected = expects.iter().map(|f| Ok(onnx::read_tensor_file(f)?.1)).collect::<Result<Vec<_>>>()?;
-    let bar = ProgressBar::new(g.len() as u64).with_style(
-        ProgressStyle::with_template("{spinner} running on the CPU {bar:30} {pos}/{len} nodes {elapsed}").expect("valid template"),
-    );
-    let t = Instant::now();
-    let outs = smelt_runtime::cpu::run_with_progress(g, &ins, &mut |done, _| bar.set_position(done as u64))?;
-    bar.finish_and_clear();
-    let secs = t.elapsed().as_secs_f64();
+    let Ran { outs, secs, label, extra } = exec(&ins)?;
     if let Some(dir) = &save {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         for (i, ((name, _), t)) in g.outputs().iter().zip(&outs).enumerate() {
@@ -444,15 +492,14 @@ fn cmd_run(g: &Graph, a: &RunArgs, reference: Option<(&Graph, smelt_passes::prec
                        "against_f32": against_f32.as_ref().map(|e| &e[i])})
             })
             .collect();
-        println!(
-            "{}",
-            serde_json::to_string_pretty(
-                &json!({"backend": "cpu", "precision": reference.map_or("f32".to_string(), |(_, p)| p.to_string()), "seconds": secs, "ok": ok, "rtol": rtol, "atol": atol, "outputs": outputs})
-            )?
-        );
+        let mut v = json!({"precision": reference.map_or("f32".to_string(), |(_, p)| p.to_string()), "seconds": secs, "ok": ok, "rtol": rtol, "atol": atol, "outputs": outputs});
+        if let (Some(v), serde_json::Value::Object(extra)) = (v.as_object_mut(), extra) {
+            v.extend(extra);
+        }
+        println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(ok);
     }
-    println!("ran on the CPU reference executor in {secs:.3} s{}", reference.map_or(String::new(), |(_, p)| format!(" at precision {p}")));
+    println!("{label}{}", reference.map_or(String::new(), |(_, p)| format!(" at precision {p}")));
     for (i, (name, t, s, cmp)) in rows.into_iter().enumerate() {
         println!(
             "output {name}: {}  min {:.6} max {:.6} mean {:.6} argmax {}{}",
@@ -568,27 +615,7 @@ fn cmd_plan(model: &ModelArgs, json: bool, svg: Option<PathBuf>, limit: Option<u
         );
     }
     if let Some(limit) = limit {
-        if report.arena_bytes > limit {
-            // Find the largest smaller batch that fits, when the batch can change.
-            let mut fit = None;
-            let batch = model.batch.unwrap_or(1);
-            if !model.model.ends_with(".tir") {
-                let mut b = batch / 2;
-                while b >= 1 && fit.is_none() {
-                    let m = model.with_batch(b);
-                    let g = load(&m.model, m.batch)?.graph;
-                    let (mut fused, mut plain) = (g.clone(), g);
-                    smelt::compile_with(&mut fused, &m.options(true), &mut |_, _| {})?;
-                    smelt::compile_with(&mut plain, &m.options(false), &mut |_, _| {})?;
-                    let (p, _) = smelt::plan_both(&fused, &plain)?;
-                    if p.arena <= limit {
-                        fit = Some((b, p.arena));
-                    }
-                    b /= 2;
-                }
-            }
-            bail!("{}", smelt::plan::over_limit(&report, limit, fit));
-        }
+        enforce_limit(model, &report, limit)?;
     }
     Ok(())
 }
@@ -735,4 +762,116 @@ fn cmd_codegen(model: &ModelArgs, o: &CodegenOpts) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Fails with `smelt plan`'s message when the arena exceeds `limit`, naming
+/// the largest smaller batch that fits.
+fn enforce_limit(model: &ModelArgs, report: &smelt::plan::MemoryReport, limit: usize) -> Result<()> {
+    if report.arena_bytes <= limit {
+        return Ok(());
+    }
+    // Find the largest smaller batch that fits, when the batch can change.
+    let mut fit = None;
+    if !model.model.ends_with(".tir") {
+        let mut b = model.batch.unwrap_or(1) / 2;
+        while b >= 1 && fit.is_none() {
+            let m = model.with_batch(b);
+            let g = load(&m.model, m.batch)?.graph;
+            let (mut fused, mut plain) = (g.clone(), g);
+            smelt::compile_with(&mut fused, &m.options(true), &mut |_, _| {})?;
+            smelt::compile_with(&mut plain, &m.options(false), &mut |_, _| {})?;
+            let (p, _) = smelt::plan_both(&fused, &plain)?;
+            if p.arena <= limit {
+                fit = Some((b, p.arena));
+            }
+            b /= 2;
+        }
+    }
+    bail!("{}", smelt::plan::over_limit(report, limit, fit))
+}
+
+/// `smelt run --backend cuda`: plan (refusing over --memory-limit before
+/// touching the device), generate and compile the kernels, load them with
+/// the weights on the GPU, run once to warm up, then `repeat` timed runs.
+fn cmd_run_cuda(model: &ModelArgs, a: &RunArgs, reference: Option<(&Graph, smelt_passes::precision::Policy)>, cuda: &CudaArgs) -> Result<bool> {
+    use smelt_codegen::{nvrtc::Compiler, program::compile_all, Program};
+    let loaded = model.load()?;
+    let mut fused = loaded.graph.clone();
+    smelt::compile_with(&mut fused, &model.options(true), &mut |_, _| {})?;
+    let mut plain = loaded.graph.clone();
+    smelt::compile_with(&mut plain, &model.options(false), &mut |_, _| {})?;
+    let (plan, _) = smelt::plan_both(&fused, &plain)?;
+    smelt_passes::memory::check::check(&fused, &plan).map_err(|e| anyhow::anyhow!("the memory plan failed its check (a compiler bug): {e}"))?;
+    let report = smelt::plan::report(&fused, &plan, !model.no_fuse, true);
+    if let Some(limit) = cuda.memory_limit {
+        enforce_limit(model, &report, limit)?;
+    }
+    if let Some(why) = smelt_runtime::cuda::unavailable() {
+        bail!("--backend cuda needs an NVIDIA GPU: {why}");
+    }
+    let program = Program::build(&fused, &plan).with_context(|| format!("cannot generate code for {}", model.model))?;
+    let sources = program.sources();
+    let bar = ProgressBar::new(sources.len() as u64)
+        .with_style(ProgressStyle::with_template("{spinner} compiling kernels {bar:30} {pos}/{len}").expect("valid template"));
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let compiled = compile_all(&Compiler::default(), &sources, threads, &|_| bar.inc(1)).context("kernel compilation failed")?;
+    bar.finish_and_clear();
+    let ptx: std::collections::HashMap<String, String> = sources.iter().map(|(n, _)| n.clone()).zip(compiled.into_iter().map(|c| c.ptx)).collect();
+    let blob = program.weights_blob(&fused);
+    let (arena, weights_bytes) = (program.arena, program.weights_bytes);
+    let mut exec = smelt_runtime::cuda::CudaExecutor::new(program, &ptx, &blob, cuda.memory_limit)?;
+    let (profile, repeat) = (cuda.profile, cuda.repeat.max(1));
+    let json_out = a.json;
+    cmd_run_on(&fused, a, reference, &mut |ins| {
+        exec.run(ins, false)?; // warm-up: module JIT, first-touch costs
+        let mut times = Vec::with_capacity(repeat);
+        let mut last = None;
+        for _ in 0..repeat {
+            let (outs, ms, _) = exec.run(ins, false)?;
+            times.push(ms);
+            last = Some(outs);
+        }
+        let kernels = if profile { exec.run(ins, true)?.2 } else { Vec::new() };
+        times.sort_by(f64::total_cmp);
+        let (min, median) = (times[0], times[times.len() / 2]);
+        let dev = &exec.device;
+        if profile && !json_out {
+            let total: f64 = kernels.iter().map(|k| k.ms).sum();
+            println!("{:<56} {:>9} {:>6} {:>9} {:>10}", "kernel (profiled run, CUDA events)", "ms", "share", "GB/s", "GFLOP/s");
+            let mut sorted: Vec<_> = kernels.iter().collect();
+            sorted.sort_by(|x, y| y.ms.total_cmp(&x.ms));
+            for k in &sorted {
+                println!(
+                    "{:<56} {:>9.4} {:>5.1}% {:>9.1} {:>10.1}",
+                    k.kernel,
+                    k.ms,
+                    100.0 * k.ms / total.max(1e-12),
+                    k.bytes as f64 / (k.ms * 1e6),
+                    k.flops as f64 / (k.ms * 1e6)
+                );
+            }
+            println!("{} kernels, {total:.3} ms in kernels\n", kernels.len());
+        }
+        Ok(Ran {
+            outs: last.expect("at least one run"),
+            secs: median / 1e3,
+            label: format!(
+                "ran on {} (compute capability {}.{}): median {median:.3} ms, min {min:.3} ms over {repeat} runs; device memory {} (arena {} + weights {})",
+                dev.name,
+                dev.compute_capability.0,
+                dev.compute_capability.1,
+                human_bytes(arena + weights_bytes),
+                human_bytes(arena),
+                human_bytes(weights_bytes)
+            ),
+            extra: json!({"backend": "cuda", "device": dev, "runs": repeat, "median_ms": median, "min_ms": min,
+                          "arena_bytes": arena, "weights_bytes": weights_bytes, "device_bytes": exec.device_bytes(), "kernels": kernels}),
+        })
+    })
+}
+
+struct CudaArgs {
+    profile: bool,
+    memory_limit: Option<usize>,
+    repeat: usize,
 }

@@ -46,7 +46,10 @@ impl Compiler {
     /// Compiles `source` (whose kernels are named after `name`) to PTX.
     pub fn compile(&self, name: &str, source: &str) -> Result<Compiled, CodegenError> {
         let options = self.options();
-        let key = Cache::key(source, &options);
+        // Header folders differ between machines but not the PTX: leave
+        // them out of the key, so a cache filled here serves a GPU machine.
+        let keyed: Vec<String> = options.iter().filter(|o| !o.starts_with("--include-path=")).cloned().collect();
+        let key = Cache::key(source, &keyed);
         if let Some(ptx) = self.cache.as_ref().and_then(|c| c.get(&key, source)) {
             return Ok(Compiled { ptx, cached: true });
         }

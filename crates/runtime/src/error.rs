@@ -24,6 +24,20 @@ pub enum RuntimeError {
         /// What is not supported.
         msg: String,
     },
+    /// No CUDA device can be used, and why.
+    #[error("no GPU: {0}")]
+    NoGpu(String),
+    /// A CUDA driver call failed.
+    #[error("CUDA: {0}")]
+    Cuda(String),
+    /// The program needs more device memory than the limit allows.
+    #[error("the program needs an arena of {need} bytes for its activations, over the memory limit of {limit}")]
+    MemoryLimit {
+        /// Arena bytes.
+        need: usize,
+        /// The limit, in bytes.
+        limit: usize,
+    },
     /// The graph is invalid (always a compiler bug after a pass).
     #[error(transparent)]
     Ir(#[from] smelt_ir::IrError),

@@ -1,8 +1,11 @@
-//! Executors. Today the CPU reference executor, the oracle every test
+//! Executors. The CPU reference executor ([`cpu`]), the oracle every test
 //! trusts: it runs any IR graph op by op in f32 (f16 and bf16 values are
 //! rounded to their dtype after each op, as kernels that store in half do).
+//! The CUDA executor ([`cuda`]) runs a compiled program on a GPU in one
+//! arena of the planned size.
 
 pub mod cpu;
+pub mod cuda;
 mod error;
 
 pub use error::RuntimeError;
