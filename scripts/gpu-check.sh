@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The GPU check: the nine light models and their random-weight variants on
+# CUDA against the CPU reference (and onnxruntime), then latency and peak
+# device memory against PyTorch on ResNet-50 at batch 1 and 32 (eager and
+# torch.compile), printed as one table. Needs an NVIDIA GPU with PyTorch,
+# onnx and onnxruntime; no Rust toolchain and no network.
+#
+#   scripts/gpu-check.sh --prepare   on a development machine (Rust, the
+#                                    test data): builds the release binary
+#                                    and fills a kernel cache with the PTX of
+#                                    every kernel the check needs, both into
+#                                    .gpu-check/ (carry it to the GPU machine)
+#   scripts/gpu-check.sh             on the GPU machine, from the checkout
+#
+# Kernels come from the carried cache; a kernel missing there is compiled
+# with NVRTC 12 if the machine's Python packages have it.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+W=.gpu-check
+MODELS="bvlc_alexnet densenet121 inception_v1 inception_v2 resnet50 shufflenet squeezenet vgg19 zfnet512"
+
+if [[ ${1:-} == --prepare ]]; then
+    cargo build --release
+    scripts/fetch-testdata.sh
+    site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    export LD_LIBRARY_PATH="$site/nvidia/cuda_nvrtc/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    export SMELT_CUDA_INCLUDE="$site/nvidia/cuda_runtime/include"
+    rm -rf "$W" && mkdir -p "$W"
+    cp target/release/smelt "$W/smelt" && strip "$W/smelt" 2>/dev/null || true
+    export SMELT_CACHE_DIR=$W/cache
+    for m in $MODELS; do
+        target/release/smelt compile ".testdata/onnx-data/light/light_$m.onnx" --out "$W/out" --json >/dev/null
+        for p in f32 mixed-f16; do
+            target/release/smelt compile ".testdata/variants/$m/model.onnx" --precision "$p" --out "$W/out" --json >/dev/null
+        done
+    done
+    for b in 1 32; do
+        for p in f32 mixed-f16; do
+            target/release/smelt compile .testdata/variants/resnet50/model.onnx --batch "$b" --precision "$p" --out "$W/out" --json >/dev/null
+        done
+    done
+    rm -rf "$W/out"
+    echo "gpu-check: prepared $W ($(du -sh "$W" | cut -f1)): carry it with the checkout" >&2
+    exit 0
+fi
+
+[[ -x $W/smelt ]] || { echo "gpu-check: no $W/smelt; run scripts/gpu-check.sh --prepare on a machine with Rust and carry $W" >&2; exit 2; }
+export SMELT_CACHE_DIR=$W/cache
+site=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+if [[ -d $site/nvidia/cuda_nvrtc/lib ]] && ls "$site"/nvidia/cuda_nvrtc/lib/libnvrtc.so.12* >/dev/null 2>&1; then
+    export LD_LIBRARY_PATH="$site/nvidia/cuda_nvrtc/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+[[ -d $site/nvidia/cuda_runtime/include ]] && export SMELT_CUDA_INCLUDE="$site/nvidia/cuda_runtime/include"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >&2 || true
+data=$(python3 -c 'import onnx, os; print(os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data"))')
+if [[ ! -f .testdata/variants/.done ]]; then
+    echo "gpu-check: generating the random-weight variants" >&2
+    python3 scripts/make_variants.py --data "$data" --out .testdata/variants >&2
+fi
+exec python3 scripts/gpu_check.py --smelt "$W/smelt" --data "$data" --variants .testdata/variants
