@@ -793,7 +793,12 @@ fn enforce_limit(model: &ModelArgs, report: &smelt::plan::MemoryReport, limit: u
 /// `smelt run --backend cuda`: plan (refusing over --memory-limit before
 /// touching the device), generate and compile the kernels, load them with
 /// the weights on the GPU, run once to warm up, then `repeat` timed runs.
-fn cmd_run_cuda(model: &ModelArgs, a: &RunArgs, reference: Option<(&Graph, smelt_passes::precision::Policy)>, cuda: &CudaArgs) -> Result<bool> {
+fn cmd_run_cuda(
+    model: &ModelArgs,
+    a: &RunArgs,
+    reference: Option<(&Graph, smelt_passes::precision::Policy)>,
+    cuda: &CudaArgs,
+) -> Result<bool> {
     use smelt_codegen::{nvrtc::Compiler, program::compile_all, Program};
     let loaded = model.load()?;
     let mut fused = loaded.graph.clone();
@@ -801,7 +806,8 @@ fn cmd_run_cuda(model: &ModelArgs, a: &RunArgs, reference: Option<(&Graph, smelt
     let mut plain = loaded.graph.clone();
     smelt::compile_with(&mut plain, &model.options(false), &mut |_, _| {})?;
     let (plan, _) = smelt::plan_both(&fused, &plain)?;
-    smelt_passes::memory::check::check(&fused, &plan).map_err(|e| anyhow::anyhow!("the memory plan failed its check (a compiler bug): {e}"))?;
+    smelt_passes::memory::check::check(&fused, &plan)
+        .map_err(|e| anyhow::anyhow!("the memory plan failed its check (a compiler bug): {e}"))?;
     let report = smelt::plan::report(&fused, &plan, !model.no_fuse, true);
     if let Some(limit) = cuda.memory_limit {
         enforce_limit(model, &report, limit)?;
@@ -816,7 +822,8 @@ fn cmd_run_cuda(model: &ModelArgs, a: &RunArgs, reference: Option<(&Graph, smelt
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let compiled = compile_all(&Compiler::default(), &sources, threads, &|_| bar.inc(1)).context("kernel compilation failed")?;
     bar.finish_and_clear();
-    let ptx: std::collections::HashMap<String, String> = sources.iter().map(|(n, _)| n.clone()).zip(compiled.into_iter().map(|c| c.ptx)).collect();
+    let ptx: std::collections::HashMap<String, String> =
+        sources.iter().map(|(n, _)| n.clone()).zip(compiled.into_iter().map(|c| c.ptx)).collect();
     let blob = program.weights_blob(&fused);
     let (arena, weights_bytes) = (program.arena, program.weights_bytes);
     let mut exec = smelt_runtime::cuda::CudaExecutor::new(program, &ptx, &blob, cuda.memory_limit)?;

@@ -148,7 +148,10 @@ pub fn over_limit(r: &MemoryReport, limit: usize, smaller_batch: Option<(usize, 
     if !r.fused {
         m += "    - fusion (drop --no-fuse): fewer intermediates reach memory\n";
     }
-    if r.activations_by_dtype.contains_key("f32") && !r.activations_by_dtype.contains_key("f16") && !r.activations_by_dtype.contains_key("bf16") {
+    if r.activations_by_dtype.contains_key("f32")
+        && !r.activations_by_dtype.contains_key("f16")
+        && !r.activations_by_dtype.contains_key("bf16")
+    {
         m += "    - mixed precision (--precision mixed-f16 or mixed-bf16 about halves activation bytes)\n";
     }
     m += "    - rematerialization (recompute instead of keeping; planned)";

@@ -35,7 +35,14 @@ fn main() {
             let (got, ms, _) = exec.run(inputs, round == 1).unwrap_or_else(|e| panic!("{what}: {e}"));
             let e = smelt::precision_error(&got[0], &want[0]);
             let ok = e.max_abs_over_range <= tol && e.argmax_agree == e.rows;
-            println!("gpu: {} {what}: {ms:.3} ms, max abs err {:.2e} ({:.1e} of range), arg-max {}/{}", if ok { "ok  " } else { "FAIL" }, e.max_abs, e.max_abs_over_range, e.argmax_agree, e.rows);
+            println!(
+                "gpu: {} {what}: {ms:.3} ms, max abs err {:.2e} ({:.1e} of range), arg-max {}/{}",
+                if ok { "ok  " } else { "FAIL" },
+                e.max_abs,
+                e.max_abs_over_range,
+                e.argmax_agree,
+                e.rows
+            );
             failures += !ok as usize;
         }
     };
@@ -45,7 +52,8 @@ fn main() {
         let x = common::random_inputs(&g, seed);
         check(format!("random graph {seed}"), &g, &x, 1e-4);
     }
-    let have_data = std::env::var_os("SMELT_TESTDATA").is_some() || std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(".testdata/variants/.done").is_file();
+    let have_data = std::env::var_os("SMELT_TESTDATA").is_some()
+        || std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(".testdata/variants/.done").is_file();
     let names: &[&str] = if have_data { &common::LIGHT } else { &[] };
     for name in names {
         let v = common::variant(name);

@@ -89,7 +89,12 @@ impl CudaExecutor {
     /// `weights` is the weights blob. With `memory_limit` (on activation
     /// memory, as `smelt plan --memory-limit`), refuses before allocating
     /// anything when the arena exceeds it.
-    pub fn new(program: Program, ptx: &HashMap<String, String>, weights: &[u8], memory_limit: Option<usize>) -> Result<CudaExecutor, RuntimeError> {
+    pub fn new(
+        program: Program,
+        ptx: &HashMap<String, String>,
+        weights: &[u8],
+        memory_limit: Option<usize>,
+    ) -> Result<CudaExecutor, RuntimeError> {
         if let Some(limit) = memory_limit {
             if program.arena > limit {
                 return Err(RuntimeError::MemoryLimit { need: program.arena, limit });
@@ -97,7 +102,11 @@ impl CudaExecutor {
         }
         let need = program.arena + program.weights_bytes;
         if weights.len() != program.weights_bytes {
-            return Err(RuntimeError::Cuda(format!("weights blob of {} bytes, the program needs {}", weights.len(), program.weights_bytes)));
+            return Err(RuntimeError::Cuda(format!(
+                "weights blob of {} bytes, the program needs {}",
+                weights.len(),
+                program.weights_bytes
+            )));
         }
         if let Some(why) = unavailable() {
             return Err(RuntimeError::NoGpu(why));
@@ -123,7 +132,9 @@ impl CudaExecutor {
             let name = s.kernel.name().to_string();
             if !funcs.contains_key(&name) {
                 let src = ptx.get(&name).ok_or_else(|| RuntimeError::Cuda(format!("no PTX for kernel {name}")))?;
-                let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(src.clone())).map_err(|e| RuntimeError::Cuda(format!("loading the PTX of {name}: {e}")))?;
+                let module = ctx
+                    .load_module(cudarc::nvrtc::Ptx::from_src(src.clone()))
+                    .map_err(|e| RuntimeError::Cuda(format!("loading the PTX of {name}: {e}")))?;
                 let f = module.load_function(&name).map_err(|e| RuntimeError::Cuda(format!("kernel {name} in its PTX: {e}")))?;
                 funcs.insert(name.clone(), f);
             }
@@ -152,7 +163,11 @@ impl CudaExecutor {
     pub fn run(&mut self, inputs: &[Tensor], profile: bool) -> Result<(Vec<Tensor>, f64, Vec<KernelTime>), RuntimeError> {
         let p = &self.program;
         if inputs.len() != p.inputs.len() {
-            return Err(RuntimeError::Input { index: inputs.len(), name: String::new(), msg: format!("{} inputs given, {} expected", inputs.len(), p.inputs.len()) });
+            return Err(RuntimeError::Input {
+                index: inputs.len(),
+                name: String::new(),
+                msg: format!("{} inputs given, {} expected", inputs.len(), p.inputs.len()),
+            });
         }
         for (i, (io, t)) in p.inputs.iter().zip(inputs).enumerate() {
             let bytes = t.data().to_le_bytes();
@@ -184,7 +199,9 @@ impl CudaExecutor {
             unsafe { b.launch(l.cfg) }.map_err(|e| RuntimeError::Cuda(format!("launching {} (node {}): {e}", s.kernel.name(), s.node)))?;
             if let Some(before) = before {
                 let after = self.stream.record_event(timing).map_err(driver("recording an event"))?;
-                let ms = before.elapsed_ms(&after).map_err(|e| RuntimeError::Cuda(format!("kernel {} (node {}): {e}", s.kernel.name(), s.node)))?;
+                let ms = before
+                    .elapsed_ms(&after)
+                    .map_err(|e| RuntimeError::Cuda(format!("kernel {} (node {}): {e}", s.kernel.name(), s.node)))?;
                 times.push(KernelTime {
                     node: s.node.clone(),
                     kernel: s.kernel.name().to_string(),
