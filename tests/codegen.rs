@@ -388,3 +388,33 @@ fn programs_run_from_the_arena_match_the_reference() {
     }
     println!("{launches} launches checked");
 }
+
+/// Found in review: a clip with one bound (ONNX Clip with only `min`) has
+/// an infinite other bound, which must print as valid CUDA C; a kernel
+/// reading a view of a constant reads the constant's bytes in the weights
+/// blob.
+#[test]
+fn infinite_bounds_and_views_of_constants() {
+    let nvrtc = compiler();
+    let src = "graph {\n  %0 \"x\" = input : f32[2,3]\n  %1 \"w\" = const : f32[6]\n  %2 = reshape(%1) {shape=[2,3]} : f32[2,3]\n  %3 = elementwise(%0, %2) {expr=\"clip(0.0,inf,add($0,$1))\"} : f32[2,3]\n  output \"y\" = %3\n}\n";
+    let mut g = text::parse(src).unwrap();
+    smelt::fill_missing_weights(&mut g);
+    let id = g.outputs()[0].1.node;
+    let d = Elementwise::of(&g, id).unwrap();
+    assert!(d.cuda().contains("__int_as_float(0x7f800000)"), "{}", d.cuda());
+    compile_and_snapshot(nvrtc.as_ref(), "clip_lower_bound_only", &d.name, &d.cuda());
+    let plan = smelt_passes::memory::plan(&g).unwrap();
+    let program = Program::build(&g, &plan).unwrap();
+    assert_eq!(program.steps[0].args[1].space, smelt_codegen::program::Space::Weights);
+    let x = common::random_inputs(&g, 9);
+    let got = program.run_cpu(&program.weights_blob(&g), &x).unwrap();
+    let want = smelt_runtime::cpu::run(&g, &x).unwrap();
+    assert!(smelt::compare(&got[0], &want[0], 0.0, 0.0).ok);
+    // The same through a GEMM epilogue.
+    let src = "graph {\n  %0 \"x\" = input : f32[3,4]\n  %1 \"w\" = input : f32[4,5]\n  %2 = fused_gemm(%0, %1) {trans_a=false, trans_b=false, alpha=1.0, beta=1.0, act=\"clip(0.0,inf)\"} : f32[3,5]\n  output \"y\" = %2\n}\n";
+    let g = text::parse(src).unwrap();
+    let m = Gemm::of(&g, g.outputs()[0].1.node).unwrap();
+    if let Some(nv) = &nvrtc {
+        nv.compile(&m.name, &m.cuda()).unwrap_or_else(|e| panic!("{e}"));
+    }
+}

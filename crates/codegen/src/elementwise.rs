@@ -219,10 +219,10 @@ fn expr_body(expr: &Expr) -> String {
     for (j, n) in expr.nodes.iter().enumerate() {
         let v = match *n {
             ExprNode::Input(k) => format!("a{k}"),
-            ExprNode::Const(c) => format!("{c:?}f"),
+            ExprNode::Const(c) => crate::c_f32(c),
             ExprNode::Unary(u, a) => unary_c(u, &format!("t{a}")),
             ExprNode::Binary(b, x, y) => binary_c(b, &format!("t{x}"), &format!("t{y}")),
-            ExprNode::Clip(lo, hi, a) => format!("fminf(fmaxf(t{a}, {lo:?}f), {hi:?}f)"),
+            ExprNode::Clip(lo, hi, a) => format!("fminf(fmaxf(t{a}, {}), {})", crate::c_f32(lo), crate::c_f32(hi)),
             ExprNode::Cast(DType::F16, a) => format!("__half2float(__float2half(t{a}))"),
             ExprNode::Cast(DType::BF16, a) => format!("__bfloat162float(__float2bfloat16(t{a}))"),
             ExprNode::Cast(_, a) => format!("t{a}"),
@@ -247,9 +247,9 @@ fn unary_c(u: UnaryOp, x: &str) -> String {
         UnaryOp::Reciprocal => format!("1.0f / {x}"),
         UnaryOp::Sign => format!("(float)(({x} > 0.0f) - ({x} < 0.0f))"),
         UnaryOp::Softplus => format!("({x} > 20.0f ? {x} : log1pf(expf({x})))"),
-        UnaryOp::LeakyRelu(a) => format!("({x} >= 0.0f ? {x} : {a:?}f * {x})"),
-        UnaryOp::Elu(a) => format!("({x} >= 0.0f ? {x} : {a:?}f * expm1f({x}))"),
-        UnaryOp::Selu(a, g) => format!("{g:?}f * ({x} > 0.0f ? {x} : {a:?}f * expm1f({x}))"),
+        UnaryOp::LeakyRelu(a) => format!("({x} >= 0.0f ? {x} : {} * {x})", crate::c_f32(a)),
+        UnaryOp::Elu(a) => format!("({x} >= 0.0f ? {x} : {} * expm1f({x}))", crate::c_f32(a)),
+        UnaryOp::Selu(a, g) => format!("{} * ({x} > 0.0f ? {x} : {} * expm1f({x}))", crate::c_f32(g), crate::c_f32(a)),
     }
 }
 

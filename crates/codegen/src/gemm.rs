@@ -97,11 +97,13 @@ impl Gemm {
         s += &format!("        as[ty][tx] = (row < {m} && t + tx < {k}) ? {load}({}) : 0.0f;\n", a_at("row", "t + tx"));
         s += &format!("        bs[ty][tx] = (t + ty < {k} && col < {n}) ? {load}({}) : 0.0f;\n", b_at("t + ty", "col"));
         s += &format!("        __syncthreads();\n        #pragma unroll\n        for (int j = 0; j < {TILE}; ++j) acc += as[ty][j] * bs[j][tx];\n        __syncthreads();\n    }}\n");
-        s += &format!("    if (row >= {m} || col >= {n}) return;\n    float v = {:?}f * acc;\n", self.alpha);
+        s += &format!("    if (row >= {m} || col >= {n}) return;\n    float v = {} * acc;\n", crate::c_f32(self.alpha));
         if let Some(st) = &self.bias {
             s += &format!(
-                "    v += {:?}f * {load}(c[(unsigned long long)row * {} + (unsigned long long)col * {}]);\n",
-                self.beta, st[0], st[1]
+                "    v += {} * {load}(c[(unsigned long long)row * {} + (unsigned long long)col * {}]);\n",
+                crate::c_f32(self.beta),
+                st[0],
+                st[1]
             );
         }
         s += &format!("    v = {};\n", act_c(self.act, "v"));
@@ -140,7 +142,7 @@ pub fn act_c(act: Act, x: &str) -> String {
     match act {
         Act::None => x.to_string(),
         Act::Relu => format!("fmaxf({x}, 0.0f)"),
-        Act::Clip(lo, hi) => format!("fminf(fmaxf({x}, {lo:?}f), {hi:?}f)"),
+        Act::Clip(lo, hi) => format!("fminf(fmaxf({x}, {}), {})", crate::c_f32(lo), crate::c_f32(hi)),
         Act::Sigmoid => format!("1.0f / (1.0f + expf(-{x}))"),
         Act::Silu => format!("{x} / (1.0f + expf(-{x}))"),
     }

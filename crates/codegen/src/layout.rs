@@ -77,7 +77,9 @@ impl Layout {
             _ => return None,
         };
         let out = &node.outputs[0];
-        if ins.iter().any(|v| g.ty(*v).dtype != out.dtype) || out.shape.is_empty() {
+        // Float only: the CPU run goes through f32, exact for floats, not
+        // for large integers.
+        if ins.iter().any(|v| g.ty(*v).dtype != out.dtype) || out.shape.is_empty() || !out.dtype.is_float() {
             return None;
         }
         let dims = out.shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x");
@@ -137,7 +139,12 @@ impl Layout {
                 let (lo, hi) = ((size - 1) / 2, size / 2);
                 s += &format!("    long long ch = (i / {inner}ull) % {c}ull;\n    unsigned long long base = i - ch * {inner}ull;\n    float sq = 0.0f;\n");
                 s += &format!("    for (long long k = max(ch - {lo}ll, 0ll); k <= min(ch + {hi}ll, {}ll); ++k) {{ float v = {load}(in0[base + k * {inner}ull]); sq += v * v; }}\n", c - 1);
-                s += &format!("    out[i] = {store}({load}(in0[i]) / powf({bias:?}f + {:?}f * sq, {beta:?}f));\n", alpha / *size as f32);
+                s += &format!(
+                    "    out[i] = {store}({load}(in0[i]) / powf({} + {} * sq, {}));\n",
+                    crate::c_f32(*bias),
+                    crate::c_f32(alpha / *size as f32),
+                    crate::c_f32(*beta)
+                );
             }
         }
         s += "}\n";

@@ -37,6 +37,16 @@ pub(crate) fn c_type(d: smelt_ir::DType) -> (&'static str, &'static str, &'stati
     }
 }
 
+/// A CUDA C float literal: `1.5f`, or a bit pattern for infinities and NaN
+/// (Rust's `inf` is not C; an ONNX Clip with one bound has an infinite other).
+pub(crate) fn c_f32(x: f32) -> String {
+    if x.is_finite() {
+        format!("{x:?}f")
+    } else {
+        format!("__int_as_float(0x{:08x})", x.to_bits())
+    }
+}
+
 /// Whether `libnvrtc` can be loaded (through `LD_LIBRARY_PATH` or the system
 /// loader). Never panics: callers use it to skip GPU work with a clear reason.
 pub fn nvrtc_available() -> bool {

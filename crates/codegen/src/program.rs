@@ -112,6 +112,20 @@ fn value_name(g: &Graph, v: ValueId) -> String {
     }
 }
 
+/// The constant `v` is a view of (through reshapes and the like), if any.
+fn weight_root(g: &Graph, mut v: ValueId) -> Option<ValueId> {
+    loop {
+        let n = g.node(v.node);
+        if n.op == smelt_ir::Op::Constant {
+            return Some(v);
+        }
+        if !n.op.is_view() {
+            return None;
+        }
+        v = *g.inputs_of(v.node).first()?;
+    }
+}
+
 /// The parameter names of a kernel with `n` pointer inputs.
 fn params(k: &Kernel, n: usize) -> Vec<String> {
     let mut p: Vec<String> = match k {
@@ -157,7 +171,9 @@ impl Program {
             let names_of = params(&kernel, ins.len());
             let mut args = Vec::new();
             for (param, v) in names_of.iter().zip(ins.iter().copied().chain([ValueId { node: id, slot: 0 }])) {
-                let bytes = g.ty(v).bytes();
+                let (bytes, ty) = (g.ty(v).bytes(), g.ty(v).clone());
+                // A view of a constant reads the constant's bytes.
+                let v = weight_root(g, v).unwrap_or(v);
                 if g.node(v.node).op == smelt_ir::Op::Constant {
                     let offset = *weight_at.entry(v.node).or_insert_with(|| {
                         let at = weights_bytes;
@@ -172,14 +188,7 @@ impl Program {
                         weights_bytes += bytes.div_ceil(ALIGN) * ALIGN;
                         at
                     });
-                    args.push(Arg {
-                        param: param.clone(),
-                        value: value_name(g, v),
-                        space: Space::Weights,
-                        offset,
-                        bytes,
-                        ty: g.ty(v).clone(),
-                    });
+                    args.push(Arg { param: param.clone(), value: value_name(g, v), space: Space::Weights, offset, bytes, ty });
                     continue;
                 }
                 let place = plan.placements.get(&v).ok_or_else(|| CodegenError::Unsupported {
@@ -206,7 +215,7 @@ impl Program {
                     space: Space::Arena,
                     offset: place.intervals[0].0,
                     bytes,
-                    ty: g.ty(v).clone(),
+                    ty,
                 });
             }
             // Four f32 elements per thread where every operand is 16-byte aligned.
@@ -219,13 +228,22 @@ impl Program {
             let launch = kernel.launch();
             steps.push(Step { node: g.node(id).name.clone(), kernel, launch, args });
         }
-        let io = |v: ValueId, name: String| -> Io {
+        let io = |v: ValueId, name: String| -> Result<Io, CodegenError> {
             let ty = g.ty(v);
-            let offset = plan.placements.get(&v).map_or(0, |p| p.intervals[0].0);
-            Io { name, ty: ty.to_string(), offset, bytes: ty.bytes() }
+            let offset = match plan.placements.get(&v) {
+                Some(p) if p.intervals.len() == 1 => p.intervals[0].0,
+                _ => {
+                    return Err(CodegenError::Unsupported {
+                        node: g.node(v.node).name.clone(),
+                        op: g.node(v.node).op.name().to_string(),
+                        detail: format!("graph input or output {name} is not one contiguous piece of the arena (a constant output?)"),
+                    })
+                }
+            };
+            Ok(Io { name, ty: ty.to_string(), offset, bytes: ty.bytes() })
         };
-        let inputs = g.inputs().iter().map(|&n| io(ValueId { node: n, slot: 0 }, g.node(n).name.clone())).collect();
-        let outputs = g.outputs().iter().map(|(name, v)| io(*v, name.clone())).collect();
+        let inputs = g.inputs().iter().map(|&n| io(ValueId { node: n, slot: 0 }, g.node(n).name.clone())).collect::<Result<_, _>>()?;
+        let outputs = g.outputs().iter().map(|(name, v)| io(*v, name.clone())).collect::<Result<_, _>>()?;
         let output_types = g.outputs().iter().map(|(_, v)| g.ty(*v).clone()).collect();
         Ok(Program { steps, arena: plan.arena, weights, weights_bytes, inputs, outputs, output_types })
     }

@@ -292,8 +292,15 @@ pub fn run(g: &mut Graph, opts: &Options) -> Result<Stats, IrError> {
     for (name, v) in g.outputs() {
         let (m, want) = (map[v], g.ty(*v).dtype);
         let m = if out.ty(m).dtype != want && want.is_float() {
-            stats.casts_inserted += 1;
-            ValueId { node: out.add(Op::Cast { to: want }, format!("{name}.to_{want}"), &[m])?, slot: 0 }
+            match converted.get(&(*v, want)) {
+                Some(&c) => c,
+                None => {
+                    stats.casts_inserted += 1;
+                    let c = ValueId { node: out.add(Op::Cast { to: want }, format!("{name}.to_{want}"), &[m])?, slot: 0 };
+                    converted.insert((*v, want), c);
+                    c
+                }
+            }
         } else {
             m
         };
