@@ -62,8 +62,10 @@ pub struct Conv {
     pub residual: bool,
     /// The epilogue activation.
     pub act: Act,
-    /// Element type of every operand (f32 accumulation).
+    /// Element type of the weights, bias, residual and output (f32 accumulation).
     pub dtype: DType,
+    /// Element type of x (another float type is converted as it is loaded).
+    pub x_dtype: DType,
     /// The algorithm.
     pub algo: Algo,
 }
@@ -130,7 +132,14 @@ impl Conv {
         if dtype != DType::F32 {
             name += &format!("_{dtype}");
         }
-        Some(Conv { name, input, output, kernel, strides, pads, dilations, groups, bias, residual, act, dtype, algo })
+        let x_dtype = g.ty(ins[0]).dtype;
+        if !x_dtype.is_float() {
+            return None;
+        }
+        if x_dtype != dtype {
+            name += &format!("_x{x_dtype}");
+        }
+        Some(Conv { name, input, output, kernel, strides, pads, dilations, groups, bias, residual, act, dtype, x_dtype, algo })
     }
 
     /// Input channels per group.
@@ -187,6 +196,7 @@ impl Conv {
     /// The CUDA C source: `extern "C" __global__ void NAME(x, w, [bias,] [residual,] out)`.
     pub fn cuda(&self) -> String {
         let (ty, load, store) = crate::c_type(self.dtype);
+        let (xty, xload, _) = crate::c_type(self.x_dtype);
         let [n, c, h, w] = self.input;
         let [_, m, oh, ow] = self.output;
         let ([kh, kw], [sh, sw], [ph, pw], [dh, dw]) = (self.kernel, self.strides, self.pads, self.dilations);
@@ -201,7 +211,7 @@ impl Conv {
             if self.residual { " + residual" } else { "" },
             self.algo,
         );
-        let mut params = vec![format!("const {ty}* __restrict__ x"), format!("const {ty}* __restrict__ w")];
+        let mut params = vec![format!("const {xty}* __restrict__ x"), format!("const {ty}* __restrict__ w")];
         if self.bias {
             params.push(format!("const {ty}* __restrict__ bias"));
         }
@@ -237,10 +247,10 @@ impl Conv {
                     "    int gc = co / {mg} * {cg};\n    const {ty}* wr = w + (unsigned long long)co * {k};\n    float acc = 0.0f;\n"
                 );
                 s += &format!("    for (int ci = 0; ci < {cg}; ++ci) {{\n");
-                s += &format!("        const {ty}* xc = x + ((unsigned long long)nb * {c} + gc + ci) * {};\n", h * w);
+                s += &format!("        const {xty}* xc = x + ((unsigned long long)nb * {c} + gc + ci) * {};\n", h * w);
                 s += &format!("        #pragma unroll\n        for (int r = 0; r < {kh}; ++r) {{\n            int iy = oy * {sh} - {ph} + r * {dh};\n            if (iy < 0 || iy >= {h}) continue;\n");
                 s += &format!("            #pragma unroll\n            for (int q = 0; q < {kw}; ++q) {{\n                int ix = ox * {sw} - {pw} + q * {dw};\n                if (ix < 0 || ix >= {w}) continue;\n");
-                s += &format!("                acc += {load}(xc[iy * {w} + ix]) * {load}(wr[(ci * {kh} + r) * {kw} + q]);\n            }}\n        }}\n    }}\n");
+                s += &format!("                acc += {xload}(xc[iy * {w} + ix]) * {load}(wr[(ci * {kh} + r) * {kw} + q]);\n            }}\n        }}\n    }}\n");
                 s += &epilogue("    ", "acc");
             }
             Algo::ImplicitGemm => {
@@ -261,7 +271,7 @@ impl Conv {
                 s += &format!("                int nb = gp / {}, oy = gp / {ow} % {oh}, ox = gp % {ow};\n", oh * ow);
                 s += &format!("                int iy = oy * {sh} - {ph} + r * {dh}, ix = ox * {sw} - {pw} + q * {dw};\n");
                 s += &format!(
-                    "                if (iy >= 0 && iy < {h} && ix >= 0 && ix < {w}) v = {load}(x[(((unsigned long long)nb * {c} + g * {cg} + ci) * {h} + iy) * {w} + ix]);\n            }}\n"
+                    "                if (iy >= 0 && iy < {h} && ix >= 0 && ix < {w}) v = {xload}(x[(((unsigned long long)nb * {c} + g * {cg} + ci) * {h} + iy) * {w} + ix]);\n            }}\n"
                 );
                 s += "            bs[kk][pp] = v;\n        }\n        __syncthreads();\n";
                 s += &format!("        #pragma unroll\n        for (int kk = 0; kk < {BK}; ++kk) {{\n");

@@ -32,8 +32,10 @@ pub struct Gemm {
     pub bias: Option<Vec<usize>>,
     /// The epilogue activation.
     pub act: Act,
-    /// Element type.
+    /// Element type of B, C and the output.
     pub dtype: DType,
+    /// Element type of A (another float type is converted as it is loaded).
+    pub a_dtype: DType,
 }
 
 impl Gemm {
@@ -53,9 +55,15 @@ impl Gemm {
         let bias = ins.get(2).map(|c| strides(&g.ty(*c).shape, &out.shape));
         let act_tag = if act == Act::None { String::new() } else { format!("_{}", act.to_string().split('(').next().unwrap_or("act")) };
         let t = format!("{}{}", if trans_a { "_ta" } else { "" }, if trans_b { "_tb" } else { "" });
-        let suffix = if out.dtype == DType::F32 { String::new() } else { format!("_{}", out.dtype) };
+        let mut suffix = if out.dtype == DType::F32 { String::new() } else { format!("_{}", out.dtype) };
+        if !a.dtype.is_float() || !out.dtype.is_float() {
+            return None;
+        }
+        if a.dtype != out.dtype {
+            suffix += &format!("_a{}", a.dtype);
+        }
         let name = format!("gemm{t}{act_tag}_m{m}n{n}k{k}{suffix}");
-        Some(Gemm { name, m, n, k, trans_a, trans_b, alpha, beta, bias, act, dtype: out.dtype })
+        Some(Gemm { name, m, n, k, trans_a, trans_b, alpha, beta, bias, act, dtype: out.dtype, a_dtype: a.dtype })
     }
 
     /// Launch geometry: (grid x, grid y) of TILE x TILE blocks.
@@ -66,6 +74,7 @@ impl Gemm {
     /// The CUDA C source: `extern "C" __global__ void NAME(a, b, [c,] out)`.
     pub fn cuda(&self) -> String {
         let (ty, load, store) = crate::c_type(self.dtype);
+        let (aty, aload, _) = crate::c_type(self.a_dtype);
         let (m, n, k) = (self.m, self.n, self.k);
         let a_at = |r: &str, c: &str| {
             if self.trans_a {
@@ -88,13 +97,13 @@ impl Gemm {
         );
         let bias = if self.bias.is_some() { format!("const {ty}* __restrict__ c, ") } else { String::new() };
         s += &format!(
-            "extern \"C\" __global__ void {}(const {ty}* __restrict__ a, const {ty}* __restrict__ b, {bias}{ty}* __restrict__ out) {{\n",
+            "extern \"C\" __global__ void {}(const {aty}* __restrict__ a, const {ty}* __restrict__ b, {bias}{ty}* __restrict__ out) {{\n",
             self.name
         );
         s += &format!("    __shared__ float as[{TILE}][{TILE}];\n    __shared__ float bs[{TILE}][{TILE}];\n");
         s += &format!("    int tx = threadIdx.x, ty = threadIdx.y;\n    int row = blockIdx.y * {TILE} + ty, col = blockIdx.x * {TILE} + tx;\n    float acc = 0.0f;\n");
         s += &format!("    for (int t = 0; t < {k}; t += {TILE}) {{\n");
-        s += &format!("        as[ty][tx] = (row < {m} && t + tx < {k}) ? {load}({}) : 0.0f;\n", a_at("row", "t + tx"));
+        s += &format!("        as[ty][tx] = (row < {m} && t + tx < {k}) ? {aload}({}) : 0.0f;\n", a_at("row", "t + tx"));
         s += &format!("        bs[ty][tx] = (t + ty < {k} && col < {n}) ? {load}({}) : 0.0f;\n", b_at("t + ty", "col"));
         s += &format!("        __syncthreads();\n        #pragma unroll\n        for (int j = 0; j < {TILE}; ++j) acc += as[ty][j] * bs[j][tx];\n        __syncthreads();\n    }}\n");
         s += &format!("    if (row >= {m} || col >= {n}) return;\n    float v = {} * acc;\n", crate::c_f32(self.alpha));

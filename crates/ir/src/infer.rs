@@ -362,7 +362,10 @@ fn conv(c: &Conv, ins: &[&TensorType]) -> Result<TensorType, String> {
     arity(ins, 2, 3)?;
     let (x, w) = (ins[0], ins[1]);
     float(x)?;
-    same_dtype(ins)?;
+    float(w)?;
+    // The conv computes in its weights' dtype; a float x of another dtype
+    // is converted as it is loaded (a precision boundary absorbed).
+    same_dtype(&ins[1..])?;
     rank_at_least(x, 3)?;
     let n = x.shape.len() - 2;
     if w.shape.len() != n + 2 {
@@ -382,7 +385,7 @@ fn conv(c: &Conv, ins: &[&TensorType]) -> Result<TensorType, String> {
     for i in 0..n {
         s.push(spatial_out(x.shape[2 + i], w.shape[2 + i], c.strides[i], c.dilations[i], c.pads[i], c.pads[n + i], false)?);
     }
-    Ok(TensorType::new(x.dtype, s))
+    Ok(TensorType::new(w.dtype, s))
 }
 
 fn pool(p: &Pool, ins: &[&TensorType]) -> Result<TensorType, String> {
@@ -421,7 +424,12 @@ fn batch_norm(ins: &[&TensorType]) -> Result<TensorType, String> {
 
 fn gemm(ta: bool, tb: bool, ins: &[&TensorType]) -> Result<TensorType, String> {
     arity(ins, 2, 3)?;
-    same_dtype(ins)?;
+    // Computed in b's dtype; a float `a` of another dtype is converted as it
+    // is loaded (a precision boundary absorbed).
+    same_dtype(&ins[1..])?;
+    if ins[0].dtype != ins[1].dtype && !(ins[0].dtype.is_float() && ins[1].dtype.is_float()) {
+        return Err(format!("mixes dtypes {} and {}", ins[0].dtype, ins[1].dtype));
+    }
     let (a, b) = (ins[0], ins[1]);
     if a.shape.len() != 2 || b.shape.len() != 2 {
         return Err(format!("needs 2-D operands, got {a} and {b}"));
@@ -436,7 +444,7 @@ fn gemm(ta: bool, tb: bool, ins: &[&TensorType]) -> Result<TensorType, String> {
             return Err(format!("bias {c} does not broadcast to [{m},{n}]"));
         }
     }
-    Ok(TensorType::new(a.dtype, vec![m, n]))
+    Ok(TensorType::new(b.dtype, vec![m, n]))
 }
 
 fn matmul(ins: &[&TensorType]) -> Result<TensorType, String> {

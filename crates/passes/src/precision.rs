@@ -16,11 +16,14 @@
 //!
 //! A float operand whose precision differs from its consumer's is a weight
 //! (converted at compile time, once per precision) or an activation (a
-//! `cast` node, one per value and precision, shared by consumers). Graph
-//! inputs and outputs keep their dtypes: a model still takes and returns
-//! f32. The casts are elementwise ops, so `ew-cluster` and `reduce-fuse`
-//! fold them into neighbouring kernels; only a cast between two kernels
-//! that cannot absorb one (a conv feeding a conv) stays a kernel of its own.
+//! `cast` node, one per value and precision, shared by consumers), except
+//! a half first operand of an f32 convolution or GEMM, which the kernel
+//! widens as it loads it. Graph inputs and outputs keep their dtypes: a
+//! model still takes and returns f32. The casts are elementwise ops, so
+//! `ew-cluster` and `reduce-fuse` fold them into neighbouring kernels; a
+//! cast between two kernels that cannot absorb one stays a kernel of its
+//! own. So does the graph input's narrowing before the first layer, on
+//! purpose: its half copy lets the f32 input die before the layer runs.
 
 use smelt_ir::{DType, Graph, IrError, NodeId, Op, ValueId};
 use std::collections::HashMap;
@@ -250,8 +253,16 @@ pub fn run(g: &mut Graph, opts: &Options) -> Result<Stats, IrError> {
                     .filter(|_| matches!(node.op, Op::Concat { .. } | Op::ConcatInPlace { .. })),
                 None => None,
             };
+            // Convolutions and GEMMs can convert their first operand as they
+            // load it. Taken for a widening (half into an f32 layer: no f32
+            // copy at all); a narrowing keeps its cast, whose half copy lets
+            // the wide value die before the layer runs (the graph input
+            // before the first conv: a lower peak for one small launch).
+            let absorbs = k == 0
+                && have.size() <= target.map_or(0, |d| d.size())
+                && matches!(node.op, Op::Conv(_) | Op::FusedConv { .. } | Op::Gemm { .. } | Op::FusedGemm { .. });
             let new = match target {
-                Some(d) if have.is_float() && have != d => match converted.get(&(v, d)) {
+                Some(d) if have.is_float() && have != d && !absorbs => match converted.get(&(v, d)) {
                     Some(&c) => c,
                     None => {
                         let c = match g.weight(v.node) {
