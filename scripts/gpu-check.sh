@@ -27,6 +27,14 @@ if [[ ${1:-} == --prepare ]]; then
     export SMELT_CUDA_INCLUDE="$site/nvidia/cuda_runtime/include"
     rm -rf "$W" && mkdir -p "$W"
     cp target/release/smelt "$W/smelt" && strip "$W/smelt" 2>/dev/null || true
+    # The GPU tests (tests/gpu.rs) as a binary too.
+    gpu_tests=$(cargo test --release --test gpu --no-run --message-format=json 2>/dev/null | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "gpu":
+        print(m["executable"])' | tail -1)
+    cp "$gpu_tests" "$W/gpu-tests" && strip "$W/gpu-tests" 2>/dev/null || true
     export SMELT_CACHE_DIR=$W/cache
     for m in $MODELS; do
         target/release/smelt compile ".testdata/onnx-data/light/light_$m.onnx" --out "$W/out" --json >/dev/null
@@ -53,8 +61,11 @@ fi
 [[ -d $site/nvidia/cuda_runtime/include ]] && export SMELT_CUDA_INCLUDE="$site/nvidia/cuda_runtime/include"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >&2 || true
 data=$(python3 -c 'import onnx, os; print(os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data"))')
+mkdir -p .testdata && ln -sfn "$data" .testdata/onnx-data
 if [[ ! -f .testdata/variants/.done ]]; then
     echo "gpu-check: generating the random-weight variants" >&2
     python3 scripts/make_variants.py --data "$data" --out .testdata/variants >&2
 fi
+echo "gpu-check: the GPU tests (tests/gpu.rs)" >&2
+SMELT_TESTDATA="$PWD/.testdata" "$W/gpu-tests" >&2 || echo "gpu-check: GPU TESTS FAILED" >&2
 exec python3 scripts/gpu_check.py --smelt "$W/smelt" --data "$data" --variants .testdata/variants
