@@ -94,36 +94,11 @@ fn every_kernel_of_the_light_models_matches_the_reference_and_compiles() {
             assert!(k.ptx.contains(&format!(".entry {kernel}(")), "{kernel}: no entry in the PTX");
         }
         compiled = done.len();
-        ptxas_has_no_spills(&done);
+        common::ptxas_has_no_spills(&done);
     }
     println!("nine light-model programs run end to end from their kernel descriptions match onnxruntime");
     println!("{checked} kernels of the nine light models checked on the CPU ({kinds:?}); {compiled} distinct kernels compiled with NVRTC");
     assert!(kinds.get("conv").copied().unwrap_or(0) >= 400, "too few conv kernels: {kinds:?}");
-}
-
-/// Assembles every PTX with ptxas for sm_90 and asserts no kernel spills
-/// (ptxas is required where the test script set SMELT_PTXAS).
-fn ptxas_has_no_spills(done: &[smelt_codegen::nvrtc::Compiled]) {
-    let Some(exe) = smelt_codegen::ptxas::find() else {
-        assert!(std::env::var_os("SMELT_REQUIRE_NVRTC").is_none(), "SMELT_REQUIRE_NVRTC is set but ptxas is not found (SMELT_PTXAS)");
-        eprintln!("SKIP (ptxas part): ptxas not found; registers and spills not checked");
-        return;
-    };
-    let stats: Vec<smelt_codegen::ptxas::Stats> = std::thread::scope(|s| {
-        let half = done.len().div_ceil(2);
-        let parts: Vec<_> = done
-            .chunks(half.max(1))
-            .map(|part| {
-                s.spawn(|| part.iter().flat_map(|c| smelt_codegen::ptxas::stats(&exe, &c.ptx, "sm_90").unwrap()).collect::<Vec<_>>())
-            })
-            .collect();
-        parts.into_iter().flat_map(|p| p.join().unwrap()).collect()
-    });
-    assert_eq!(stats.len(), done.len());
-    let spills: Vec<_> = stats.iter().filter(|s| s.spill_loads + s.spill_stores > 0).collect();
-    assert!(spills.is_empty(), "kernels spill: {spills:?}");
-    let max = stats.iter().max_by_key(|s| s.registers).unwrap();
-    println!("ptxas sm_90: {} kernels, none spills, most registers {} ({})", stats.len(), max.registers, max.kernel);
 }
 
 /// Whether node `n` of the schedule is a kernel in the program (in-place

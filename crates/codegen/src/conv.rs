@@ -219,7 +219,11 @@ impl Conv {
             params.push(format!("const {ty}* __restrict__ residual"));
         }
         params.push(format!("{ty}* __restrict__ out"));
-        s += &format!("extern \"C\" __global__ void __launch_bounds__({THREADS}) {}({}) {{\n", self.name, params.join(", "));
+        // No __launch_bounds__: with it, ptxas for sm_90 trades registers for
+        // occupancy and spills the f16 variants (4 bytes at 48 registers);
+        // without it none spills (measured with --ptxas-stats). Launched
+        // with THREADS threads per block.
+        s += &format!("extern \"C\" __global__ void {}({}) {{\n", self.name, params.join(", "));
         // The epilogue for output channel `co` at flat output index `o`.
         let epilogue = |indent: &str, acc: &str| {
             let mut e = format!("{indent}float v = {acc};\n");
