@@ -25,7 +25,7 @@ use std::time::Instant;
     version,
     about,
     long_about,
-    after_help = "Examples:\n  smelt inspect model.onnx --batch 8\n  smelt compile model.onnx --dump-ir fuse\n  smelt plan model.onnx --batch 8 --svg memory.svg --memory-limit 6GiB\n  smelt run model.onnx --input input_0.pb --expect output_0.pb\n  smelt print zoo:mobilenet_v2 > mobilenet.tir\n  smelt run mobilenet.tir --json"
+    after_help = "Examples:\n  smelt inspect model.onnx --batch 8\n  smelt compile model.onnx --dump-ir fuse\n  smelt compile model.onnx --batch 8 --out build/ --ptxas-stats\n  smelt plan model.onnx --batch 8 --svg memory.svg --memory-limit 6GiB\n  smelt plan model.onnx --batch 8 --precision mixed-f16\n  smelt run model.onnx --backend cuda --profile\n  smelt run model.onnx --input input_0.pb --expect output_0.pb\n  smelt print zoo:mobilenet_v2 > mobilenet.tir\n  smelt run mobilenet.tir --json"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -115,12 +115,14 @@ enum Command {
         #[arg(long)]
         timings: bool,
     },
-    /// Run the model on the CPU reference executor.
+    /// Run the model on the CPU reference executor, or on a GPU with
+    /// --backend cuda.
     ///
     /// With no --input, each float input is the ONNX backend runner's input:
     /// arange(n).reshape(shape) / n. With --expect, the outputs are compared
     /// like numpy.allclose and smelt exits with status 1 when any is out of
-    /// tolerance.
+    /// tolerance. With --precision other than f32, the f32 graph runs too
+    /// and the error against it is printed.
     Run {
         #[command(flatten)]
         model: ModelArgs,
@@ -592,6 +594,19 @@ fn cmd_plan(model: &ModelArgs, json: bool, svg: Option<PathBuf>, limit: Option<u
         row("arena / lower bound", &|r| format!("{:.4}", r.arena_over_lower_bound));
         row("arena / naive", &|r| format!("{:.3}", r.arena_over_naive));
         row("schedule", &|r| r.schedule.clone());
+        if model.precision != smelt_passes::precision::Policy::F32 {
+            let per = |m: &std::collections::BTreeMap<String, usize>| {
+                m.iter().map(|(d, b)| format!("{d} {}", human_bytes(*b))).collect::<Vec<_>>().join(", ")
+            };
+            println!("\nprecision {} (with fusion):", model.precision);
+            println!("  weights by dtype       {}", per(&report.weights_by_dtype));
+            println!("  activations by dtype   {}  (every value once)", per(&report.activations_by_dtype));
+            println!("  cast kernels           {}  (casts nothing could absorb)", report.cast_kernels);
+            if let Some(p) = &stats.precision {
+                let kept: Vec<String> = p.kept_f32.iter().map(|k| format!("{} ({}: {})", k.node, k.op, k.reason)).collect();
+                println!("  kept in f32            {}", if kept.is_empty() { "nothing".to_string() } else { kept.join(", ") });
+            }
+        }
         println!(
             "\nschedules tried: {}",
             report.schedules.iter().map(|c| format!("{} {}", c.name, human_bytes(c.lower_bound))).collect::<Vec<_>>().join(", ")

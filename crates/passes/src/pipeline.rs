@@ -77,6 +77,9 @@ pub fn run_with(graph: &mut Graph, opts: &Options, after: &mut dyn FnMut(&str, &
     if !opts.fuse {
         precision(graph, &mut stats)?;
         if stats.precision.is_some() {
+            // The f32 originals of converted weights are dead now.
+            stats.dce_removed += dce::run(graph).removed;
+            verify_if(graph, "precision")?;
             after("precision", graph, &stats.precision);
         }
     }
