@@ -350,7 +350,7 @@ fn real_main() -> Result<()> {
             let run = RunArgs { inputs: &inputs, expects: &expects, rtol, atol, save: save_outputs, json };
             let reference = reference.as_ref().map(|r| (r, model.precision));
             let ok = if backend == "cuda" {
-                cmd_run_cuda(&model, &run, reference, &CudaArgs { profile, memory_limit, repeat })?
+                cmd_run_cuda(&model, (&before, &g), &run, reference, &CudaArgs { profile, memory_limit, repeat })?
             } else {
                 if profile || memory_limit.is_some() {
                     bail!("--profile and --memory-limit apply to --backend cuda (use `smelt plan --memory-limit` for the plan alone)");
@@ -645,17 +645,22 @@ struct CodegenOpts {
     json: bool,
 }
 
+/// The unfused graph of `before` and the checked plans of `fused` and of
+/// it (the unfused schedule is the fused plan's hint, as in `smelt plan`).
+fn plan_fused(model: &ModelArgs, before: &Graph, fused: &Graph) -> Result<(Graph, smelt_passes::memory::Plan, smelt_passes::memory::Plan)> {
+    let mut plain = before.clone();
+    smelt::compile_with(&mut plain, &model.options(false), &mut |_, _| {})?;
+    let (plan, plain_plan) = smelt::plan_both(fused, &plain)?;
+    smelt_passes::memory::check::check(fused, &plan)
+        .map_err(|e| anyhow::anyhow!("the memory plan failed its check (a compiler bug): {e}"))?;
+    Ok((plain, plan, plain_plan))
+}
+
 /// `smelt compile --out DIR` / `--ptxas-stats`: lower, compile, write.
 fn cmd_codegen(model: &ModelArgs, o: &CodegenOpts) -> Result<()> {
     use smelt_codegen::{nvrtc::Compiler, program::compile_all, Program};
-    let loaded = model.load()?;
-    let mut fused = loaded.graph.clone();
-    smelt::compile_with(&mut fused, &model.options(true), &mut |_, _| {})?;
-    let mut plain = loaded.graph.clone();
-    smelt::compile_with(&mut plain, &model.options(false), &mut |_, _| {})?;
-    let (plan, plain_plan) = smelt::plan_both(&fused, &plain)?;
-    smelt_passes::memory::check::check(&fused, &plan)
-        .map_err(|e| anyhow::anyhow!("the memory plan failed its check (a compiler bug): {e}"))?;
+    let (before, fused, _) = model.compile(&mut |_, _| {})?;
+    let (plain, plan, plain_plan) = plan_fused(model, &before, &fused)?;
     let program = Program::build(&fused, &plan).with_context(|| format!("cannot generate code for {}", model.model))?;
     let sources = program.sources();
     let arch = o.arch.as_str();
@@ -810,27 +815,22 @@ fn enforce_limit(model: &ModelArgs, report: &smelt::plan::MemoryReport, limit: u
 /// the weights on the GPU, run once to warm up, then `repeat` timed runs.
 fn cmd_run_cuda(
     model: &ModelArgs,
+    graphs: (&Graph, &Graph),
     a: &RunArgs,
     reference: Option<(&Graph, smelt_passes::precision::Policy)>,
     cuda: &CudaArgs,
 ) -> Result<bool> {
     use smelt_codegen::{nvrtc::Compiler, program::compile_all, Program};
-    let loaded = model.load()?;
-    let mut fused = loaded.graph.clone();
-    smelt::compile_with(&mut fused, &model.options(true), &mut |_, _| {})?;
-    let mut plain = loaded.graph.clone();
-    smelt::compile_with(&mut plain, &model.options(false), &mut |_, _| {})?;
-    let (plan, _) = smelt::plan_both(&fused, &plain)?;
-    smelt_passes::memory::check::check(&fused, &plan)
-        .map_err(|e| anyhow::anyhow!("the memory plan failed its check (a compiler bug): {e}"))?;
-    let report = smelt::plan::report(&fused, &plan, !model.no_fuse, true);
+    let (before, fused) = graphs;
+    let (_, plan, _) = plan_fused(model, before, fused)?;
+    let report = smelt::plan::report(fused, &plan, !model.no_fuse, true);
     if let Some(limit) = cuda.memory_limit {
         enforce_limit(model, &report, limit)?;
     }
     if let Some(why) = smelt_runtime::cuda::unavailable() {
         bail!("--backend cuda needs an NVIDIA GPU: {why}");
     }
-    let program = Program::build(&fused, &plan).with_context(|| format!("cannot generate code for {}", model.model))?;
+    let program = Program::build(fused, &plan).with_context(|| format!("cannot generate code for {}", model.model))?;
     let sources = program.sources();
     let bar = ProgressBar::new(sources.len() as u64)
         .with_style(ProgressStyle::with_template("{spinner} compiling kernels {bar:30} {pos}/{len}").expect("valid template"));
@@ -839,12 +839,12 @@ fn cmd_run_cuda(
     bar.finish_and_clear();
     let ptx: std::collections::HashMap<String, String> =
         sources.iter().map(|(n, _)| n.clone()).zip(compiled.into_iter().map(|c| c.ptx)).collect();
-    let blob = program.weights_blob(&fused);
+    let blob = program.weights_blob(fused);
     let (arena, weights_bytes) = (program.arena, program.weights_bytes);
     let mut exec = smelt_runtime::cuda::CudaExecutor::new(program, &ptx, &blob, cuda.memory_limit)?;
     let (profile, repeat) = (cuda.profile, cuda.repeat.max(1));
     let json_out = a.json;
-    cmd_run_on(&fused, a, reference, &mut |ins| {
+    cmd_run_on(fused, a, reference, &mut |ins| {
         exec.run(ins, false)?; // warm-up: module JIT, first-touch costs
         let mut times = Vec::with_capacity(repeat);
         let mut last = None;

@@ -15,20 +15,14 @@ use smelt_codegen::nvrtc::Compiler;
 use smelt_codegen::pool::Pool;
 use smelt_codegen::program::compile_all;
 use smelt_codegen::reduce::Reduction;
-use smelt_codegen::{Cache, Kernel, Program};
+use smelt_codegen::{Kernel, Program};
 use smelt_ir::onnx::{import_file, read_tensor_file, ImportOptions};
 use smelt_ir::{text, Graph, NodeId, Tensor, ValueId};
 use std::collections::HashSet;
 use std::sync::Arc;
 
 fn compiler() -> Option<Compiler> {
-    if smelt_codegen::nvrtc_available() {
-        let dir = std::env::temp_dir().join(format!("smelt-codegen-{}", std::process::id()));
-        return Some(Compiler { cache: Some(Cache::new(dir)), ..Compiler::default() });
-    }
-    assert!(std::env::var_os("SMELT_REQUIRE_NVRTC").is_none(), "SMELT_REQUIRE_NVRTC is set but libnvrtc cannot be loaded");
-    eprintln!("SKIP (NVRTC part): libnvrtc not found; kernels are checked on the CPU only");
-    None
+    common::nvrtc_compiler("codegen")
 }
 
 /// Compiles a kernel's CUDA C with NVRTC (when there) and compares it with

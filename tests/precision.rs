@@ -5,7 +5,7 @@
 mod common;
 
 use smelt_codegen::nvrtc::Compiler;
-use smelt_codegen::{Cache, Program};
+use smelt_codegen::Program;
 use smelt_ir::builder::Builder;
 use smelt_ir::onnx::read_tensor_file;
 use smelt_ir::{text, Graph, Op, Tensor};
@@ -23,13 +23,21 @@ fn compile(g: &Graph, policy: Policy, keep_f32: &[&str]) -> (Graph, Stats) {
 }
 
 fn nvrtc() -> Option<Compiler> {
-    if smelt_codegen::nvrtc_available() {
-        let dir = std::env::temp_dir().join(format!("smelt-precision-{}", std::process::id()));
-        return Some(Compiler { cache: Some(Cache::new(dir)), ..Compiler::default() });
+    common::nvrtc_compiler("precision")
+}
+
+/// Every distinct kernel of `program`, compiled with NVRTC (when there) and
+/// joined into one text for an insta snapshot.
+fn compiled_kernels(program: &Program) -> String {
+    let nv = nvrtc();
+    let mut all = String::new();
+    for (name, src) in program.sources() {
+        if let Some(nv) = &nv {
+            nv.compile(&name, &src).unwrap_or_else(|e| panic!("{e}"));
+        }
+        all += &format!("// ==== {name} ====\n{src}\n");
     }
-    assert!(std::env::var_os("SMELT_REQUIRE_NVRTC").is_none(), "SMELT_REQUIRE_NVRTC is set but libnvrtc cannot be loaded");
-    eprintln!("SKIP (NVRTC part): libnvrtc not found");
-    None
+    all
 }
 
 #[test]
@@ -133,14 +141,7 @@ fn mixed_f16_block_snapshots() {
     insta::assert_snapshot!("mixed_f16_block_ir", text::print(&m));
     let plan = smelt_passes::memory::plan(&m).unwrap();
     let program = Program::build(&m, &plan).unwrap();
-    let nv = nvrtc();
-    let mut all = String::new();
-    for (name, src) in program.sources() {
-        if let Some(nv) = &nv {
-            nv.compile(&name, &src).unwrap_or_else(|e| panic!("{e}"));
-        }
-        all += &format!("// ==== {name} ====\n{src}\n");
-    }
+    let all = compiled_kernels(&program);
     insta::assert_snapshot!("mixed_f16_block_kernels", all);
     // The kernels compute what the reference executor computes.
     let x = common::random_inputs(&m, 1);
@@ -228,14 +229,7 @@ fn f32_classifiers_widen_half_inputs_on_load() {
     let names: Vec<String> = program.sources().into_iter().map(|(n, _)| n).collect();
     assert!(names.iter().any(|n| n.starts_with("gemm") && n.ends_with("_af16")), "{names:?}");
     assert_eq!(m.node_ids().filter(|&n| matches!(m.node(n).op, Op::Cast { .. })).count(), 1, "{}", text::print(&m));
-    let nv = nvrtc();
-    let mut all = String::new();
-    for (name, src) in program.sources() {
-        if let Some(nv) = &nv {
-            nv.compile(&name, &src).unwrap_or_else(|e| panic!("{e}"));
-        }
-        all += &format!("// ==== {name} ====\n{src}\n");
-    }
+    let all = compiled_kernels(&program);
     insta::assert_snapshot!("mixed_f16_gemm_classifier_kernels", all);
     let x = common::random_inputs(&m, 4);
     let want = smelt_runtime::cpu::run(&m, &x).unwrap();

@@ -131,3 +131,16 @@ pub fn ptxas_has_no_spills(done: &[smelt_codegen::nvrtc::Compiled]) {
     let max = stats.iter().max_by_key(|s| s.registers).unwrap();
     println!("ptxas sm_90: {} kernels, none spills, most registers {} ({})", stats.len(), max.registers, max.kernel);
 }
+
+/// An NVRTC compiler with a cache private to this test process (`tag`
+/// names it), or `None` with a SKIP line where libnvrtc cannot be loaded;
+/// where the test script set SMELT_REQUIRE_NVRTC, that is a failure.
+pub fn nvrtc_compiler(tag: &str) -> Option<smelt_codegen::nvrtc::Compiler> {
+    if smelt_codegen::nvrtc_available() {
+        let dir = std::env::temp_dir().join(format!("smelt-{tag}-{}", std::process::id()));
+        return Some(smelt_codegen::nvrtc::Compiler { cache: Some(smelt_codegen::Cache::new(dir)), ..Default::default() });
+    }
+    assert!(std::env::var_os("SMELT_REQUIRE_NVRTC").is_none(), "SMELT_REQUIRE_NVRTC is set but libnvrtc cannot be loaded");
+    eprintln!("SKIP (NVRTC part): libnvrtc not found; kernels are checked on the CPU only");
+    None
+}
