@@ -286,6 +286,35 @@ def process(name, data_dir, out_dir):
           f"(classifier gain {gain:.3g}) {time.time() - t0:.1f}s", flush=True)
 
 
+def op_cases(out_dir):
+    """Single-op models whose outputs onnxruntime computes: the oracle for
+    ops that no light model has (<out>/op_<name>/, as the variants)."""
+    from onnx import TensorProto, helper
+    cases = {
+        "gelu": ("Gelu", {}, 20),
+        "gelu_tanh": ("Gelu", {"approximate": "tanh"}, 20),
+    }
+    for name, (op, attrs, opset) in cases.items():
+        shape = [2, 3, 8, 8]
+        node = helper.make_node(op, ["x"], ["y"], name=name, **attrs)
+        graph = helper.make_graph([node], name,
+                                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+        model.ir_version = 9
+        onnx.checker.check_model(model)
+        x = 3.0 * np.random.default_rng([7, len(name)]).standard_normal(shape, dtype=np.float32)
+        (y,) = session(model).run(None, {"x": x})
+        mdir = os.path.join(out_dir, f"op_{name}")
+        os.makedirs(mdir, exist_ok=True)
+        onnx.save(model, os.path.join(mdir, "model.onnx"))
+        with open(os.path.join(mdir, "input_0.pb"), "wb") as f:
+            f.write(numpy_helper.from_array(x, "x").SerializeToString())
+        with open(os.path.join(mdir, "output_0.pb"), "wb") as f:
+            f.write(numpy_helper.from_array(y, "y").SerializeToString())
+        print(f"op_{name:9s} {op} {attrs} opset {opset}: onnxruntime output recorded", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", default=os.path.join(REPO_ROOT, ".testdata", "onnx-data"),
@@ -299,6 +328,7 @@ def main():
         os.remove(stamp)  # a partial run must not look complete
     for name in args.names:
         process(name, args.data, args.out)
+    op_cases(args.out)
     if args.names == MODELS:
         open(stamp, "w").close()
 

@@ -1,76 +1,23 @@
 //! smelt: a graph compiler that makes deep-learning models fit in GPU memory
-//! and run fast. This crate is the facade over the workspace crates and the
-//! home of the `smelt` command line.
+//! and run fast. This crate is the facade over the workspace crates: the
+//! compile [`driver`] ([`Session`]), reports, and the `smelt` command line.
 
+pub mod driver;
 pub mod emit;
 pub mod plan;
 pub mod report;
+
+pub use driver::{Compiled, Error, Options, Planned, Session, Timings};
 
 pub use smelt_codegen as codegen;
 pub use smelt_ir as ir;
 pub use smelt_passes as passes;
 pub use smelt_runtime as runtime;
 
-use smelt_ir::{onnx, text, zoo, Graph, IrError, Op, Rng, Tensor};
-use std::path::Path;
+use smelt_ir::{Graph, Op, Rng, Tensor};
 
 /// The model `smelt` runs when given no arguments.
 pub const DEFAULT_MODEL: &str = "zoo:resnet50";
-
-/// A loaded model and how it was obtained.
-pub struct Loaded {
-    /// The graph, after the pass pipeline.
-    pub graph: Graph,
-    /// Constants of a text file that had no data and were filled with
-    /// deterministic random values.
-    pub filled_weights: usize,
-}
-
-/// Loads `spec`: a path to `.onnx` or `.tir`, or `zoo:NAME`. `batch`
-/// overrides the batch size (ONNX and zoo; a `.tir` file's shapes are fixed).
-pub fn load(spec: &str, batch: Option<usize>) -> Result<Loaded, IrError> {
-    let mut filled_weights = 0;
-    let mut graph = if let Some(name) = spec.strip_prefix("zoo:") {
-        zoo::get(name, batch.unwrap_or(1))?
-    } else {
-        let path = Path::new(spec);
-        let is_text = path.extension().is_some_and(|e| e == "tir");
-        if is_text {
-            let src = std::fs::read_to_string(path).map_err(|source| IrError::Io { path: spec.to_string(), source })?;
-            if batch.is_some() {
-                return Err(IrError::Verify("--batch does not apply to a .tir file: its shapes are fixed".into()));
-            }
-            let mut g = text::parse(&src)?;
-            filled_weights = fill_missing_weights(&mut g);
-            g
-        } else {
-            onnx::import_file(path, &onnx::ImportOptions { batch })?
-        }
-    };
-    smelt_passes::pipeline::run(&mut graph, &smelt_passes::pipeline::Options { fuse: false, ..Default::default() })
-        .map_err(|e| IrError::Verify(e.to_string()))?;
-    Ok(Loaded { graph, filled_weights })
-}
-
-/// Runs the pass pipeline (fusion when `fuse`), calling `after(pass, graph)`
-/// after each pass.
-pub fn compile(
-    graph: &mut Graph,
-    fuse: bool,
-    after: &mut dyn FnMut(&str, &Graph),
-) -> Result<smelt_passes::pipeline::Stats, smelt_passes::PassError> {
-    let opts = smelt_passes::pipeline::Options { fuse, ..Default::default() };
-    smelt_passes::pipeline::run_with(graph, &opts, after)
-}
-
-/// As [`compile`], with every pipeline option (the precision policy among them).
-pub fn compile_with(
-    graph: &mut Graph,
-    opts: &smelt_passes::pipeline::Options,
-    after: &mut dyn FnMut(&str, &Graph),
-) -> Result<smelt_passes::pipeline::Stats, smelt_passes::PassError> {
-    smelt_passes::pipeline::run_with(graph, opts, after)
-}
 
 /// How a reduced-precision output compares with the f32 one.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -111,16 +58,6 @@ pub fn precision_error(half: &Tensor, reference: &Tensor) -> PrecisionError {
         argmax_agree: agree,
         rows,
     }
-}
-
-/// Plans a model's fused graph and its unfused graph: the unfused plan's
-/// schedule is a hint for the fused one, so fusion never raises the peak.
-/// Returns (fused plan, unfused plan).
-pub fn plan_both(fused: &Graph, plain: &Graph) -> Result<(smelt_passes::memory::Plan, smelt_passes::memory::Plan), IrError> {
-    use smelt_passes::memory;
-    let plain_plan = memory::plan(plain)?;
-    let hint = memory::schedule_names(plain, &plain_plan);
-    Ok((memory::plan_with_hint(fused, Some(&hint))?, plain_plan))
 }
 
 /// Gives every constant without data deterministic random values seeded by

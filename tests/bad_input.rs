@@ -145,9 +145,9 @@ fn text_errors_carry_line_numbers() {
 }
 
 #[test]
-fn verifier_failures_are_verify_errors() {
+fn verifier_failures_are_invalid_graph_errors() {
     let e = text::parse("graph {\n  %0 \"x\" = input : f32[2]\n  %1 = relu(%0) : f32[3]\n  output \"y\" = %1\n}\n").unwrap_err();
-    assert!(matches!(e, IrError::Verify(_)));
+    assert!(matches!(e, IrError::Invalid(_)));
 }
 
 /// Garbled and truncated text IR: an error with a line number or a verified

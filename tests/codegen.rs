@@ -46,8 +46,7 @@ fn every_kernel_of_the_light_models_matches_the_reference_and_compiles() {
     let mut kinds = std::collections::BTreeMap::new();
     for name in common::LIGHT {
         let v = common::variant(name);
-        let mut g = import_file(&v.join("model.onnx"), &ImportOptions::default()).unwrap();
-        smelt::compile(&mut g, true, &mut |_, _| {}).unwrap();
+        let g = common::compiled(&import_file(&v.join("model.onnx"), &ImportOptions::default()).unwrap(), true);
         // Every node of the planned graph lowers: no op is left without a kernel.
         let plan = smelt_passes::memory::plan(&g).unwrap();
         let program = Program::build(&g, &plan).unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -334,8 +333,7 @@ fn conv_cuda_snapshots() {
 #[test]
 fn programs_run_from_the_arena_match_the_reference() {
     let check = |what: &str, plain: &Graph, inputs: &[Tensor]| {
-        let mut g = plain.clone();
-        smelt::compile(&mut g, true, &mut |_, _| {}).unwrap();
+        let g = common::compiled(plain, true);
         let plan = smelt_passes::memory::plan(&g).unwrap();
         let program = Program::build(&g, &plan).unwrap_or_else(|e| panic!("{what}: {e}\n{}", text::print(&g)));
         let got = program.run_cpu(&program.weights_blob(&g), inputs).unwrap();
@@ -352,7 +350,7 @@ fn programs_run_from_the_arena_match_the_reference() {
         launches += check(&format!("random graph {seed}"), &g, &common::random_inputs(&g, seed));
     }
     for name in ["squeezenet", "inception_v1"] {
-        let g = smelt::load(common::variant(name).join("model.onnx").to_str().unwrap(), Some(2)).unwrap().graph;
+        let g = common::load(common::variant(name).join("model.onnx").to_str().unwrap(), Some(2));
         launches += check(name, &g, &common::random_inputs(&g, 3));
     }
     println!("{launches} launches checked");

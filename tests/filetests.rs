@@ -1,11 +1,13 @@
 //! Filetests: text IR in, the IR after a pass out, compared with an insta
 //! snapshot (`INSTA_UPDATE=always cargo test --test filetests` accepts a
 //! change). `tests/filetests/<pass>/*.tir`; the folder names the pass. Each
-//! case also runs on the CPU before and after: the numbers must agree.
+//! case also runs on the CPU before and after: the numbers must agree, and
+//! every node a pass made lowers to a kernel.
 
 mod common;
 
 use smelt_ir::text;
+use smelt_ir::traits::Lowering;
 use std::collections::BTreeSet;
 use std::path::Path;
 
@@ -14,14 +16,29 @@ fn check_fuse(path: &Path) -> (String, BTreeSet<String>) {
     let src = std::fs::read_to_string(path).unwrap();
     let mut before = text::parse(&src).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     smelt::fill_missing_weights(&mut before);
-    let mut after = before.clone();
-    let stats = smelt::compile(&mut after, true, &mut |_, _| {}).unwrap();
+    let smelt::Compiled { graph: after, stats } = common::session(&before, Default::default()).compile().unwrap();
     let inputs = common::random_inputs(&before, 1);
     let want = smelt_runtime::cpu::run(&before, &inputs).unwrap();
     let got = smelt_runtime::cpu::run(&after, &inputs).unwrap();
     for (a, b) in got.iter().zip(&want) {
         let c = smelt::compare(a, b, 1e-4, 1e-5);
         assert!(c.ok, "{}: fused numbers differ: {c:?}", path.display());
+    }
+    // Every rule's output has a kernel: a node that does not lower must be
+    // an op that was already in the input and has none (a pass never makes one).
+    let plan = smelt_passes::memory::plan(&after).unwrap();
+    for id in after.node_ids() {
+        if let Err(e) = smelt_codegen::Kernel::lower(&after, id, plan.copied_concats.contains(&id)) {
+            let op = &after.node(id).op;
+            let lowering = op.traits().lowering;
+            let had = before.node_ids().any(|n| before.node(n).op.name() == op.name());
+            assert!(
+                had && matches!(lowering, Lowering::CpuOnly | Lowering::Folded),
+                "{}: a pass produced {} which has no kernel: {e}",
+                path.display(),
+                op.name()
+            );
+        }
     }
     let fusion = stats.fusion.unwrap();
     let hits: BTreeSet<String> = fusion.rule_hits.iter().filter(|(_, &n)| n > 0).map(|(r, _)| r.clone()).collect();

@@ -7,9 +7,7 @@ use smelt_ir::onnx::{import_file, read_tensor_file, ImportOptions};
 use smelt_ir::{Graph, NodeId, Op, UnaryOp};
 
 fn fused(g: &Graph) -> Graph {
-    let mut f = g.clone();
-    smelt::compile(&mut f, true, &mut |_, _| {}).unwrap();
-    f
+    common::compiled(g, true)
 }
 
 fn kernels(g: &Graph, name: &str) -> usize {

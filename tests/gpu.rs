@@ -15,16 +15,14 @@ use std::collections::HashMap;
 /// Fuses `plain` under `policy` and plans it as the CLI does (the unfused
 /// schedule as a hint), so the kernels are those `smelt compile` caches.
 fn compiled(plain: &Graph, policy: &str) -> (Graph, smelt_passes::memory::Plan) {
-    let opts = |fuse: bool| smelt_passes::pipeline::Options {
-        fuse,
+    let opts = smelt::Options {
         precision: smelt_passes::precision::Options { policy: policy.parse().unwrap(), keep_f32: vec![] },
         ..Default::default()
     };
-    let (mut fused, mut unfused) = (plain.clone(), plain.clone());
-    smelt::compile_with(&mut fused, &opts(true), &mut |_, _| {}).unwrap();
-    smelt::compile_with(&mut unfused, &opts(false), &mut |_, _| {}).unwrap();
-    let (plan, _) = smelt::plan_both(&fused, &unfused).unwrap();
-    (fused, plan)
+    let mut s = common::session(plain, opts);
+    let c = s.compile().unwrap();
+    let planned = s.plan(&c).unwrap();
+    (c.graph, planned.plan)
 }
 
 fn executor(g: &Graph, plan: &smelt_passes::memory::Plan, limit: Option<usize>) -> Result<CudaExecutor, smelt_runtime::RuntimeError> {
@@ -77,13 +75,13 @@ fn main() {
     for name in names {
         let v = common::variant(name);
         for policy in ["f32", "mixed-f16"] {
-            let g = smelt::load(v.join("model.onnx").to_str().unwrap(), None).unwrap().graph;
+            let g = common::load(v.join("model.onnx").to_str().unwrap(), None);
             let x = smelt_ir::onnx::read_tensor_file(&v.join("input_0.pb")).unwrap().1;
             check(format!("{name} {policy}"), &g, policy, &[x], if policy == "f32" { 1e-3 } else { 0.1 });
         }
     }
     // The memory limit refuses before allocating.
-    let (g, plan) = compiled(&smelt::load("zoo:resnet50", None).unwrap().graph, "f32");
+    let (g, plan) = compiled(&common::load("zoo:resnet50", None), "f32");
     let program = Program::build(&g, &plan).unwrap();
     let blob = program.weights_blob(&g);
     match CudaExecutor::new(program, &HashMap::new(), &blob, Some(1 << 20)) {

@@ -10,9 +10,7 @@ use smelt_ir::Graph;
 use smelt_passes::memory::{check::check, plan, Plan};
 
 fn compiled(g: &Graph, fuse: bool) -> Graph {
-    let mut f = g.clone();
-    smelt::compile(&mut f, fuse, &mut |_, _| {}).unwrap();
-    f
+    common::compiled(g, fuse)
 }
 
 fn planned(g: &Graph, what: &str) -> Plan {
@@ -26,8 +24,12 @@ fn light_models_plans_check_and_meet_targets() {
     for name in common::LIGHT {
         for batch in [1, 8] {
             let g = import_file(&common::light_model(name), &ImportOptions { batch: Some(batch) }).unwrap();
-            let (unfused, fused_graph) = (compiled(&g, false), compiled(&g, true));
-            let (fused, plain) = smelt::plan_both(&fused_graph, &unfused).unwrap();
+            // The driver plans as the CLI does (the unfused schedule as the
+            // fused plan's hint) and checks both plans; check again here.
+            let mut s = common::session(&g, Default::default());
+            let c = s.compile().unwrap();
+            let smelt::Planned { plan: fused, unfused, unfused_plan: plain } = s.plan(&c).unwrap();
+            let fused_graph = c.graph;
             for (graph, p, what) in [(&unfused, &plain, "unfused"), (&fused_graph, &fused, "fused")] {
                 check(graph, p).unwrap_or_else(|e| panic!("{name} b{batch} {what}: checker rejected the plan: {e}"));
             }

@@ -47,8 +47,10 @@ fn run_case(dir: &Path) -> Result<usize, String> {
         };
         let (inputs, expected) = (read("input_")?, read("output_")?);
         // Imported as is, and fused (whose memory plan must pass the checker).
-        let mut fused = g.clone();
-        smelt::compile(&mut fused, true, &mut |_, _| {}).map_err(|e| format!("fuse: {e}"))?;
+        let fused = smelt::Session::from_graph("case", g.clone(), Default::default())
+            .and_then(|mut s| s.compile())
+            .map_err(|e| format!("fuse: {e}"))?
+            .graph;
         let plan = smelt_passes::memory::plan(&fused).map_err(|e| format!("plan: {e}"))?;
         smelt_passes::memory::check::check(&fused, &plan).map_err(|e| format!("plan check: {e}"))?;
         for (what, graph) in [("imported", &g), ("fused", &fused)] {

@@ -9,17 +9,16 @@ use smelt_codegen::Program;
 use smelt_ir::builder::Builder;
 use smelt_ir::onnx::read_tensor_file;
 use smelt_ir::{text, Graph, Op, Tensor};
-use smelt_passes::pipeline::{Options, Stats};
+use smelt_passes::pipeline::Stats;
 use smelt_passes::precision::{self, Policy};
 
 fn compile(g: &Graph, policy: Policy, keep_f32: &[&str]) -> (Graph, Stats) {
-    let mut g = g.clone();
-    let opts = Options {
+    let opts = smelt::Options {
         precision: precision::Options { policy, keep_f32: keep_f32.iter().map(|s| s.to_string()).collect() },
-        ..Options::default()
+        ..Default::default()
     };
-    let stats = smelt::compile_with(&mut g, &opts, &mut |_, _| {}).unwrap();
-    (g, stats)
+    let c = common::session(g, opts).compile().unwrap();
+    (c.graph, c.stats)
 }
 
 fn nvrtc() -> Option<Compiler> {
@@ -46,7 +45,7 @@ fn mixed_precision_on_the_light_models() {
     let mut sources = Vec::new();
     for name in common::LIGHT {
         let v = common::variant(name);
-        let plain = smelt::load(v.join("model.onnx").to_str().unwrap(), None).unwrap().graph;
+        let plain = common::load(v.join("model.onnx").to_str().unwrap(), None);
         let image = read_tensor_file(&v.join("input_0.pb")).unwrap().1;
         let (f32g, _) = compile(&plain, Policy::F32, &[]);
         let f32_plan = smelt_passes::memory::plan(&f32g).unwrap();
@@ -236,7 +235,7 @@ fn f32_classifiers_widen_half_inputs_on_load() {
     let got = program.run_cpu(&program.weights_blob(&m), &x).unwrap();
     assert!(smelt::precision_error(&got[0], &want[0]).max_abs_over_range <= 1e-2);
     // SqueezeNet: its classifier is a conv that reads a half input.
-    let sq = smelt::load(common::variant("squeezenet").join("model.onnx").to_str().unwrap(), None).unwrap().graph;
+    let sq = common::load(common::variant("squeezenet").join("model.onnx").to_str().unwrap(), None);
     let (sq, _) = compile(&sq, Policy::MixedF16, &[]);
     assert!(sq.node_ids().any(
         |n| smelt_codegen::conv::Conv::of(&sq, n).is_some_and(|c| c.dtype == smelt_ir::DType::F32 && c.x_dtype == smelt_ir::DType::F16)

@@ -10,8 +10,7 @@ use smelt_passes::memory::{check::check, plan};
 fn roundtrip_numbers(src: &str) {
     let mut g = text::parse(src).unwrap_or_else(|e| panic!("{e}\n{src}"));
     smelt::fill_missing_weights(&mut g);
-    let mut f = g.clone();
-    smelt::compile(&mut f, true, &mut |_, _| {}).unwrap();
+    let f = common::compiled(&g, true);
     for graph in [&g, &f] {
         let p = plan(graph).unwrap();
         check(graph, &p).unwrap_or_else(|e| panic!("{e}\n{}", text::print(graph)));

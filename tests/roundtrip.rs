@@ -27,8 +27,7 @@ fn copy_weights(from: &Graph, to: &mut Graph) {
 fn light_models_roundtrip_and_compute_the_same() {
     for name in common::LIGHT {
         let imported = import_file(&common::variant(name).join("model.onnx"), &ImportOptions::default()).unwrap();
-        let mut fused = imported.clone();
-        smelt::compile(&mut fused, true, &mut |_, _| {}).unwrap();
+        let fused = common::compiled(&imported, true);
         // Both the imported graph and the fused one (fused ops print and parse too).
         for g in [imported, fused] {
             let mut parsed = roundtrip(&g);

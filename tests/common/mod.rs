@@ -144,3 +144,18 @@ pub fn nvrtc_compiler(tag: &str) -> Option<smelt_codegen::nvrtc::Compiler> {
     eprintln!("SKIP (NVRTC part): libnvrtc not found; kernels are checked on the CPU only");
     None
 }
+
+/// A driver session over an in-memory graph.
+pub fn session(g: &Graph, options: smelt::Options) -> smelt::Session {
+    smelt::Session::from_graph("test graph", g.clone(), options).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// `g` through the driver's pass pipeline (fusion when `fuse`).
+pub fn compiled(g: &Graph, fuse: bool) -> Graph {
+    session(g, smelt::Options { no_fuse: !fuse, ..Default::default() }).compile().unwrap_or_else(|e| panic!("{e}")).graph
+}
+
+/// A model opened by the driver (`path.onnx`, `zoo:NAME`), as imported.
+pub fn load(spec: &str, batch: Option<usize>) -> Graph {
+    smelt::Session::open(spec, smelt::Options { batch, ..Default::default() }).unwrap_or_else(|e| panic!("{spec}: {e}")).source
+}

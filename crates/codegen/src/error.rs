@@ -54,3 +54,19 @@ pub enum CodegenError {
         source: std::io::Error,
     },
 }
+
+impl CodegenError {
+    /// Whether this is smelt's fault (generated code NVRTC rejects) rather
+    /// than the model's (an op with no kernel) or the machine's (no NVRTC,
+    /// no ptxas, an unwritable cache).
+    pub fn is_bug(&self) -> bool {
+        match self {
+            CodegenError::Compile { .. } | CodegenError::Nvrtc { .. } => true,
+            CodegenError::NvrtcUnavailable
+            | CodegenError::Cache { .. }
+            | CodegenError::Unsupported { .. }
+            | CodegenError::Ptxas(_)
+            | CodegenError::Io { .. } => false,
+        }
+    }
+}

@@ -8,7 +8,8 @@ use crate::layout::Layout;
 use crate::pool::Pool;
 use crate::reduce::Reduction;
 use crate::CodegenError;
-use smelt_ir::{Graph, NodeId, Op, Tensor};
+use smelt_ir::traits::Lowering;
+use smelt_ir::{Graph, NodeId, Tensor};
 
 /// Threads per block of the one-thread-per-element kernels.
 pub const BLOCK: usize = 256;
@@ -63,20 +64,20 @@ impl Kernel {
     /// kernel is an error naming the node.
     pub fn lower(g: &Graph, id: NodeId, copied_concat: bool) -> Result<Lowered, CodegenError> {
         let node = g.node(id);
-        match &node.op {
-            Op::Input | Op::Constant => return Ok(Lowered::Nothing),
-            Op::ConcatInPlace { .. } if !copied_concat => return Ok(Lowered::Nothing),
-            op if op.is_view() => return Ok(Lowered::Nothing),
-            _ => {}
-        }
-        Kernel::of(g, id).map(|k| Lowered::Kernel(Box::new(k))).ok_or_else(|| CodegenError::Unsupported {
-            node: node.name.clone(),
-            op: node.op.name().to_string(),
-            detail: format!(
-                "no CUDA kernel for this op with inputs {}",
-                g.inputs_of(id).iter().map(|v| g.ty(*v).to_string()).collect::<Vec<_>>().join(", ")
-            ),
-        })
+        let why = match node.op.traits().lowering {
+            Lowering::Nothing => return Ok(Lowered::Nothing),
+            Lowering::Alias if !copied_concat => return Ok(Lowered::Nothing),
+            Lowering::Kernel | Lowering::Alias => match Kernel::of(g, id) {
+                Some(k) => return Ok(Lowered::Kernel(Box::new(k))),
+                None => format!(
+                    "no CUDA kernel for this op with inputs {}",
+                    g.inputs_of(id).iter().map(|v| g.ty(*v).to_string()).collect::<Vec<_>>().join(", ")
+                ),
+            },
+            Lowering::Folded => "no CUDA kernel of its own: fusion folds it into the layer before it (compile with fusion on)".into(),
+            Lowering::CpuOnly => "no CUDA kernel yet: it runs on the CPU reference executor only".into(),
+        };
+        Err(CodegenError::Unsupported { node: node.name.clone(), op: node.op.name().to_string(), detail: why })
     }
 
     /// The kernel of node `id`, if there is one.

@@ -11,10 +11,19 @@ pub enum IrError {
         /// What is wrong.
         msg: String,
     },
-    /// The verifier found an inconsistent graph: always a compiler bug when it
-    /// follows a pass, a user error when it follows parsing a text file.
+    /// The graph is inconsistent (the verifier, a text file, the builder).
+    /// From a user's file this is the user's mistake; after a pass it is
+    /// reported as the passes crate's `PassError::Bug`.
     #[error("invalid graph: {0}")]
-    Verify(String),
+    Invalid(String),
+    /// `zoo:NAME` names no built-in model.
+    #[error("no built-in model {name:?}; the zoo has {known}")]
+    UnknownModel {
+        /// The name asked for.
+        name: String,
+        /// The names there are.
+        known: String,
+    },
     /// The text format could not be parsed.
     #[error("line {line}: {msg}")]
     Parse {

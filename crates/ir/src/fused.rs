@@ -198,12 +198,9 @@ impl Expr {
             ExprNode::Input(k) => write!(f, "${k}"),
             ExprNode::Const(c) => write!(f, "{c:?}"),
             ExprNode::Unary(u, a) => {
-                write!(f, "{}(", crate::op::Op::Unary(u).name())?;
-                if let UnaryOp::LeakyRelu(p) | UnaryOp::Elu(p) = u {
+                write!(f, "{}(", u.name())?;
+                for (_, p) in u.params() {
                     write!(f, "{p:?},")?;
-                }
-                if let UnaryOp::Selu(p, g) = u {
-                    write!(f, "{p:?},{g:?},")?;
                 }
                 self.write(a, f)?;
                 f.write_str(")")
@@ -298,9 +295,9 @@ fn parse_node(cs: &[char], pos: &mut usize, e: &mut Expr) -> Result<usize, Strin
     expect(cs, pos, ')')?;
     let node = match (word.as_str(), args.as_slice()) {
         ("clip", &[a]) => ExprNode::Clip(p[0], p[1], a),
-        ("leaky_relu", &[a]) => ExprNode::Unary(UnaryOp::LeakyRelu(p[0]), a),
-        ("elu", &[a]) => ExprNode::Unary(UnaryOp::Elu(p[0]), a),
-        ("selu", &[a]) => ExprNode::Unary(UnaryOp::Selu(p[0], p[1]), a),
+        (name, &[a]) if UnaryOp::by_name(name).is_some_and(|u| u.params().len() == p.len()) => {
+            ExprNode::Unary(UnaryOp::by_name(name).expect("just found").with_params(&p), a)
+        }
         (name, &[a]) if name.starts_with("cast_") => match DType::from_name(&name[5..]).filter(|d| d.is_float()) {
             Some(d) => ExprNode::Cast(d, a),
             None => return Err(format!("{name}: only casts to f32, f16 and bf16 are elementwise")),

@@ -201,7 +201,7 @@ impl Graph {
         self.g
             .node_weight(v.node.0)
             .and_then(|n| n.outputs.get(v.slot as usize))
-            .ok_or_else(|| IrError::Verify(format!("value {v} does not exist")))
+            .ok_or_else(|| IrError::Invalid(format!("value {v} does not exist")))
     }
 
     /// The inputs of `id`, in port order.
@@ -243,7 +243,7 @@ impl Graph {
     pub fn set_weight(&mut self, id: NodeId, data: Tensor) -> Result<(), IrError> {
         let n = self.node(id);
         if n.op != Op::Constant || n.outputs[0] != *data.ty() {
-            return Err(IrError::Verify(format!("{id} \"{}\" is not a constant of type {}", n.name, data.ty())));
+            return Err(IrError::Invalid(format!("{id} \"{}\" is not a constant of type {}", n.name, data.ty())));
         }
         self.weights.insert(n.name.clone(), Arc::new(data));
         Ok(())
@@ -285,7 +285,7 @@ impl Graph {
             }
         }
         if order.len() != indeg.len() {
-            return Err(IrError::Verify("the graph has a cycle".into()));
+            return Err(IrError::Invalid("the graph has a cycle".into()));
         }
         Ok(order)
     }

@@ -19,6 +19,7 @@ mod op;
 mod rng;
 mod tensor;
 pub mod text;
+pub mod traits;
 mod verify;
 pub mod zoo;
 

@@ -76,6 +76,108 @@ pub enum UnaryOp {
     Elu(f32),
     /// gamma * (x if x > 0 else alpha * (e^x - 1)); fields are (alpha, gamma).
     Selu(f32, f32),
+    /// x * Phi(x) = x/2 * (1 + erf(x / sqrt 2)): GELU (ONNX `Gelu`).
+    Gelu,
+    /// x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))): GELU's tanh
+    /// approximation (ONNX `Gelu` with `approximate="tanh"`, GPT-2's).
+    GeluTanh,
+}
+
+impl UnaryOp {
+    /// Every unary function, parameters at their ONNX defaults. The text
+    /// format, fused expressions and ONNX import find ops here by name.
+    pub const ALL: [UnaryOp; 17] = [
+        UnaryOp::Relu,
+        UnaryOp::Sigmoid,
+        UnaryOp::Tanh,
+        UnaryOp::Erf,
+        UnaryOp::Sqrt,
+        UnaryOp::Exp,
+        UnaryOp::Log,
+        UnaryOp::Neg,
+        UnaryOp::Abs,
+        UnaryOp::Reciprocal,
+        UnaryOp::Sign,
+        UnaryOp::Softplus,
+        UnaryOp::LeakyRelu(0.01),
+        UnaryOp::Elu(1.0),
+        UnaryOp::Selu(1.673_263_2, 1.050_701),
+        UnaryOp::Gelu,
+        UnaryOp::GeluTanh,
+    ];
+
+    /// The name in the text format and in fused expressions, and the ONNX
+    /// op type it imports from (`None`: reached another way, such as an
+    /// attribute of another ONNX op).
+    pub fn names(self) -> (&'static str, Option<&'static str>) {
+        match self {
+            UnaryOp::Relu => ("relu", Some("Relu")),
+            UnaryOp::Sigmoid => ("sigmoid", Some("Sigmoid")),
+            UnaryOp::Tanh => ("tanh", Some("Tanh")),
+            UnaryOp::Erf => ("erf", Some("Erf")),
+            UnaryOp::Sqrt => ("sqrt", Some("Sqrt")),
+            UnaryOp::Exp => ("exp", Some("Exp")),
+            UnaryOp::Log => ("log", Some("Log")),
+            UnaryOp::Neg => ("neg", Some("Neg")),
+            UnaryOp::Abs => ("abs", Some("Abs")),
+            UnaryOp::Reciprocal => ("reciprocal", Some("Reciprocal")),
+            UnaryOp::Sign => ("sign", Some("Sign")),
+            UnaryOp::Softplus => ("softplus", Some("Softplus")),
+            UnaryOp::LeakyRelu(_) => ("leaky_relu", Some("LeakyRelu")),
+            UnaryOp::Elu(_) => ("elu", Some("Elu")),
+            UnaryOp::Selu(..) => ("selu", Some("Selu")),
+            // ONNX Gelu chooses between the two with its `approximate` attribute.
+            UnaryOp::Gelu => ("gelu", Some("Gelu")),
+            UnaryOp::GeluTanh => ("gelu_tanh", None),
+        }
+    }
+
+    /// Its name in the text format.
+    pub fn name(self) -> &'static str {
+        self.names().0
+    }
+
+    /// Its parameters, named as ONNX names the attributes.
+    pub fn params(self) -> Vec<(&'static str, f32)> {
+        match self {
+            UnaryOp::LeakyRelu(a) | UnaryOp::Elu(a) => vec![("alpha", a)],
+            UnaryOp::Selu(a, g) => vec![("alpha", a), ("gamma", g)],
+            UnaryOp::Relu
+            | UnaryOp::Sigmoid
+            | UnaryOp::Tanh
+            | UnaryOp::Erf
+            | UnaryOp::Sqrt
+            | UnaryOp::Exp
+            | UnaryOp::Log
+            | UnaryOp::Neg
+            | UnaryOp::Abs
+            | UnaryOp::Reciprocal
+            | UnaryOp::Sign
+            | UnaryOp::Softplus
+            | UnaryOp::Gelu
+            | UnaryOp::GeluTanh => vec![],
+        }
+    }
+
+    /// The same function with parameters `p`, in the order of [`UnaryOp::params`].
+    pub fn with_params(self, p: &[f32]) -> UnaryOp {
+        match (self, p) {
+            (UnaryOp::LeakyRelu(_), &[a, ..]) => UnaryOp::LeakyRelu(a),
+            (UnaryOp::Elu(_), &[a, ..]) => UnaryOp::Elu(a),
+            (UnaryOp::Selu(..), &[a, g, ..]) => UnaryOp::Selu(a, g),
+            (u, _) => u,
+        }
+    }
+
+    /// The function named `name` in the text format, default parameters.
+    pub fn by_name(name: &str) -> Option<UnaryOp> {
+        UnaryOp::ALL.into_iter().find(|u| u.name() == name)
+    }
+
+    /// The function ONNX op type `op_type` imports as, default parameters.
+    pub fn by_onnx_name(op_type: &str) -> Option<UnaryOp> {
+        UnaryOp::ALL.into_iter().find(|u| u.names().1 == Some(op_type))
+    }
 }
 
 /// Elementwise functions of two inputs, with numpy broadcasting.
@@ -375,6 +477,13 @@ pub fn apply_unary(u: UnaryOp, x: f32) -> f32 {
             }
         }
         UnaryOp::Selu(a, g) => g * if x > 0.0 { x } else { a * x.exp_m1() },
+        UnaryOp::Gelu => 0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2)),
+        UnaryOp::GeluTanh => {
+            // In f64: the cube overflows f32 long before tanh saturates.
+            let x = x as f64;
+            let inner = (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x);
+            (0.5 * x * (1.0 + inner.tanh())) as f32
+        }
     }
 }
 
@@ -435,23 +544,7 @@ impl Op {
             Op::Constant => "const",
             Op::Conv(_) => "conv",
             Op::BatchNorm { .. } => "batch_norm",
-            Op::Unary(u) => match u {
-                UnaryOp::Relu => "relu",
-                UnaryOp::Sigmoid => "sigmoid",
-                UnaryOp::Tanh => "tanh",
-                UnaryOp::Erf => "erf",
-                UnaryOp::Sqrt => "sqrt",
-                UnaryOp::Exp => "exp",
-                UnaryOp::Log => "log",
-                UnaryOp::Neg => "neg",
-                UnaryOp::Abs => "abs",
-                UnaryOp::Reciprocal => "reciprocal",
-                UnaryOp::Sign => "sign",
-                UnaryOp::Softplus => "softplus",
-                UnaryOp::LeakyRelu(_) => "leaky_relu",
-                UnaryOp::Elu(_) => "elu",
-                UnaryOp::Selu(..) => "selu",
-            },
+            Op::Unary(u) => u.name(),
             Op::Clip { .. } => "clip",
             Op::Binary(b) => match b {
                 BinaryOp::Add => "add",
@@ -499,22 +592,5 @@ impl Op {
             Op::ConcatInPlace { .. } => "concat_in_place",
             Op::FusedReduction { .. } => "fused_reduction",
         }
-    }
-
-    /// Whether the op is a reduction an elementwise prologue can feed.
-    pub fn is_fusable_reduction(&self) -> bool {
-        matches!(self, Op::GlobalAveragePool | Op::Reduce { .. } | Op::Softmax { .. } | Op::LogSoftmax { .. })
-    }
-
-    /// Whether the op launches a kernel: not inputs, constants, views or
-    /// in-place concatenations.
-    pub fn is_kernel(&self) -> bool {
-        !matches!(self, Op::Input | Op::Constant | Op::ConcatInPlace { .. }) && !self.is_view()
-    }
-
-    /// Whether the op only reinterprets its input's elements (no arithmetic,
-    /// same element order): a view once the memory planner exists.
-    pub fn is_view(&self) -> bool {
-        matches!(self, Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze { .. } | Op::Unsqueeze { .. } | Op::Dropout | Op::Identity)
     }
 }

@@ -21,36 +21,36 @@ pub fn verify(g: &Graph) -> Result<(), IrError> {
         let ins = g.inputs_of(id);
         for (port, v) in ins.iter().enumerate() {
             if !g.contains(v.node) || v.slot as usize >= g.node(v.node).outputs.len() {
-                return Err(IrError::Verify(format!("{}: input {port} reads missing value {v}", who())));
+                return Err(IrError::Invalid(format!("{}: input {port} reads missing value {v}", who())));
             }
         }
         match node.op {
             Op::Input | Op::Constant => {
                 if !ins.is_empty() || node.outputs.len() != 1 {
-                    return Err(IrError::Verify(format!("{}: must have no inputs and one output", who())));
+                    return Err(IrError::Invalid(format!("{}: must have no inputs and one output", who())));
                 }
                 if node.op == Op::Constant {
                     if !const_names.insert(node.name.as_str()) {
-                        return Err(IrError::Verify(format!("{}: constant name used twice", who())));
+                        return Err(IrError::Invalid(format!("{}: constant name used twice", who())));
                     }
                     if let Some(w) = g.weight(id) {
                         if *w.ty() != node.outputs[0] {
-                            return Err(IrError::Verify(format!("{}: data is {} but the node says {}", who(), w.ty(), node.outputs[0])));
+                            return Err(IrError::Invalid(format!("{}: data is {} but the node says {}", who(), w.ty(), node.outputs[0])));
                         }
                     }
                 } else {
                     n_inputs += 1;
                     if !g.inputs().contains(&id) {
-                        return Err(IrError::Verify(format!("{}: input node not listed as a graph input", who())));
+                        return Err(IrError::Invalid(format!("{}: input node not listed as a graph input", who())));
                     }
                 }
             }
             _ => {
                 let tys: Vec<_> = ins.iter().map(|&v| g.ty(v)).collect();
-                let want = infer(&node.op, &tys).map_err(|m| IrError::Verify(format!("{}: {m}", who())))?;
+                let want = infer(&node.op, &tys).map_err(|m| IrError::Invalid(format!("{}: {m}", who())))?;
                 if want != node.outputs {
                     let show = |ts: &[crate::TensorType]| ts.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", ");
-                    return Err(IrError::Verify(format!(
+                    return Err(IrError::Invalid(format!(
                         "{}: stored type {} but inference gives {}",
                         who(),
                         show(&node.outputs),
@@ -61,11 +61,11 @@ pub fn verify(g: &Graph) -> Result<(), IrError> {
         }
     }
     if n_inputs != g.inputs().len() {
-        return Err(IrError::Verify("graph input list does not match the input nodes".into()));
+        return Err(IrError::Invalid("graph input list does not match the input nodes".into()));
     }
     for (name, v) in g.outputs() {
         if !g.contains(v.node) || v.slot as usize >= g.node(v.node).outputs.len() {
-            return Err(IrError::Verify(format!("output \"{name}\" reads missing value {v}")));
+            return Err(IrError::Invalid(format!("output \"{name}\" reads missing value {v}")));
         }
     }
     Ok(())

@@ -13,7 +13,7 @@ pub fn get(name: &str, batch: usize) -> Result<Graph, IrError> {
     match name {
         "resnet50" => resnet50(batch),
         "mobilenet_v2" => mobilenet_v2(batch),
-        _ => Err(IrError::Verify(format!("no built-in model {name:?}; the zoo has {}", NAMES.join(", ")))),
+        _ => Err(IrError::UnknownModel { name: name.to_string(), known: NAMES.join(", ") }),
     }
 }
 

@@ -68,8 +68,7 @@ pub fn run_with(graph: &mut Graph, opts: &Options, after: &mut dyn FnMut(&str, &
     after("dce", graph, &stats.dce_removed);
     let precision = |graph: &mut Graph, stats: &mut Stats| -> Result<(), PassError> {
         if opts.precision.policy != precision::Policy::F32 {
-            stats.precision =
-                Some(precision::run(graph, &opts.precision).map_err(|source| PassError::Verify { pass: "precision", source })?);
+            stats.precision = Some(precision::run(graph, &opts.precision).map_err(|source| PassError::Bug { pass: "precision", source })?);
             verify_if(graph, "precision")?;
         }
         Ok(())
@@ -89,10 +88,10 @@ pub fn run_with(graph: &mut Graph, opts: &Options, after: &mut dyn FnMut(&str, &
         after("fuse", graph, &stats.fusion);
         precision(graph, &mut stats)?;
         after("precision", graph, &stats.precision);
-        stats.ew_cluster = Some(ew_cluster::run(graph).map_err(|source| PassError::Verify { pass: "ew-cluster", source })?);
+        stats.ew_cluster = Some(ew_cluster::run(graph).map_err(|source| PassError::Bug { pass: "ew-cluster", source })?);
         verify_if(graph, "ew-cluster")?;
         after("ew-cluster", graph, &stats.ew_cluster);
-        stats.reduce_fuse = Some(reduce_fuse::run(graph).map_err(|source| PassError::Verify { pass: "reduce-fuse", source })?);
+        stats.reduce_fuse = Some(reduce_fuse::run(graph).map_err(|source| PassError::Bug { pass: "reduce-fuse", source })?);
         verify_if(graph, "reduce-fuse")?;
         after("reduce-fuse", graph, &stats.reduce_fuse);
         stats.concat = Some(concat::run(graph));
@@ -107,7 +106,7 @@ pub fn run_with(graph: &mut Graph, opts: &Options, after: &mut dyn FnMut(&str, &
 
 fn verify_if(graph: &Graph, pass: &'static str) -> Result<(), PassError> {
     if cfg!(debug_assertions) {
-        smelt_ir::verify(graph).map_err(|source| PassError::Verify { pass, source })?;
+        smelt_ir::verify(graph).map_err(|source| PassError::Bug { pass, source })?;
     }
     Ok(())
 }

@@ -25,6 +25,7 @@
 //! own. So does the graph input's narrowing before the first layer, on
 //! purpose: its half copy lets the f32 input die before the layer runs.
 
+use smelt_ir::traits::{Kind, Precision};
 use smelt_ir::{DType, Graph, IrError, NodeId, Op, ValueId};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -145,43 +146,6 @@ pub fn glob(pat: &str, s: &str) -> bool {
     p[i..].iter().all(|&c| c == '*')
 }
 
-/// Ops whose numbers are sensitive: kept f32 by the mixed policies.
-fn sensitive(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::Softmax { .. }
-            | Op::LogSoftmax { .. }
-            | Op::LayerNorm { .. }
-            | Op::BatchNorm { .. }
-            | Op::GlobalAveragePool
-            | Op::Reduce { .. }
-            | Op::FusedReduction { .. }
-    )
-}
-
-/// Ops that move data without arithmetic: they follow their input's precision.
-fn follows(op: &Op) -> bool {
-    op.is_view()
-        || matches!(
-            op,
-            Op::Concat { .. }
-                | Op::ConcatInPlace { .. }
-                | Op::Transpose { .. }
-                | Op::MaxPool(_)
-                | Op::Pad { .. }
-                | Op::Slice { .. }
-                | Op::Split { .. }
-                | Op::Expand { .. }
-                | Op::Tile { .. }
-                | Op::Gather { .. }
-        )
-}
-
-/// Layers that can be the classifier.
-fn is_layer(op: &Op) -> bool {
-    matches!(op, Op::Conv(_) | Op::FusedConv { .. } | Op::Gemm { .. } | Op::FusedGemm { .. } | Op::MatMul)
-}
-
 /// The last layer before each graph output, walking back through anything
 /// that is not a layer (softmax, pooling, views, elementwise).
 fn classifiers(g: &Graph) -> Vec<NodeId> {
@@ -194,7 +158,7 @@ fn classifiers(g: &Graph) -> Vec<NodeId> {
                 continue;
             }
             let op = &g.node(n).op;
-            if is_layer(op) {
+            if op.traits().kind == Kind::Layer {
                 found.push(n);
             } else if !matches!(op, Op::Input | Op::Constant) {
                 stack.extend(g.inputs_of(n).iter().filter(|v| g.node(v.node).op != Op::Constant).map(|v| v.node));
@@ -220,21 +184,22 @@ pub fn run(g: &mut Graph, opts: &Options) -> Result<Stats, IrError> {
         let float_out = node.outputs.iter().any(|t| t.dtype.is_float());
         // The precision this node computes in, if it is decided here.
         let keep = |reason: String| Some((DType::F32, Some(reason)));
+        let traits = node.op.traits();
         let want: Option<(DType, Option<String>)> = match &node.op {
-            Op::Input | Op::Constant | Op::Cast { .. } => None,
+            _ if traits.precision == Precision::Fixed => None,
             _ if !float_out => {
                 // Comparisons and the like: float operands must agree; use f32.
                 let floats = ins.iter().filter(|v| g.ty(**v).dtype.is_float()).count();
                 (floats > 1).then_some((DType::F32, None))
             }
-            op if opts.policy.mixed() && sensitive(op) => keep("sensitive op".into()),
+            _ if opts.policy.mixed() && traits.precision == Precision::Sensitive => keep("sensitive op".into()),
             _ if classifier.contains(&id) => keep("classifier".into()),
             op => match opts.keep_f32.iter().find(|p| {
                 let name = op.name();
                 glob(p, name) || glob(p, name.trim_start_matches("fused_")) || glob(p, &node.name)
             }) {
                 Some(p) => keep(format!("--keep-f32 {p}")),
-                None if follows(op) => None,
+                None if traits.precision == Precision::Follows => None,
                 None => Some((half, None)),
             },
         };
@@ -246,7 +211,7 @@ pub fn run(g: &mut Graph, opts: &Options) -> Result<Stats, IrError> {
             // inputs must agree with it.
             let target = match &want {
                 Some((d, _)) => Some(*d),
-                None if follows(&node.op) && k > 0 && have.is_float() => ins
+                None if traits.precision == Precision::Follows && k > 0 && have.is_float() => ins
                     .iter()
                     .map(|u| out.ty(map[u]).dtype)
                     .find(|d| d.is_float())
@@ -258,9 +223,7 @@ pub fn run(g: &mut Graph, opts: &Options) -> Result<Stats, IrError> {
             // copy at all); a narrowing keeps its cast, whose half copy lets
             // the wide value die before the layer runs (the graph input
             // before the first conv: a lower peak for one small launch).
-            let absorbs = k == 0
-                && have.size() <= target.map_or(0, |d| d.size())
-                && matches!(node.op, Op::Conv(_) | Op::FusedConv { .. } | Op::Gemm { .. } | Op::FusedGemm { .. });
+            let absorbs = k == 0 && have.size() <= target.map_or(0, |d| d.size()) && traits.widens_first_operand;
             let new = match target {
                 Some(d) if have.is_float() && have != d && !absorbs => match converted.get(&(v, d)) {
                     Some(&c) => c,

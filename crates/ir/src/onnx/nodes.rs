@@ -215,21 +215,16 @@ fn unary(u: UnaryOp) -> Option<Op> {
 fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
     let op_type = cx.node.op_type();
     let simple = match op_type {
-        "Relu" => unary(UnaryOp::Relu),
-        "Sigmoid" => unary(UnaryOp::Sigmoid),
-        "Tanh" => unary(UnaryOp::Tanh),
-        "Erf" => unary(UnaryOp::Erf),
-        "Sqrt" => unary(UnaryOp::Sqrt),
-        "Exp" => unary(UnaryOp::Exp),
-        "Log" => unary(UnaryOp::Log),
-        "Neg" => unary(UnaryOp::Neg),
-        "Abs" => unary(UnaryOp::Abs),
-        "Reciprocal" => unary(UnaryOp::Reciprocal),
-        "Sign" => unary(UnaryOp::Sign),
-        "Softplus" => unary(UnaryOp::Softplus),
-        "LeakyRelu" => unary(UnaryOp::LeakyRelu(cx.float("alpha", 0.01)?)),
-        "Elu" => unary(UnaryOp::Elu(cx.float("alpha", 1.0)?)),
-        "Selu" => unary(UnaryOp::Selu(cx.float("alpha", 1.673_263_2)?, cx.float("gamma", 1.050_701)?)),
+        "Gelu" => match cx.string("approximate")?.as_deref().unwrap_or("none") {
+            "none" => unary(UnaryOp::Gelu),
+            "tanh" => unary(UnaryOp::GeluTanh),
+            other => return Err(cx.unsupported(format!("approximate={other:?} (Gelu takes \"none\" or \"tanh\")"))),
+        },
+        t if UnaryOp::by_onnx_name(t).is_some() => {
+            let u = UnaryOp::by_onnx_name(t).expect("just found");
+            let p = u.params().into_iter().map(|(k, default)| cx.float(k, default)).collect::<Result<Vec<f32>, IrError>>()?;
+            unary(u.with_params(&p))
+        }
         "Pow" => Some(Op::Binary(BinaryOp::Pow)),
         "MatMul" => Some(Op::MatMul),
         "GlobalAveragePool" => Some(Op::GlobalAveragePool),

@@ -60,8 +60,7 @@ pub fn attrs_of(op: &Op) -> Vec<(&'static str, Attr)> {
             vec![("strides", ints(&c.strides)), ("pads", ints(&c.pads)), ("dilations", ints(&c.dilations)), ("group", Int(c.group as i64))]
         }
         Op::BatchNorm { epsilon } => vec![("epsilon", Float(*epsilon))],
-        Op::Unary(UnaryOp::LeakyRelu(a)) | Op::Unary(UnaryOp::Elu(a)) => vec![("alpha", Float(*a))],
-        Op::Unary(UnaryOp::Selu(a, g)) => vec![("alpha", Float(*a)), ("gamma", Float(*g))],
+        Op::Unary(u) => u.params().into_iter().map(|(k, v)| (k, Float(v))).collect(),
         Op::Clip { min, max } => vec![("min", Float(*min)), ("max", Float(*max))],
         Op::MaxPool(p) => pool(p),
         Op::AveragePool { pool: p, count_include_pad } => {
@@ -120,15 +119,7 @@ pub fn attrs_of(op: &Op) -> Vec<(&'static str, Attr)> {
             a.extend(attrs_of(reduction));
             a
         }
-        Op::Input
-        | Op::Constant
-        | Op::Unary(_)
-        | Op::Binary(_)
-        | Op::Sum
-        | Op::GlobalAveragePool
-        | Op::MatMul
-        | Op::Dropout
-        | Op::Identity => vec![],
+        Op::Input | Op::Constant | Op::Binary(_) | Op::Sum | Op::GlobalAveragePool | Op::MatMul | Op::Dropout | Op::Identity => vec![],
     }
 }
 
@@ -240,21 +231,11 @@ pub fn op_from(name: &str, mut a: Attrs) -> Result<Op, String> {
             Ok(Op::FusedReduction { expr, reduction: Box::new(reduction) })
         }
         "batch_norm" => Ok(Op::BatchNorm { epsilon: a.float("epsilon")? }),
-        "relu" => unary(UnaryOp::Relu),
-        "sigmoid" => unary(UnaryOp::Sigmoid),
-        "tanh" => unary(UnaryOp::Tanh),
-        "erf" => unary(UnaryOp::Erf),
-        "sqrt" => unary(UnaryOp::Sqrt),
-        "exp" => unary(UnaryOp::Exp),
-        "log" => unary(UnaryOp::Log),
-        "neg" => unary(UnaryOp::Neg),
-        "abs" => unary(UnaryOp::Abs),
-        "reciprocal" => unary(UnaryOp::Reciprocal),
-        "sign" => unary(UnaryOp::Sign),
-        "softplus" => unary(UnaryOp::Softplus),
-        "leaky_relu" => unary(UnaryOp::LeakyRelu(a.float("alpha")?)),
-        "elu" => unary(UnaryOp::Elu(a.float("alpha")?)),
-        "selu" => unary(UnaryOp::Selu(a.float("alpha")?, a.float("gamma")?)),
+        name if UnaryOp::by_name(name).is_some() => {
+            let u = UnaryOp::by_name(name).expect("just found");
+            let p = u.params().iter().map(|(k, _)| a.float(k)).collect::<Result<Vec<f32>, String>>()?;
+            unary(u.with_params(&p))
+        }
         "clip" => Ok(Op::Clip { min: a.float("min")?, max: a.float("max")? }),
         "add" => binary(BinaryOp::Add),
         "sub" => binary(BinaryOp::Sub),

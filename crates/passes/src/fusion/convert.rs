@@ -2,7 +2,7 @@
 
 use super::lang::{attr_of, symbol_of, AttrEntry, AttrRef, Fl, FusionAnalysis, Origin, ValInfo, ValRef};
 use egg::{EGraph, Id, Symbol};
-use smelt_ir::{text::op_by_name, Act, Conv, Graph, IrError, NodeId, Op, UnaryOp, ValueId};
+use smelt_ir::{text::op_by_name, Act, Conv, Graph, IrError, NodeId, Op, ValueId};
 use std::collections::HashMap;
 
 /// A graph encoded in an e-graph.
@@ -58,7 +58,13 @@ pub fn encode(g: &Graph) -> Result<Encoded, IrError> {
                 eg.add(Fl::Gemm([a, ins[0], ins[1], ins.get(2).copied().unwrap_or(none), none]))
             }
             Op::MatMul => eg.add(Fl::MatMul([ins[0], ins[1]])),
-            Op::Unary(UnaryOp::LeakyRelu(_) | UnaryOp::Elu(_) | UnaryOp::Selu(..)) | Op::Clip { .. } => {
+            // A function with parameters keeps them in a side table; one
+            // without is a symbol the rules can match.
+            Op::Unary(u) if !u.params().is_empty() => {
+                let a = attr(&mut eg, AttrEntry::Op(node.op.clone()));
+                eg.add(Fl::Unary([a, ins[0]]))
+            }
+            Op::Clip { .. } => {
                 let a = attr(&mut eg, AttrEntry::Op(node.op.clone()));
                 eg.add(Fl::Unary([a, ins[0]]))
             }
@@ -139,7 +145,7 @@ struct Decoder<'a> {
 
 impl Decoder<'_> {
     fn bug(msg: impl Into<String>) -> IrError {
-        IrError::Verify(format!("fusion extraction: {}", msg.into()))
+        IrError::Invalid(format!("fusion extraction: {}", msg.into()))
     }
 
     fn entry(&self, id: Id) -> Result<&AttrEntry, IrError> {

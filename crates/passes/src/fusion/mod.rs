@@ -60,7 +60,7 @@ pub struct Stats {
 /// Fuses `graph` in place.
 pub fn run(graph: &mut Graph, limits: &Limits) -> Result<Stats, PassError> {
     let t = Instant::now();
-    let bug = |source| PassError::Verify { pass: "fuse", source };
+    let bug = |source| PassError::Bug { pass: "fuse", source };
     let convert::Encoded { egraph, outputs, names, ops_before } = convert::encode(graph).map_err(bug)?;
     let runner = Runner::default()
         .with_egraph(egraph)

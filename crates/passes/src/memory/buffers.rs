@@ -14,6 +14,7 @@
 //!
 //! Graph inputs are never overwritten; graph outputs live until the end.
 
+use smelt_ir::traits::InPlace;
 use smelt_ir::{Graph, NodeId, Op, ValueId};
 use std::collections::HashMap;
 
@@ -63,12 +64,6 @@ struct Group {
     start: usize,
     end: usize,
     input: bool,
-}
-
-/// Whether `op` reads each input only at the index it writes (so its output
-/// may overwrite an input of the same type).
-fn elementwise(op: &Op) -> bool {
-    matches!(op, Op::Unary(_) | Op::Binary(_) | Op::Clip { .. } | Op::Sum | Op::Elementwise { .. } | Op::BatchNorm { .. })
 }
 
 /// Whether concatenation `id` can alias its inputs into its slices: distinct
@@ -175,13 +170,15 @@ pub fn build(
             Op::ConcatInPlace { .. } => {
                 copies.insert(id);
             }
-            op if elementwise(op) || matches!(op, Op::FusedConv { residual: true, .. }) => {
+            op if op.traits().in_place != InPlace::No => {
+                // Any operand (elementwise) or only the last (a residual).
+                let any = op.traits().in_place == InPlace::Any;
                 let v = ValueId { node: id, slot: 0 };
                 let vg = rel[&v].0;
-                let candidates: Vec<ValueId> = if elementwise(op) { ins.clone() } else { ins.last().copied().into_iter().collect() };
+                let candidates: Vec<ValueId> = if any { ins.clone() } else { ins.last().copied().into_iter().collect() };
                 for u in candidates {
                     let Some((ug, uiv)) = rel.get(&u).cloned() else { continue };
-                    let others_read_it = !elementwise(op) && ins[..ins.len() - 1].iter().any(|w| rel.get(w).is_some_and(|r| r.0 == ug));
+                    let others_read_it = !any && ins[..ins.len() - 1].iter().any(|w| rel.get(w).is_some_and(|r| r.0 == ug));
                     let ok = ug != vg
                         && !groups[ug].input
                         && groups[ug].end == t

@@ -15,6 +15,7 @@
 //!    not overwritten since (graph outputs are read at the end).
 
 use super::Plan;
+use smelt_ir::traits::InPlace;
 use smelt_ir::{Graph, NodeId, Op, ValueId};
 use std::collections::{HashMap, HashSet};
 
@@ -208,14 +209,12 @@ pub fn check(g: &Graph, plan: &Plan) -> Result<(), String> {
                     continue;
                 }
                 let same = normal(iu) == normal(iv.to_vec()) && g.ty(u) == g.ty(v);
-                let elementwise = matches!(
-                    node.op,
-                    Op::Unary(_) | Op::Binary(_) | Op::Clip { .. } | Op::Sum | Op::Elementwise { .. } | Op::BatchNorm { .. }
-                );
-                // The residual is the last operand of the node, counted before constants are dropped.
+                // The op's own facts say which operand it may overwrite; the
+                // last operand is counted before constants are dropped.
+                let in_place = node.op.traits().in_place;
+                let elementwise = in_place == InPlace::Any;
                 let all = g.inputs_of(id);
-                let residual =
-                    matches!(node.op, Op::FusedConv { residual: true, .. }) && all.last() == Some(&u) && !all[..all.len() - 1].contains(&u);
+                let residual = in_place == InPlace::Last && all.last() == Some(&u) && !all[..all.len() - 1].contains(&u);
                 if !(same && (elementwise || residual)) {
                     return Err(format!("{} overwrites its operand {} while reading it", name(v), name(u)));
                 }

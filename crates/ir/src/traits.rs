@@ -1,0 +1,158 @@
+//! Facts about each op, in one place: [`Op::traits`] is the only `match` on
+//! every variant that precision, fusion, clustering, the memory planner, its
+//! checker and code generation read their rules from. It has no wildcard
+//! arm, so a new op does not compile until each fact is decided for it.
+
+use crate::op::Op;
+
+/// What an op does to its operands, as the passes see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// A graph input or a constant: no inputs, nothing computed.
+    Source,
+    /// Same elements in the same order under another shape: shares its
+    /// input's bytes (reshape, flatten, squeeze, unsqueeze, identity).
+    View,
+    /// Moves or selects elements without arithmetic (concat, split, slice,
+    /// transpose, pad, expand, tile, gather, max pooling).
+    Movement,
+    /// One output element from the operands' elements at the same
+    /// (broadcast) index: unary, binary, clip, sum, cast, fused expressions.
+    Elementwise,
+    /// Reduces along axes: global average pool, reduce, (log-)softmax.
+    Reduction,
+    /// Normalises with statistics: batch norm, layer norm, LRN.
+    Normalization,
+    /// Contracts with a weight: conv, GEMM, matmul (the model's layers).
+    Layer,
+    /// Averages a sliding window.
+    Window,
+}
+
+/// How the precision policy treats an op's float output.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Precision {
+    /// Decided by its own attributes or data (inputs, constants, casts).
+    Fixed,
+    /// Takes its (first float) input's precision: it does no arithmetic.
+    Follows,
+    /// Kept in f32 by the mixed policies: its numbers are sensitive
+    /// (softmax, normalization, reductions).
+    Sensitive,
+    /// Computes in half under a reduced policy, accumulating in f32.
+    Half,
+}
+
+/// Which operand an op's output may overwrite (the planner aliases them; the
+/// checker accepts the overlap only where this says so).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InPlace {
+    /// Never: the op reads operands at other indices than it writes.
+    No,
+    /// Any operand of the output's type: every element is read before it is
+    /// written, at the same index.
+    Any,
+    /// Only the last operand (a convolution's residual, read by the thread
+    /// that writes the same element in its epilogue).
+    Last,
+}
+
+/// How an op reaches the GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lowering {
+    /// A kernel of its own (code generation may still refuse an instance, such
+    /// as a 3-D convolution, with an error naming the node).
+    Kernel,
+    /// Nothing runs: sources and views.
+    Nothing,
+    /// Nothing runs when the planner aliases it (its producers wrote into
+    /// place); a copy kernel otherwise.
+    Alias,
+    /// Not lowered by itself: fusion folds it into a neighbour (batch norm
+    /// into the convolution before it). Left alone, it has no kernel.
+    Folded,
+    /// No CUDA kernel yet: runs on the CPU reference executor only.
+    CpuOnly,
+}
+
+/// The facts about one op. See [`Op::traits`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Traits {
+    /// What it does.
+    pub kind: Kind,
+    /// How the precision policy treats it.
+    pub precision: Precision,
+    /// Which operand its output may overwrite.
+    pub in_place: InPlace,
+    /// How it reaches the GPU.
+    pub lowering: Lowering,
+    /// Whether an elementwise producer can be computed on the fly as its
+    /// prologue (`fused_reduction`): reductions that have a kernel.
+    pub takes_prologue: bool,
+    /// Whether its kernel converts a first operand of another float dtype as
+    /// it loads it (a kernel capability: the precision pass inserts no cast
+    /// before a widening load).
+    pub widens_first_operand: bool,
+}
+
+const fn t(kind: Kind, precision: Precision, in_place: InPlace, lowering: Lowering) -> Traits {
+    Traits { kind, precision, in_place, lowering, takes_prologue: false, widens_first_operand: false }
+}
+
+impl Op {
+    /// The facts about this op, one arm per variant (no wildcard: a new op
+    /// is a compile error here until each fact is decided).
+    pub fn traits(&self) -> Traits {
+        use InPlace as I;
+        use Kind as K;
+        use Lowering as L;
+        use Precision as P;
+        let layer = |lowering| Traits { widens_first_operand: true, ..t(K::Layer, P::Half, I::No, lowering) };
+        let prologue =
+            |precision, lowering| Traits { takes_prologue: lowering == L::Kernel, ..t(K::Reduction, precision, I::No, lowering) };
+        match self {
+            Op::Input | Op::Constant => t(K::Source, P::Fixed, I::No, L::Nothing),
+            Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze { .. } | Op::Unsqueeze { .. } | Op::Dropout | Op::Identity => {
+                t(K::View, P::Follows, I::No, L::Nothing)
+            }
+            Op::Conv(_) => layer(L::Kernel),
+            Op::FusedConv { residual, .. } => Traits { in_place: if *residual { I::Last } else { I::No }, ..layer(L::Kernel) },
+            Op::Gemm { .. } | Op::FusedGemm { .. } => layer(L::Kernel),
+            Op::MatMul => Traits { widens_first_operand: false, ..layer(L::CpuOnly) },
+            Op::BatchNorm { .. } => t(K::Normalization, P::Sensitive, I::Any, L::Folded),
+            Op::LayerNorm { .. } => t(K::Normalization, P::Sensitive, I::No, L::CpuOnly),
+            Op::Lrn { .. } => t(K::Normalization, P::Half, I::No, L::Kernel),
+            Op::Unary(_) | Op::Binary(_) | Op::Clip { .. } | Op::Sum | Op::Elementwise { .. } => {
+                t(K::Elementwise, P::Half, I::Any, L::Kernel)
+            }
+            Op::Cast { .. } => t(K::Elementwise, P::Fixed, I::No, L::Kernel),
+            Op::MaxPool(_) => t(K::Movement, P::Follows, I::No, L::Kernel),
+            Op::AveragePool { .. } => t(K::Window, P::Half, I::No, L::Kernel),
+            Op::GlobalAveragePool | Op::Softmax { .. } | Op::LogSoftmax { .. } => prologue(P::Sensitive, L::Kernel),
+            Op::Reduce { .. } => prologue(P::Sensitive, L::CpuOnly),
+            Op::FusedReduction { .. } => t(K::Reduction, P::Sensitive, I::No, L::Kernel),
+            Op::Concat { .. } | Op::Transpose { .. } => t(K::Movement, P::Follows, I::No, L::Kernel),
+            Op::ConcatInPlace { .. } => t(K::Movement, P::Follows, I::No, L::Alias),
+            Op::Split { .. } | Op::Slice { .. } | Op::Pad { .. } | Op::Expand { .. } | Op::Tile { .. } | Op::Gather { .. } => {
+                t(K::Movement, P::Follows, I::No, L::CpuOnly)
+            }
+        }
+    }
+
+    /// Whether the op is a reduction an elementwise prologue can feed.
+    pub fn is_fusable_reduction(&self) -> bool {
+        self.traits().takes_prologue
+    }
+
+    /// Whether the op launches a kernel: not inputs, constants, views or
+    /// in-place concatenations.
+    pub fn is_kernel(&self) -> bool {
+        !matches!(self.traits().lowering, Lowering::Nothing | Lowering::Alias)
+    }
+
+    /// Whether the op only reinterprets its input's elements (no arithmetic,
+    /// same element order): a view once the memory planner exists.
+    pub fn is_view(&self) -> bool {
+        self.traits().kind == Kind::View
+    }
+}

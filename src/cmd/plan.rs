@@ -1,0 +1,106 @@
+//! `smelt plan`: the memory plan with fusion and without, its picture, and
+//! the memory limit.
+
+use crate::PlanArgs;
+use anyhow::{bail, Context, Result};
+use serde_json::json;
+use smelt::plan::MemoryReport;
+use smelt::report::human_bytes;
+
+/// `smelt plan`.
+pub fn run(a: &PlanArgs) -> Result<bool> {
+    let model = &a.model;
+    let mut s = model.session()?;
+    let compiled = s.compile()?;
+    let planned = s.plan(&compiled)?;
+    let (plan, plain, plain_plan) = (&planned.plan, &planned.unfused, &planned.unfused_plan);
+    let fused = &compiled.graph;
+    let report = smelt::plan::report(fused, plan, !model.no_fuse, true);
+    let plain_report = smelt::plan::report(plain, plain_plan, false, true);
+    if let Some(path) = &a.svg {
+        let title = format!("smelt plan {}{}", model.model, model.batch.map_or(String::new(), |b| format!(" --batch {b}")));
+        let other = (!model.no_fuse).then_some(plain_plan);
+        std::fs::write(path, smelt::plan::svg(&title, plan, fused, other)).with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    let t = &s.timings;
+    if a.json {
+        let v = json!({
+            "model": model.model,
+            "batch": model.batch,
+            "plan": report,
+            "without_fusion": plain_report,
+            "fusion": compiled.stats.fusion,
+            "timings_seconds": {"import": t.import, "passes": t.passes, "plan": t.plan, "check": t.check},
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        print_text(a, &report, &plain_report, &compiled.stats);
+    }
+    if a.timings {
+        eprintln!(
+            "timings: import {:.1} ms, passes {:.1} ms, plan {:.1} ms, check {:.1} ms",
+            t.import * 1e3,
+            t.passes * 1e3,
+            t.plan * 1e3,
+            t.check * 1e3
+        );
+    }
+    if let Some(limit) = a.memory_limit {
+        enforce_limit(&s, &report, limit)?;
+    }
+    Ok(true)
+}
+
+fn print_text(a: &PlanArgs, report: &MemoryReport, plain_report: &MemoryReport, stats: &smelt_passes::pipeline::Stats) {
+    let model = &a.model;
+    println!("model: {}{}\n", model.model, model.batch.map_or(String::new(), |b| format!(" (batch {b})")));
+    let cols: Vec<&MemoryReport> = if model.no_fuse { vec![plain_report] } else { vec![report, plain_report] };
+    let head: Vec<&str> = if model.no_fuse { vec!["without fusion"] } else { vec!["with fusion", "without fusion"] };
+    println!("{:<34}{}", "", head.iter().map(|h| format!("{h:>18}")).collect::<String>());
+    let row = |label: &str, f: &dyn Fn(&MemoryReport) -> String| {
+        println!("{label:<34}{}", cols.iter().map(|r| format!("{:>18}", f(r))).collect::<String>())
+    };
+    row("weights", &|r| human_bytes(r.weights_bytes));
+    row("kernels", &|r| r.kernels.to_string());
+    row("naive activations", &|r| human_bytes(r.naive_activation_bytes));
+    row("lower bound (live bytes at peak)", &|r| human_bytes(r.lower_bound_bytes));
+    row("arena", &|r| human_bytes(r.arena_bytes));
+    row("arena / lower bound", &|r| format!("{:.4}", r.arena_over_lower_bound));
+    row("arena / naive", &|r| format!("{:.3}", r.arena_over_naive));
+    row("schedule", &|r| r.schedule.clone());
+    if model.precision != smelt_passes::precision::Policy::F32 {
+        let per = |m: &std::collections::BTreeMap<String, usize>| {
+            m.iter().map(|(d, b)| format!("{d} {}", human_bytes(*b))).collect::<Vec<_>>().join(", ")
+        };
+        println!("\nprecision {} (with fusion):", model.precision);
+        println!("  weights by dtype       {}", per(&report.weights_by_dtype));
+        println!("  activations by dtype   {}  (every value once)", per(&report.activations_by_dtype));
+        println!("  cast kernels           {}  (casts nothing could absorb)", report.cast_kernels);
+        if let Some(p) = &stats.precision {
+            let kept: Vec<String> = p.kept_f32.iter().map(|k| format!("{} ({}: {})", k.node, k.op, k.reason)).collect();
+            println!("  kept in f32            {}", if kept.is_empty() { "nothing".to_string() } else { kept.join(", ") });
+        }
+    }
+    println!(
+        "\nschedules tried: {}",
+        report.schedules.iter().map(|c| format!("{} {}", c.name, human_bytes(c.lower_bound))).collect::<Vec<_>>().join(", ")
+    );
+    println!("peak at step {} (node \"{}\"), largest tensors live there:", report.peak_step, report.peak_node);
+    for l in &report.peak_live {
+        println!("  {:<40} {:>10}  {}", l.name, human_bytes(l.bytes), l.ty);
+    }
+    println!("\nthe arena holds every activation, graph inputs and outputs included; weights are separate. Checked: no two live buffers overlap.");
+    if let Some(p) = &a.svg {
+        println!("picture: {}", p.display());
+    }
+}
+
+/// Fails with `smelt plan`'s message when the arena exceeds `limit`, naming
+/// the largest smaller batch that fits.
+pub fn enforce_limit(s: &smelt::Session, report: &MemoryReport, limit: usize) -> Result<()> {
+    if report.arena_bytes <= limit {
+        return Ok(());
+    }
+    let fit = s.largest_batch_within(limit)?;
+    bail!("{}", smelt::plan::over_limit(report, limit, fit))
+}

@@ -1,0 +1,234 @@
+//! `smelt run`: the CPU reference executor or the CUDA executor, outputs
+//! compared with expected ones and, under a reduced precision, with f32.
+
+use crate::RunArgs;
+use anyhow::{bail, Context, Result};
+use serde_json::json;
+use smelt::report::human_bytes;
+use smelt::{compare, dummy_input, summarize};
+use smelt_codegen::{nvrtc::Compiler, program::compile_all};
+use smelt_ir::{onnx, Graph, Tensor};
+use smelt_passes::precision::Policy;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// What to do with the outputs of a run.
+pub struct Outputs<'a> {
+    pub inputs: &'a [PathBuf],
+    pub expects: &'a [PathBuf],
+    pub rtol: f64,
+    pub atol: f64,
+    pub save: Option<PathBuf>,
+    pub json: bool,
+}
+
+/// What an executor did: outputs, seconds, a line saying where it ran, and
+/// fields for `--json`.
+struct Ran {
+    outs: Vec<Tensor>,
+    secs: f64,
+    label: String,
+    extra: serde_json::Value,
+}
+
+/// `smelt run`.
+pub fn run(a: &RunArgs) -> Result<bool> {
+    let mut s = a.model.session()?;
+    let compiled = s.compile().with_context(|| format!("cannot compile {}", a.model.model))?;
+    super::log_time("compile", s.timings.passes);
+    // Under a reduced precision, also run in f32 and report the error.
+    let reference = if a.model.precision != Policy::F32 { Some(s.compile_f32()?) } else { None };
+    let out = Outputs { inputs: &a.inputs, expects: &a.expects, rtol: a.rtol, atol: a.atol, save: a.save_outputs.clone(), json: a.json };
+    let reference = reference.as_ref().map(|r| (r, a.model.precision));
+    if a.backend == "cuda" {
+        return on_cuda(&mut s, &compiled, &out, reference, a);
+    }
+    if a.profile || a.memory_limit.is_some() {
+        bail!("--profile and --memory-limit apply to --backend cuda (use `smelt plan --memory-limit` for the plan alone)");
+    }
+    on_cpu(&compiled.graph, &out, reference)
+}
+
+fn read_inputs(g: &Graph, files: &[PathBuf]) -> Result<Vec<Tensor>> {
+    if files.is_empty() {
+        return Ok((0..g.inputs().len()).map(|i| dummy_input(g, i)).collect());
+    }
+    if files.len() != g.inputs().len() {
+        bail!("the model takes {} inputs but {} --input files were given", g.inputs().len(), files.len());
+    }
+    files.iter().map(|f| Ok(onnx::read_tensor_file(f)?.1)).collect()
+}
+
+/// Runs `g` on the CPU reference executor (with a progress bar), then
+/// reports; with `reference` (the f32 graph and the policy of `g`), also
+/// the error of `g` against it.
+pub fn on_cpu(g: &Graph, a: &Outputs, reference: Option<(&Graph, Policy)>) -> Result<bool> {
+    report(g, a, reference, &mut |ins| {
+        let bar = super::bar(g.len(), "{spinner} running on the CPU {bar:30} {pos}/{len} nodes {elapsed}", false);
+        let t = Instant::now();
+        let outs = smelt_runtime::cpu::run_with_progress(g, ins, &mut |done, _| bar.set_position(done as u64))?;
+        bar.finish_and_clear();
+        let secs = t.elapsed().as_secs_f64();
+        Ok(Ran { outs, secs, label: format!("ran on the CPU reference executor in {secs:.3} s"), extra: json!({"backend": "cpu"}) })
+    })
+}
+
+/// Runs `g` with `exec`, then reports, compares and saves its outputs.
+fn report(g: &Graph, a: &Outputs, reference: Option<(&Graph, Policy)>, exec: &mut dyn FnMut(&[Tensor]) -> Result<Ran>) -> Result<bool> {
+    let Outputs { inputs, expects, rtol, atol, json, .. } = *a;
+    let ins = read_inputs(g, inputs)?;
+    if !expects.is_empty() && expects.len() != g.outputs().len() {
+        bail!("the model has {} outputs but {} --expect files were given", g.outputs().len(), expects.len());
+    }
+    let expected = expects.iter().map(|f| Ok(onnx::read_tensor_file(f)?.1)).collect::<Result<Vec<_>>>()?;
+    let Ran { outs, secs, label, extra } = exec(&ins)?;
+    if let Some(dir) = &a.save {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        for (i, ((name, _), t)) in g.outputs().iter().zip(&outs).enumerate() {
+            onnx::write_tensor_file(&dir.join(format!("output_{i}.pb")), name, t)?;
+        }
+    }
+    let against_f32: Option<Vec<smelt::PrecisionError>> = match reference {
+        Some((r, _)) => {
+            let want = smelt_runtime::cpu::run(r, &ins)?;
+            Some(outs.iter().zip(&want).map(|(h, w)| smelt::precision_error(h, w)).collect())
+        }
+        None => None,
+    };
+    let mut ok = true;
+    let mut rows = Vec::new();
+    for (i, ((name, _), t)) in g.outputs().iter().zip(&outs).enumerate() {
+        let s = summarize(t);
+        let cmp = expected.get(i).map(|e| compare(t, e, rtol, atol));
+        ok &= cmp.as_ref().is_none_or(|c| c.ok);
+        rows.push((name, t, s, cmp));
+    }
+    if json {
+        let outputs: Vec<_> = rows
+            .iter()
+            .enumerate()
+            .map(|(i, (name, t, s, cmp))| {
+                json!({"name": name, "dtype": t.ty().dtype.name(), "shape": t.shape(), "summary": s, "comparison": cmp,
+                       "against_f32": against_f32.as_ref().map(|e| &e[i])})
+            })
+            .collect();
+        let mut v = json!({"precision": reference.map_or("f32".to_string(), |(_, p)| p.to_string()), "seconds": secs, "ok": ok, "rtol": rtol, "atol": atol, "outputs": outputs});
+        if let (Some(v), serde_json::Value::Object(extra)) = (v.as_object_mut(), extra) {
+            v.extend(extra);
+        }
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(ok);
+    }
+    println!("{label}{}", reference.map_or(String::new(), |(_, p)| format!(" at precision {p}")));
+    for (i, (name, t, s, cmp)) in rows.into_iter().enumerate() {
+        println!(
+            "output {name}: {}  min {:.6} max {:.6} mean {:.6} argmax {}{}",
+            t.ty(),
+            s.min,
+            s.max,
+            s.mean,
+            s.argmax,
+            if s.finite { "" } else { "  (NOT FINITE)" }
+        );
+        if let Some(e) = against_f32.as_ref().map(|e| &e[i]) {
+            println!(
+                "  against f32: max abs err {:.3e} ({:.3e} of the largest |output|)  max rel err {:.3e}  arg-max agrees on {} of {} rows",
+                e.max_abs, e.max_abs_over_range, e.max_rel, e.argmax_agree, e.rows
+            );
+        }
+        if let Some(c) = cmp {
+            match &c.error {
+                Some(e) => println!("  expected: MISMATCH: {e}"),
+                None => println!(
+                    "  expected: {}  max abs err {:.3e}  max rel err {:.3e}  {} of {} elements outside rtol {rtol:e} atol {atol:e}",
+                    if c.ok { "OK" } else { "MISMATCH" },
+                    c.max_abs,
+                    c.max_rel,
+                    c.mismatches,
+                    c.elements
+                ),
+            }
+        }
+    }
+    Ok(ok)
+}
+
+/// `smelt run --backend cuda`: plan (refusing over --memory-limit before
+/// touching the device), generate and compile the kernels, load them with
+/// the weights on the GPU, run once to warm up, then `repeat` timed runs.
+fn on_cuda(
+    s: &mut smelt::Session,
+    compiled: &smelt::Compiled,
+    a: &Outputs,
+    reference: Option<(&Graph, Policy)>,
+    args: &RunArgs,
+) -> Result<bool> {
+    let fused = &compiled.graph;
+    let planned = s.plan(compiled)?;
+    if let Some(limit) = args.memory_limit {
+        let mem = smelt::plan::report(fused, &planned.plan, !args.model.no_fuse, true);
+        super::plan::enforce_limit(s, &mem, limit)?;
+    }
+    if let Some(why) = smelt_runtime::cuda::unavailable() {
+        bail!("--backend cuda needs an NVIDIA GPU: {why}");
+    }
+    let program = s.program(compiled, &planned).with_context(|| format!("cannot generate code for {}", args.model.model))?;
+    let sources = program.sources();
+    let bar = super::bar(sources.len(), "{spinner} compiling kernels {bar:30} {pos}/{len}", false);
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let kernels = compile_all(&Compiler::default(), &sources, threads, &|_| bar.inc(1)).context("kernel compilation failed")?;
+    bar.finish_and_clear();
+    let ptx: std::collections::HashMap<String, String> =
+        sources.iter().map(|(n, _)| n.clone()).zip(kernels.into_iter().map(|c| c.ptx)).collect();
+    let blob = program.weights_blob(fused);
+    let (arena, weights_bytes) = (program.arena, program.weights_bytes);
+    let mut exec = smelt_runtime::cuda::CudaExecutor::new(program, &ptx, &blob, args.memory_limit)?;
+    let (profile, repeat) = (args.profile, args.repeat.max(1));
+    let json_out = a.json;
+    report(fused, a, reference, &mut |ins| {
+        exec.run(ins, false)?; // warm-up: module JIT, first-touch costs
+        let mut times = Vec::with_capacity(repeat);
+        let mut last = None;
+        for _ in 0..repeat {
+            let (outs, ms, _) = exec.run(ins, false)?;
+            times.push(ms);
+            last = Some(outs);
+        }
+        let kernels = if profile { exec.run(ins, true)?.2 } else { Vec::new() };
+        times.sort_by(f64::total_cmp);
+        let (min, median) = (times[0], times[times.len() / 2]);
+        let dev = &exec.device;
+        if profile && !json_out {
+            let total: f64 = kernels.iter().map(|k| k.ms).sum();
+            println!("{:<56} {:>9} {:>6} {:>9} {:>10}", "kernel (profiled run, CUDA events)", "ms", "share", "GB/s", "GFLOP/s");
+            let mut sorted: Vec<_> = kernels.iter().collect();
+            sorted.sort_by(|x, y| y.ms.total_cmp(&x.ms));
+            for k in &sorted {
+                println!(
+                    "{:<56} {:>9.4} {:>5.1}% {:>9.1} {:>10.1}",
+                    k.kernel,
+                    k.ms,
+                    100.0 * k.ms / total.max(1e-12),
+                    k.bytes as f64 / (k.ms * 1e6),
+                    k.flops as f64 / (k.ms * 1e6)
+                );
+            }
+            println!("{} kernels, {total:.3} ms in kernels\n", kernels.len());
+        }
+        Ok(Ran {
+            outs: last.expect("at least one run"),
+            secs: median / 1e3,
+            label: format!(
+                "ran on {} (compute capability {}.{}): median {median:.3} ms, min {min:.3} ms over {repeat} runs; device memory {} (arena {} + weights {})",
+                dev.name,
+                dev.compute_capability.0,
+                dev.compute_capability.1,
+                human_bytes(arena + weights_bytes),
+                human_bytes(arena),
+                human_bytes(weights_bytes)
+            ),
+            extra: json!({"backend": "cuda", "device": dev, "runs": repeat, "median_ms": median, "min_ms": min,
+                          "arena_bytes": arena, "weights_bytes": weights_bytes, "device_bytes": exec.device_bytes(), "kernels": kernels}),
+        })
+    })
+}

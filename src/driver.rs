@@ -1,0 +1,259 @@
+//! The compile driver: the one place that knows the order of compilation
+//! and its subtleties. Import and verify ([`Session::open`]), the pass
+//! pipeline ([`Session::compile`]), memory planning with the unfused
+//! graph's schedule as the fused plan's hint, and the independent check of
+//! both plans ([`Session::plan`]), then code generation
+//! ([`Session::program`]). The CLI, the tests and the scripts call it; none
+//! of them repeats the order.
+//!
+//! ```
+//! let mut s = smelt::Session::open("zoo:mobilenet_v2", smelt::Options::default())?;
+//! let compiled = s.compile()?;
+//! let planned = s.plan(&compiled)?;
+//! assert!(planned.plan.arena >= planned.plan.lower_bound);
+//! let program = s.program(&compiled, &planned)?;
+//! assert!(!program.steps.is_empty());
+//! # Ok::<(), smelt::Error>(())
+//! ```
+
+use smelt_codegen::{CodegenError, Program};
+use smelt_ir::{onnx, text, zoo, Graph, IrError};
+use smelt_passes::memory::{self, Plan};
+use smelt_passes::{pipeline, precision, PassError};
+use std::path::Path;
+use std::time::Instant;
+
+/// Everything that can go wrong in the driver. [`Error::is_bug`] tells a
+/// user's mistake (a bad model, an unsupported op) from a compiler bug.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The model could not be read, parsed, imported or verified.
+    #[error(transparent)]
+    Model(#[from] IrError),
+    /// A pass failed.
+    #[error(transparent)]
+    Pass(#[from] PassError),
+    /// Code generation refused a node or NVRTC failed.
+    #[error(transparent)]
+    Codegen(#[from] CodegenError),
+    /// A memory plan failed the independent checker: always a compiler bug.
+    #[error("the memory plan of the {which} graph failed its check (a compiler bug): {detail}")]
+    PlanCheck {
+        /// `fused` or `unfused`.
+        which: &'static str,
+        /// What the checker found.
+        detail: String,
+    },
+    /// An option does not apply (such as `--batch` on a `.tir` file).
+    #[error("{0}")]
+    Usage(String),
+}
+
+impl Error {
+    /// Whether this is smelt's fault rather than the input's.
+    pub fn is_bug(&self) -> bool {
+        match self {
+            Error::Model(_) | Error::Usage(_) => false,
+            Error::Pass(e) => e.is_bug(),
+            Error::Codegen(e) => e.is_bug(),
+            Error::PlanCheck { .. } => true,
+        }
+    }
+}
+
+/// What to compile and how.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// Replaces the exported batch size (ONNX and zoo models).
+    pub batch: Option<usize>,
+    /// Turns fusion off everywhere (for comparison).
+    pub no_fuse: bool,
+    /// The precision policy and the nodes kept in f32.
+    pub precision: precision::Options,
+}
+
+impl Options {
+    /// The pipeline's options, fusion on when `fuse` and not `no_fuse`.
+    pub fn pipeline(&self, fuse: bool) -> pipeline::Options {
+        pipeline::Options { fuse: fuse && !self.no_fuse, precision: self.precision.clone(), ..Default::default() }
+    }
+}
+
+/// Seconds spent in each phase so far.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Timings {
+    /// Reading, importing and verifying the model.
+    pub import: f64,
+    /// The pass pipeline (the last run).
+    pub passes: f64,
+    /// Planning the compiled graph (the unfused plan excluded).
+    pub plan: f64,
+    /// Checking the compiled graph's plan.
+    pub check: f64,
+    /// Building the program (lowering every node to a kernel).
+    pub codegen: f64,
+}
+
+/// The graph after the pass pipeline.
+#[derive(Clone, Debug)]
+pub struct Compiled {
+    /// The compiled graph (fused unless fusion is off).
+    pub graph: Graph,
+    /// What each pass did.
+    pub stats: pipeline::Stats,
+}
+
+/// The checked memory plan of a compiled graph, and of the same model
+/// without fusion (its schedule was the hint; reports compare the two).
+#[derive(Clone, Debug)]
+pub struct Planned {
+    /// The compiled graph's plan.
+    pub plan: Plan,
+    /// The model compiled without fusion.
+    pub unfused: Graph,
+    /// Its plan.
+    pub unfused_plan: Plan,
+}
+
+/// One model being compiled.
+#[derive(Clone, Debug)]
+pub struct Session {
+    /// How the model was named (`model.onnx`, `m.tir`, `zoo:resnet50`).
+    pub spec: String,
+    /// The options.
+    pub options: Options,
+    /// The model as imported and verified, dead nodes removed: what the
+    /// user's model means, before any pass.
+    pub source: Graph,
+    /// Constants of a text file that had no data and were filled with
+    /// deterministic random values.
+    pub filled_weights: usize,
+    /// Time spent so far.
+    pub timings: Timings,
+}
+
+impl Session {
+    /// Opens `spec`: a path to `.onnx` or `.tir`, or `zoo:NAME`. Imports and
+    /// verifies the model and removes dead nodes.
+    pub fn open(spec: &str, options: Options) -> Result<Session, Error> {
+        let t = Instant::now();
+        if options.batch == Some(0) {
+            return Err(Error::Usage("--batch must be at least 1".into()));
+        }
+        let mut filled_weights = 0;
+        let graph = if let Some(name) = spec.strip_prefix("zoo:") {
+            zoo::get(name, options.batch.unwrap_or(1))?
+        } else {
+            let path = Path::new(spec);
+            if path.extension().is_some_and(|e| e == "tir") {
+                if options.batch.is_some() {
+                    return Err(Error::Usage("--batch does not apply to a .tir file: its shapes are fixed".into()));
+                }
+                let src = std::fs::read_to_string(path).map_err(|source| IrError::Io { path: spec.to_string(), source })?;
+                let mut g = text::parse(&src)?;
+                filled_weights = crate::fill_missing_weights(&mut g);
+                g
+            } else {
+                onnx::import_file(path, &onnx::ImportOptions { batch: options.batch })?
+            }
+        };
+        let mut s = Session::from_graph(spec, graph, options)?;
+        s.filled_weights = filled_weights;
+        s.timings.import = t.elapsed().as_secs_f64();
+        Ok(s)
+    }
+
+    /// A session over a graph built in memory (the builder, tests).
+    /// Verifies it and removes dead nodes.
+    pub fn from_graph(spec: &str, mut graph: Graph, options: Options) -> Result<Session, Error> {
+        smelt_ir::verify(&graph)?;
+        smelt_passes::dce::run(&mut graph);
+        Ok(Session { spec: spec.to_string(), options, source: graph, filled_weights: 0, timings: Timings::default() })
+    }
+
+    /// The same model at another batch size (ONNX and zoo models only).
+    pub fn with_batch(&self, batch: usize) -> Result<Session, Error> {
+        Session::open(&self.spec, Options { batch: Some(batch), ..self.options.clone() })
+    }
+
+    /// Whether the batch size can be changed ([`Session::with_batch`]).
+    pub fn batch_can_change(&self) -> bool {
+        !self.spec.ends_with(".tir")
+    }
+
+    /// Runs the pass pipeline under the session's options.
+    pub fn compile(&mut self) -> Result<Compiled, Error> {
+        self.compile_with(&mut |_, _| {})
+    }
+
+    /// As [`Session::compile`], calling `after(pass, graph)` after each pass.
+    pub fn compile_with(&mut self, after: &mut dyn FnMut(&str, &Graph)) -> Result<Compiled, Error> {
+        let t = Instant::now();
+        let mut graph = self.source.clone();
+        let stats = pipeline::run_with(&mut graph, &self.options.pipeline(true), after)?;
+        self.timings.passes = t.elapsed().as_secs_f64();
+        Ok(Compiled { graph, stats })
+    }
+
+    /// The model compiled without fusion (same precision).
+    pub fn compile_unfused(&self) -> Result<Graph, Error> {
+        let mut graph = self.source.clone();
+        pipeline::run(&mut graph, &self.options.pipeline(false))?;
+        Ok(graph)
+    }
+
+    /// The model compiled in f32 (same fusion): the reference a reduced
+    /// precision is measured against.
+    pub fn compile_f32(&self) -> Result<Graph, Error> {
+        let mut graph = self.source.clone();
+        let opts = pipeline::Options { precision: precision::Options::default(), ..self.options.pipeline(true) };
+        pipeline::run(&mut graph, &opts)?;
+        Ok(graph)
+    }
+
+    /// Plans `compiled`: first the unfused graph, whose best schedule is a
+    /// hint for the fused plan (so fusion never raises the peak), then the
+    /// compiled graph; both plans pass the independent checker.
+    pub fn plan(&mut self, compiled: &Compiled) -> Result<Planned, Error> {
+        let unfused = self.compile_unfused()?;
+        let unfused_plan = memory::plan(&unfused)?;
+        memory::check::check(&unfused, &unfused_plan).map_err(|detail| Error::PlanCheck { which: "unfused", detail })?;
+        let hint = memory::schedule_names(&unfused, &unfused_plan);
+        let t = Instant::now();
+        let plan = memory::plan_with_hint(&compiled.graph, Some(&hint))?;
+        self.timings.plan = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        memory::check::check(&compiled.graph, &plan).map_err(|detail| Error::PlanCheck { which: "fused", detail })?;
+        self.timings.check = t.elapsed().as_secs_f64();
+        Ok(Planned { plan, unfused, unfused_plan })
+    }
+
+    /// Lowers every node of the planned graph to a kernel, in schedule
+    /// order, with arena and weights offsets.
+    pub fn program(&mut self, compiled: &Compiled, planned: &Planned) -> Result<Program, Error> {
+        let t = Instant::now();
+        let p = Program::build(&compiled.graph, &planned.plan)?;
+        self.timings.codegen = t.elapsed().as_secs_f64();
+        Ok(p)
+    }
+
+    /// The largest batch below the current one (halving) whose arena fits
+    /// in `limit` bytes, with that arena; `None` when none does or the batch
+    /// cannot change.
+    pub fn largest_batch_within(&self, limit: usize) -> Result<Option<(usize, usize)>, Error> {
+        if !self.batch_can_change() {
+            return Ok(None);
+        }
+        let mut b = self.options.batch.unwrap_or(1) / 2;
+        while b >= 1 {
+            let mut s = self.with_batch(b)?;
+            let c = s.compile()?;
+            let p = s.plan(&c)?;
+            if p.plan.arena <= limit {
+                return Ok(Some((b, p.plan.arena)));
+            }
+            b /= 2;
+        }
+        Ok(None)
+    }
+}

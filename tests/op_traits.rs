@@ -1,0 +1,214 @@
+//! Every op's facts (`Op::traits`) agree with what code generation and the
+//! executors do: an op that says it has a kernel lowers to one whose CPU run
+//! matches the reference executor and whose CUDA C compiles; an op that says
+//! it has none is refused with an error naming the node and why.
+
+mod common;
+
+use smelt_codegen::{Kernel, Lowered};
+use smelt_ir::traits::{InPlace, Lowering};
+use smelt_ir::{Act, BinaryOp, Conv, DType, Expr, Graph, Op, Pool, ReduceOp, Rng, Tensor, TensorType, UnaryOp};
+
+fn f32t(shape: &[usize]) -> TensorType {
+    TensorType::new(DType::F32, shape.to_vec())
+}
+
+/// One instance of every op with operand types it accepts: operand 0 is a
+/// graph input, the others constants.
+fn samples() -> Vec<(Op, Vec<TensorType>)> {
+    let x = f32t(&[1, 4, 5, 5]);
+    let conv = Conv { strides: vec![1, 1], pads: vec![1, 1, 1, 1], dilations: vec![1, 1], group: 1 };
+    let pool = Pool { kernel: vec![3, 3], strides: vec![1, 1], pads: vec![1, 1, 1, 1], ceil_mode: false };
+    let gemm = (false, true, 1.0, 1.0);
+    let mut v = vec![
+        (Op::Conv(conv.clone()), vec![x.clone(), f32t(&[3, 4, 3, 3]), f32t(&[3])]),
+        (
+            Op::FusedConv { conv, bias: true, residual: true, act: Act::Relu },
+            vec![x.clone(), f32t(&[3, 4, 3, 3]), f32t(&[3]), f32t(&[1, 3, 5, 5])],
+        ),
+        (Op::BatchNorm { epsilon: 1e-5 }, vec![x.clone(), f32t(&[4]), f32t(&[4]), f32t(&[4]), f32t(&[4])]),
+        (Op::Clip { min: -0.5, max: 0.5 }, vec![x.clone()]),
+        (Op::Sum, vec![x.clone(), x.clone(), f32t(&[4, 1, 1])]),
+        (Op::MaxPool(pool.clone()), vec![x.clone()]),
+        (Op::AveragePool { pool, count_include_pad: false }, vec![x.clone()]),
+        (Op::GlobalAveragePool, vec![x.clone()]),
+        (Op::Reduce { op: ReduceOp::Mean, axes: vec![1], keepdims: true }, vec![x.clone()]),
+        (Op::Gemm { trans_a: gemm.0, trans_b: gemm.1, alpha: gemm.2, beta: gemm.3 }, vec![f32t(&[2, 8]), f32t(&[6, 8]), f32t(&[6])]),
+        (
+            Op::FusedGemm { trans_a: gemm.0, trans_b: gemm.1, alpha: gemm.2, beta: gemm.3, act: Act::Sigmoid },
+            vec![f32t(&[2, 8]), f32t(&[6, 8]), f32t(&[6])],
+        ),
+        (Op::MatMul, vec![f32t(&[2, 3, 8]), f32t(&[8, 5])]),
+        (Op::Concat { axis: 1 }, vec![x.clone(), f32t(&[1, 2, 5, 5])]),
+        (Op::ConcatInPlace { axis: 1 }, vec![x.clone(), f32t(&[1, 2, 5, 5])]),
+        (Op::Split { axis: 1, sizes: vec![1, 3] }, vec![x.clone()]),
+        (Op::Slice { axes: vec![2], starts: vec![1], ends: vec![4], steps: vec![2] }, vec![x.clone()]),
+        (Op::Reshape { shape: vec![1, 100] }, vec![x.clone()]),
+        (Op::Flatten { axis: 1 }, vec![x.clone()]),
+        (Op::Transpose { perm: vec![0, 2, 3, 1] }, vec![x.clone()]),
+        (Op::Squeeze { axes: vec![0] }, vec![x.clone()]),
+        (Op::Unsqueeze { axes: vec![0] }, vec![x.clone()]),
+        (Op::Softmax { axis: 1 }, vec![x.clone()]),
+        (Op::LogSoftmax { axis: 3 }, vec![x.clone()]),
+        (Op::LayerNorm { axis: 3, epsilon: 1e-5 }, vec![x.clone(), f32t(&[5]), f32t(&[5])]),
+        (Op::Lrn { size: 3, alpha: 1e-4, beta: 0.75, bias: 1.0 }, vec![x.clone()]),
+        (Op::Dropout, vec![x.clone()]),
+        (Op::Identity, vec![x.clone()]),
+        (Op::Pad { pads: vec![0, 0, 1, 1, 0, 0, 1, 1], mode: smelt_ir::PadMode::Edge }, vec![x.clone()]),
+        (Op::Expand { shape: vec![2, 4, 5, 5] }, vec![x.clone()]),
+        (Op::Gather { axis: 0 }, vec![f32t(&[10, 4]), TensorType::new(DType::I64, vec![3])]),
+        (Op::Tile { repeats: vec![1, 1, 2, 1] }, vec![x.clone()]),
+        (Op::Cast { to: DType::F16 }, vec![x.clone()]),
+        (Op::Elementwise { expr: "add(mul($0,$1),tanh($0))".parse::<Expr>().unwrap() }, vec![x.clone(), f32t(&[4, 1, 1])]),
+        (Op::FusedReduction { expr: "relu($0)".parse::<Expr>().unwrap(), reduction: Box::new(Op::GlobalAveragePool) }, vec![x.clone()]),
+    ];
+    v.extend(UnaryOp::ALL.into_iter().map(|u| (Op::Unary(u), vec![x.clone()])));
+    for b in [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Pow, BinaryOp::Max, BinaryOp::Min, BinaryOp::PRelu] {
+        v.push((Op::Binary(b), vec![x.clone(), f32t(&[4, 1, 1])]));
+    }
+    for (op, _) in &v {
+        covered(op);
+    }
+    v
+}
+
+/// No wildcard: a new op does not compile here until [`samples`] has one.
+fn covered(op: &Op) {
+    match op {
+        Op::Input | Op::Constant => unreachable!("sources are not sampled"),
+        Op::Conv(_)
+        | Op::BatchNorm { .. }
+        | Op::Unary(_)
+        | Op::Clip { .. }
+        | Op::Binary(_)
+        | Op::Sum
+        | Op::MaxPool(_)
+        | Op::AveragePool { .. }
+        | Op::GlobalAveragePool
+        | Op::Reduce { .. }
+        | Op::Gemm { .. }
+        | Op::MatMul
+        | Op::Concat { .. }
+        | Op::Split { .. }
+        | Op::Slice { .. }
+        | Op::Reshape { .. }
+        | Op::Flatten { .. }
+        | Op::Transpose { .. }
+        | Op::Squeeze { .. }
+        | Op::Unsqueeze { .. }
+        | Op::Softmax { .. }
+        | Op::LogSoftmax { .. }
+        | Op::LayerNorm { .. }
+        | Op::Lrn { .. }
+        | Op::Dropout
+        | Op::Identity
+        | Op::Pad { .. }
+        | Op::Expand { .. }
+        | Op::Gather { .. }
+        | Op::Tile { .. }
+        | Op::Cast { .. }
+        | Op::FusedConv { .. }
+        | Op::FusedGemm { .. }
+        | Op::Elementwise { .. }
+        | Op::FusedReduction { .. }
+        | Op::ConcatInPlace { .. } => {}
+    }
+}
+
+/// A graph computing `op` once: operand 0 a graph input, the rest constants.
+fn one_node(op: &Op, types: &[TensorType]) -> Graph {
+    let mut g = Graph::new();
+    let mut ins = vec![g.add_input("x", types[0].clone()).unwrap()];
+    let mut rng = Rng::from_name(op.name());
+    for (i, t) in types.iter().enumerate().skip(1) {
+        let data = if t.dtype.is_float() {
+            Tensor::from_f32(t.shape.clone(), (0..t.numel()).map(|_| rng.normal()).collect())
+        } else {
+            Tensor::from_i64(t.shape.clone(), (0..t.numel() as i64).map(|k| (k * 3) % 10 - 2).collect())
+        };
+        ins.push(g.add_constant(format!("c{i}"), data));
+    }
+    let id = g.add(op.clone(), op.name(), &ins).unwrap_or_else(|e| panic!("{}: {e}", op.name()));
+    for slot in 0..g.node(id).outputs.len() as u32 {
+        g.add_output(format!("y{slot}"), smelt_ir::ValueId { node: id, slot });
+    }
+    g
+}
+
+#[test]
+fn every_op_lowers_as_its_traits_say() {
+    let nvrtc = common::nvrtc_compiler("op-traits");
+    let (mut kernels, mut refused) = (0, 0);
+    for (op, types) in samples() {
+        let g = one_node(&op, &types);
+        let id = g.node_ids().last().unwrap();
+        let traits = op.traits();
+        let inputs = common::random_inputs(&g, 1);
+        match (traits.lowering, Kernel::lower(&g, id, true)) {
+            (Lowering::Nothing, Ok(Lowered::Nothing)) => {}
+            (Lowering::Kernel | Lowering::Alias, Ok(Lowered::Kernel(k))) => {
+                // The description's CPU run matches the reference executor.
+                let want = smelt_runtime::cpu::run(&g, &inputs).unwrap();
+                let args: Vec<Tensor> =
+                    g.inputs_of(id).iter().map(|v| g.weight(v.node).map_or_else(|| inputs[0].clone(), |w| w.as_ref().clone())).collect();
+                let got = k.run_cpu(&args.iter().collect::<Vec<_>>());
+                let c = smelt::compare(&got, &want[0], 1e-5, 1e-6);
+                assert!(c.ok, "{}: kernel {} differs from the reference: {c:?}", op.name(), k.name());
+                if let Some(nv) = &nvrtc {
+                    nv.compile(k.name(), &k.cuda()).unwrap_or_else(|e| panic!("{}: {e}", op.name()));
+                }
+                kernels += 1;
+            }
+            (Lowering::CpuOnly | Lowering::Folded, Err(e)) => {
+                let msg = e.to_string();
+                assert!(msg.contains(op.name()) && msg.contains("no CUDA kernel"), "{msg}");
+                // The CPU reference executor runs it.
+                smelt_runtime::cpu::run(&g, &inputs).unwrap_or_else(|e| panic!("{}: {e}", op.name()));
+                refused += 1;
+            }
+            (l, got) => panic!("{}: traits say {l:?} but lowering gave {got:?}", op.name()),
+        }
+        if traits.in_place == InPlace::Last {
+            assert!(types.len() >= 2, "{}: only an op with operands can overwrite its last", op.name());
+        }
+    }
+    println!("{kernels} ops lower to kernels that match the reference; {refused} are refused with a reason");
+    assert!(kernels >= 30 && refused >= 8);
+}
+
+#[test]
+fn gelu_matches_its_definition_and_imports_from_onnx() {
+    // Exact GELU is x * Phi(x); the tanh form is within 1e-3 of it.
+    for x in [-3.0f32, -1.0, -0.1, 0.0, 0.5, 2.0, 6.0] {
+        let phi = 0.5 * (1.0 + smelt_ir::erf(x / 2f32.sqrt()));
+        let exact = smelt_ir::apply_unary(UnaryOp::Gelu, x);
+        assert!((exact - x * phi).abs() <= 1e-6, "gelu({x}) = {exact}");
+        assert!((smelt_ir::apply_unary(UnaryOp::GeluTanh, x) - exact).abs() <= 1e-3, "gelu_tanh({x})");
+    }
+    // Text names and parameters round-trip through one table.
+    for u in UnaryOp::ALL {
+        assert_eq!(UnaryOp::by_name(u.name()), Some(u), "{}", u.name());
+    }
+    assert_eq!(UnaryOp::by_onnx_name("Gelu"), Some(UnaryOp::Gelu));
+}
+
+/// ONNX `Gelu` (opset 20, both `approximate` modes) against onnxruntime,
+/// on the CPU reference executor and as the generated kernel's program.
+#[test]
+fn onnx_gelu_matches_onnxruntime() {
+    for case in ["op_gelu", "op_gelu_tanh"] {
+        let dir = common::testdata().join("variants").join(case);
+        let read = |f: &str| smelt_ir::onnx::read_tensor_file(&dir.join(f)).unwrap().1;
+        let (x, want) = (read("input_0.pb"), read("output_0.pb"));
+        let mut s = smelt::Session::open(dir.join("model.onnx").to_str().unwrap(), Default::default()).unwrap();
+        let reference = smelt_runtime::cpu::run(&s.source, std::slice::from_ref(&x)).unwrap();
+        let c = smelt::compare(&reference[0], &want, 1e-5, 1e-6);
+        assert!(c.ok, "{case}: reference executor against onnxruntime: {c:?}");
+        let compiled = s.compile().unwrap();
+        let planned = s.plan(&compiled).unwrap();
+        let program = s.program(&compiled, &planned).unwrap();
+        let got = program.run_cpu(&program.weights_blob(&compiled.graph), std::slice::from_ref(&x)).unwrap();
+        let c = smelt::compare(&got[0], &want, 1e-5, 1e-6);
+        assert!(c.ok, "{case}: generated kernel against onnxruntime: {c:?}");
+    }
+}
