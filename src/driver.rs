@@ -17,7 +17,7 @@
 //! ```
 
 use smelt_codegen::{CodegenError, Program};
-use smelt_ir::{onnx, text, zoo, Graph, IrError};
+use smelt_ir::{onnx, text, zoo, Graph, IrError, KernelGraph};
 use smelt_passes::memory::{self, Plan};
 use smelt_passes::{pipeline, precision, PassError};
 use std::path::Path;
@@ -97,8 +97,8 @@ pub struct Timings {
 /// The graph after the pass pipeline.
 #[derive(Clone, Debug)]
 pub struct Compiled {
-    /// The compiled graph (fused unless fusion is off).
-    pub graph: Graph,
+    /// The kernel graph (fused unless fusion is off).
+    pub graph: KernelGraph,
     /// What each pass did.
     pub stats: pipeline::Stats,
 }
@@ -110,7 +110,7 @@ pub struct Planned {
     /// The compiled graph's plan.
     pub plan: Plan,
     /// The model compiled without fusion.
-    pub unfused: Graph,
+    pub unfused: KernelGraph,
     /// Its plan.
     pub unfused_plan: Plan,
 }
@@ -187,28 +187,23 @@ impl Session {
     }
 
     /// As [`Session::compile`], calling `after(pass, graph)` after each pass.
-    pub fn compile_with(&mut self, after: &mut dyn FnMut(&str, &Graph)) -> Result<Compiled, Error> {
+    pub fn compile_with(&mut self, after: &mut dyn FnMut(&str, &KernelGraph)) -> Result<Compiled, Error> {
         let t = Instant::now();
-        let mut graph = self.source.clone();
-        let stats = pipeline::run_with(&mut graph, &self.options.pipeline(true), after)?;
+        let (graph, stats) = pipeline::run_with(&self.source, &self.options.pipeline(true), after)?;
         self.timings.passes = t.elapsed().as_secs_f64();
         Ok(Compiled { graph, stats })
     }
 
     /// The model compiled without fusion (same precision).
-    pub fn compile_unfused(&self) -> Result<Graph, Error> {
-        let mut graph = self.source.clone();
-        pipeline::run(&mut graph, &self.options.pipeline(false))?;
-        Ok(graph)
+    pub fn compile_unfused(&self) -> Result<KernelGraph, Error> {
+        Ok(pipeline::run(&self.source, &self.options.pipeline(false))?.0)
     }
 
     /// The model compiled in f32 (same fusion): the reference a reduced
     /// precision is measured against.
-    pub fn compile_f32(&self) -> Result<Graph, Error> {
-        let mut graph = self.source.clone();
+    pub fn compile_f32(&self) -> Result<KernelGraph, Error> {
         let opts = pipeline::Options { precision: precision::Options::default(), ..self.options.pipeline(true) };
-        pipeline::run(&mut graph, &opts)?;
-        Ok(graph)
+        Ok(pipeline::run(&self.source, &opts)?.0)
     }
 
     /// Plans `compiled`: first the unfused graph, whose best schedule is a

@@ -14,7 +14,7 @@ pub use smelt_ir as ir;
 pub use smelt_passes as passes;
 pub use smelt_runtime as runtime;
 
-use smelt_ir::{Graph, Op, Rng, Tensor};
+use smelt_ir::{Graph, OpSet, Rng, Tensor};
 
 /// The model `smelt` runs when given no arguments.
 pub const DEFAULT_MODEL: &str = "zoo:resnet50";
@@ -62,8 +62,8 @@ pub fn precision_error(half: &Tensor, reference: &Tensor) -> PrecisionError {
 
 /// Gives every constant without data deterministic random values seeded by
 /// its name (normal, std 0.1). Returns how many were filled.
-pub fn fill_missing_weights(g: &mut Graph) -> usize {
-    let missing: Vec<_> = g.node_ids().filter(|&id| g.node(id).op == Op::Constant && g.weight(id).is_none()).collect();
+pub fn fill_missing_weights<O: OpSet>(g: &mut Graph<O>) -> usize {
+    let missing: Vec<_> = g.node_ids().filter(|&id| g.node(id).op.is_constant() && g.weight(id).is_none()).collect();
     for &id in &missing {
         let node = g.node(id);
         let mut rng = Rng::from_name(&node.name);
@@ -77,7 +77,7 @@ pub fn fill_missing_weights(g: &mut Graph) -> usize {
 
 /// The ONNX backend runner's input for a graph input: for a float input of
 /// n elements, `arange(n).reshape(shape) / n`; zeros otherwise.
-pub fn dummy_input(g: &Graph, index: usize) -> Tensor {
+pub fn dummy_input<O: OpSet>(g: &Graph<O>, index: usize) -> Tensor {
     let ty = &g.node(g.inputs()[index]).outputs[0];
     let n = ty.numel();
     if ty.dtype.is_float() {

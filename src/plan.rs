@@ -3,7 +3,7 @@
 
 use crate::report::human_bytes;
 use serde::Serialize;
-use smelt_ir::{Graph, Op};
+use smelt_ir::{KernelGraph, KernelOp, Op, OpSet};
 use smelt_passes::memory::{self, Plan};
 
 /// One tensor live at the peak.
@@ -61,9 +61,9 @@ pub struct MemoryReport {
 }
 
 /// Builds the report of `plan` for `g`.
-pub fn report(g: &Graph, plan: &Plan, fused: bool, checked: bool) -> MemoryReport {
+pub fn report(g: &KernelGraph, plan: &Plan, fused: bool, checked: bool) -> MemoryReport {
     let naive: usize =
-        g.node_ids().filter(|&n| g.node(n).op != Op::Constant).flat_map(|n| g.node(n).outputs.iter().map(|t| t.bytes())).sum();
+        g.node_ids().filter(|&n| !g.node(n).op.is_constant()).flat_map(|n| g.node(n).outputs.iter().map(|t| t.bytes())).sum();
     let peak_live = plan
         .live_at(plan.peak_step)
         .into_iter()
@@ -90,14 +90,14 @@ pub fn report(g: &Graph, plan: &Plan, fused: bool, checked: bool) -> MemoryRepor
         checked,
         weights_by_dtype: by_dtype(g, true),
         activations_by_dtype: by_dtype(g, false),
-        cast_kernels: g.node_ids().filter(|&n| matches!(g.node(n).op, Op::Cast { .. })).count(),
+        cast_kernels: g.node_ids().filter(|&n| matches!(g.node(n).op, KernelOp::Op(Op::Cast { .. }))).count(),
     }
 }
 
 /// Bytes per dtype of the constants (`weights`) or of every other value.
-fn by_dtype(g: &Graph, weights: bool) -> std::collections::BTreeMap<String, usize> {
+fn by_dtype(g: &KernelGraph, weights: bool) -> std::collections::BTreeMap<String, usize> {
     let mut m = std::collections::BTreeMap::new();
-    for n in g.node_ids().filter(|&n| (g.node(n).op == Op::Constant) == weights) {
+    for n in g.node_ids().filter(|&n| g.node(n).op.is_constant() == weights) {
         for t in &g.node(n).outputs {
             *m.entry(t.dtype.to_string()).or_insert(0) += t.bytes();
         }
@@ -165,7 +165,7 @@ fn esc(s: &str) -> String {
 /// An SVG picture: live bytes per step with and without fusion (top), and
 /// the arena layout of `plan` (each buffer a rectangle in time x offset,
 /// the peak marked).
-pub fn svg(title: &str, plan: &Plan, g: &Graph, unfused: Option<&Plan>) -> String {
+pub fn svg(title: &str, plan: &Plan, g: &KernelGraph, unfused: Option<&Plan>) -> String {
     let (w, left, top_h, lay_h, pad) = (1100.0, 70.0, 220.0, 420.0, 30.0);
     let plot_w = w - left - 20.0;
     let height = pad + top_h + 2.0 * pad + lay_h + 40.0;

@@ -1,7 +1,7 @@
 //! What `smelt inspect` reports about a graph.
 
 use serde::Serialize;
-use smelt_ir::{Graph, Op};
+use smelt_ir::{Graph, KernelGraph, Op, OpSet};
 use std::collections::BTreeMap;
 
 /// Shape and dtype of a graph input or output.
@@ -40,7 +40,7 @@ pub struct Inspect {
 }
 
 /// Inspects a model: `g` as imported, `compiled` after the passes.
-pub fn inspect(g: &Graph, compiled: &Graph) -> Inspect {
+pub fn inspect(g: &Graph, compiled: &KernelGraph) -> Inspect {
     let mut kernel_histogram = BTreeMap::new();
     for id in compiled.node_ids() {
         let op = &compiled.node(id).op;

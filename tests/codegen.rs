@@ -17,7 +17,7 @@ use smelt_codegen::program::compile_all;
 use smelt_codegen::reduce::Reduction;
 use smelt_codegen::{Kernel, Program};
 use smelt_ir::onnx::{import_file, read_tensor_file, ImportOptions};
-use smelt_ir::{text, Graph, NodeId, Tensor, ValueId};
+use smelt_ir::{text, Graph, KernelGraph, NodeId, Tensor, ValueId};
 use std::collections::HashSet;
 use std::sync::Arc;
 
@@ -35,7 +35,7 @@ fn compile_and_snapshot(nvrtc: Option<&Compiler>, name: &str, kernel: &str, cuda
 }
 
 /// The inputs of `id` as the reference executor computed them.
-fn operands(g: &Graph, id: NodeId, kept: &std::collections::HashMap<ValueId, Arc<Tensor>>) -> Vec<Arc<Tensor>> {
+fn operands(g: &KernelGraph, id: NodeId, kept: &std::collections::HashMap<ValueId, Arc<Tensor>>) -> Vec<Arc<Tensor>> {
     g.inputs_of(id).iter().map(|v| g.weight(v.node).cloned().unwrap_or_else(|| kept[v].clone())).collect()
 }
 
@@ -96,7 +96,7 @@ fn every_kernel_of_the_light_models_matches_the_reference_and_compiles() {
 
 /// Whether node `n` of the schedule is a kernel in the program (in-place
 /// concatenations that alias their inputs are not).
-fn program_runs(g: &Graph, plan: &smelt_passes::memory::Plan, n: NodeId) -> bool {
+fn program_runs(g: &KernelGraph, plan: &smelt_passes::memory::Plan, n: NodeId) -> bool {
     matches!(Kernel::lower(g, n, plan.copied_concats.contains(&n)), Ok(smelt_codegen::Lowered::Kernel(_)))
 }
 
@@ -111,13 +111,13 @@ fn elementwise_cuda_snapshots() {
     ];
     let nvrtc = compiler();
     for (name, src) in cases {
-        let g = text::parse(src).unwrap();
+        let g = text::parse_kernel(src).unwrap();
         let id = g.outputs()[0].1.node;
         let d = Elementwise::of(&g, id).unwrap();
         compile_and_snapshot(nvrtc.as_ref(), name, &d.name, &d.cuda());
     }
     // Four elements per thread: same-shape f32 operands.
-    let g = text::parse("graph {\n  %0 \"a\" = input : f32[2,8]\n  %1 \"b\" = input : f32[2,8]\n  %2 = elementwise(%0, %1) {expr=\"relu(add($0,$1))\"} : f32[2,8]\n  output \"y\" = %2\n}\n").unwrap();
+    let g = text::parse_kernel("graph {\n  %0 \"a\" = input : f32[2,8]\n  %1 \"b\" = input : f32[2,8]\n  %2 = elementwise(%0, %1) {expr=\"relu(add($0,$1))\"} : f32[2,8]\n  output \"y\" = %2\n}\n").unwrap();
     let mut d = Elementwise::of(&g, g.outputs()[0].1.node).unwrap();
     assert!(d.vectorizable());
     d.vector = true;
@@ -134,7 +134,7 @@ fn pool_cuda_snapshots() {
     ];
     let nvrtc = compiler();
     for (name, src) in cases {
-        let g = text::parse(src).unwrap();
+        let g = text::parse_kernel(src).unwrap();
         let id = g.outputs()[0].1.node;
         let p = Pool::of(&g, id).unwrap();
         // The description agrees with the reference executor here too.
@@ -157,7 +157,7 @@ fn reduction_cuda_snapshots() {
     ];
     let nvrtc = compiler();
     for (name, src) in cases {
-        let g = text::parse(src).unwrap();
+        let g = text::parse_kernel(src).unwrap();
         let id = g.outputs()[0].1.node;
         let r = Reduction::of(&g, id).unwrap();
         let ins = common::random_inputs(&g, 5);
@@ -179,7 +179,7 @@ fn layout_cuda_snapshots() {
     ];
     let nvrtc = compiler();
     for (name, src) in cases {
-        let g = text::parse(src).unwrap();
+        let g = text::parse_kernel(src).unwrap();
         let id = g.outputs()[0].1.node;
         let l = Layout::of(&g, id).unwrap();
         let ins = common::random_inputs(&g, 6);
@@ -194,7 +194,7 @@ fn layout_cuda_snapshots() {
 #[test]
 fn gemm_cuda_snapshot() {
     let src = "graph {\n  %0 \"x\" = input : f32[3,20]\n  %1 \"w\" = input : f32[5,20]\n  %2 \"b\" = input : f32[5]\n  %3 = fused_gemm(%0, %1, %2) {trans_a=false, trans_b=true, alpha=1.0, beta=1.0, act=\"relu\"} : f32[3,5]\n  output \"y\" = %3\n}\n";
-    let g = text::parse(src).unwrap();
+    let g = text::parse_kernel(src).unwrap();
     let id = g.outputs()[0].1.node;
     let m = Gemm::of(&g, id).unwrap();
     let ins = common::random_inputs(&g, 7);
@@ -251,7 +251,7 @@ fn conv_text(
 
 /// Checks the conv kernel of `src` against the reference executor.
 fn check_conv(src: &str, seed: u64, tol: f64) -> smelt_codegen::conv::Conv {
-    let g = text::parse(src).unwrap_or_else(|e| panic!("{e}\n{src}"));
+    let g = text::parse_kernel(src).unwrap_or_else(|e| panic!("{e}\n{src}"));
     let id = g.outputs()[0].1.node;
     let k = smelt_codegen::conv::Conv::of(&g, id).unwrap_or_else(|| panic!("no conv kernel for\n{src}"));
     let ins = common::random_inputs(&g, seed);
@@ -364,7 +364,7 @@ fn programs_run_from_the_arena_match_the_reference() {
 fn infinite_bounds_and_views_of_constants() {
     let nvrtc = compiler();
     let src = "graph {\n  %0 \"x\" = input : f32[2,3]\n  %1 \"w\" = const : f32[6]\n  %2 = reshape(%1) {shape=[2,3]} : f32[2,3]\n  %3 = elementwise(%0, %2) {expr=\"clip(0.0,inf,add($0,$1))\"} : f32[2,3]\n  output \"y\" = %3\n}\n";
-    let mut g = text::parse(src).unwrap();
+    let mut g = text::parse_kernel(src).unwrap();
     smelt::fill_missing_weights(&mut g);
     let id = g.outputs()[0].1.node;
     let d = Elementwise::of(&g, id).unwrap();
@@ -379,7 +379,7 @@ fn infinite_bounds_and_views_of_constants() {
     assert!(smelt::compare(&got[0], &want[0], 0.0, 0.0).ok);
     // The same through a GEMM epilogue.
     let src = "graph {\n  %0 \"x\" = input : f32[3,4]\n  %1 \"w\" = input : f32[4,5]\n  %2 = fused_gemm(%0, %1) {trans_a=false, trans_b=false, alpha=1.0, beta=1.0, act=\"clip(0.0,inf)\"} : f32[3,5]\n  output \"y\" = %2\n}\n";
-    let g = text::parse(src).unwrap();
+    let g = text::parse_kernel(src).unwrap();
     let m = Gemm::of(&g, g.outputs()[0].1.node).unwrap();
     if let Some(nv) = &nvrtc {
         nv.compile(&m.name, &m.cuda()).unwrap_or_else(|e| panic!("{e}"));

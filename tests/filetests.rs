@@ -8,6 +8,7 @@ mod common;
 
 use smelt_ir::text;
 use smelt_ir::traits::Lowering;
+use smelt_ir::OpSet;
 use std::collections::BTreeSet;
 use std::path::Path;
 

@@ -4,22 +4,25 @@
 mod common;
 
 use smelt_ir::onnx::{import_file, read_tensor_file, ImportOptions};
-use smelt_ir::{Graph, NodeId, Op, UnaryOp};
+use smelt_ir::{Graph, KernelGraph, KernelOp, NodeId, Op, OpSet, UnaryOp};
 
-fn fused(g: &Graph) -> Graph {
+fn fused(g: &Graph) -> KernelGraph {
     common::compiled(g, true)
 }
 
-fn kernels(g: &Graph, name: &str) -> usize {
+fn kernels(g: &KernelGraph, name: &str) -> usize {
     g.node_ids().filter(|&n| g.node(n).op.is_kernel() && g.node(n).op.name() == name).count()
 }
 
 /// Whether `id` is a standalone activation reading a convolution that nobody
 /// else reads: a Conv+...+ReLU chain that was not fused.
-fn unfused_activation(g: &Graph, id: NodeId) -> bool {
-    let is_act = matches!(g.node(id).op, Op::Unary(UnaryOp::Relu | UnaryOp::Sigmoid) | Op::Clip { .. } | Op::Elementwise { .. });
+fn unfused_activation(g: &KernelGraph, id: NodeId) -> bool {
+    let is_act =
+        matches!(g.node(id).op, KernelOp::Op(Op::Unary(UnaryOp::Relu | UnaryOp::Sigmoid) | Op::Clip { .. }) | KernelOp::Elementwise { .. });
     is_act
-        && g.inputs_of(id).iter().any(|v| matches!(g.node(v.node).op, Op::Conv(_) | Op::FusedConv { .. }) && g.users_of(v.node).len() == 1)
+        && g.inputs_of(id)
+            .iter()
+            .any(|v| matches!(g.node(v.node).op, KernelOp::Op(Op::Conv(_)) | KernelOp::FusedConv { .. }) && g.users_of(v.node).len() == 1)
 }
 
 #[test]
@@ -53,7 +56,7 @@ fn resnet50_is_one_kernel_per_conv() {
     let f = fused(&g);
     assert_eq!(kernels(&f, "fused_conv") + kernels(&f, "conv"), 53);
     assert_eq!(kernels(&f, "relu") + kernels(&f, "add") + kernels(&f, "sum") + kernels(&f, "elementwise"), 0);
-    let residual = f.node_ids().filter(|&n| matches!(f.node(n).op, Op::FusedConv { residual: true, .. })).count();
+    let residual = f.node_ids().filter(|&n| matches!(f.node(n).op, KernelOp::FusedConv { residual: true, .. })).count();
     assert_eq!(residual, 16);
 }
 

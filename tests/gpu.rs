@@ -8,13 +8,13 @@ mod common;
 use smelt_codegen::nvrtc::Compiler;
 use smelt_codegen::program::compile_all;
 use smelt_codegen::Program;
-use smelt_ir::Graph;
+use smelt_ir::{Graph, KernelGraph};
 use smelt_runtime::cuda::CudaExecutor;
 use std::collections::HashMap;
 
 /// Fuses `plain` under `policy` and plans it as the CLI does (the unfused
 /// schedule as a hint), so the kernels are those `smelt compile` caches.
-fn compiled(plain: &Graph, policy: &str) -> (Graph, smelt_passes::memory::Plan) {
+fn compiled(plain: &Graph, policy: &str) -> (KernelGraph, smelt_passes::memory::Plan) {
     let opts = smelt::Options {
         precision: smelt_passes::precision::Options { policy: policy.parse().unwrap(), keep_f32: vec![] },
         ..Default::default()
@@ -25,7 +25,7 @@ fn compiled(plain: &Graph, policy: &str) -> (Graph, smelt_passes::memory::Plan) 
     (c.graph, planned.plan)
 }
 
-fn executor(g: &Graph, plan: &smelt_passes::memory::Plan, limit: Option<usize>) -> Result<CudaExecutor, smelt_runtime::RuntimeError> {
+fn executor(g: &KernelGraph, plan: &smelt_passes::memory::Plan, limit: Option<usize>) -> Result<CudaExecutor, smelt_runtime::RuntimeError> {
     let program = Program::build(g, plan).unwrap();
     let sources = program.sources();
     let compiled = compile_all(&Compiler::default(), &sources, 4, &|_| {}).unwrap_or_else(|e| panic!("{e}"));

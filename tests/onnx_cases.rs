@@ -53,8 +53,9 @@ fn run_case(dir: &Path) -> Result<usize, String> {
             .graph;
         let plan = smelt_passes::memory::plan(&fused).map_err(|e| format!("plan: {e}"))?;
         smelt_passes::memory::check::check(&fused, &plan).map_err(|e| format!("plan check: {e}"))?;
-        for (what, graph) in [("imported", &g), ("fused", &fused)] {
-            let outs = smelt_runtime::cpu::run(graph, &inputs).map_err(|e| format!("run {what}: {e}"))?;
+        let runs = [("imported", smelt_runtime::cpu::run(&g, &inputs)), ("fused", smelt_runtime::cpu::run(&fused, &inputs))];
+        for (what, outs) in runs {
+            let outs = outs.map_err(|e| format!("run {what}: {e}"))?;
             if outs.len() != expected.len() {
                 return Err(format!("{} outputs, expected {}", outs.len(), expected.len()));
             }

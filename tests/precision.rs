@@ -8,11 +8,11 @@ use smelt_codegen::nvrtc::Compiler;
 use smelt_codegen::Program;
 use smelt_ir::builder::Builder;
 use smelt_ir::onnx::read_tensor_file;
-use smelt_ir::{text, Graph, Op, Tensor};
+use smelt_ir::{text, Graph, KernelGraph, KernelOp, Op, OpSet, Tensor};
 use smelt_passes::pipeline::Stats;
 use smelt_passes::precision::{self, Policy};
 
-fn compile(g: &Graph, policy: Policy, keep_f32: &[&str]) -> (Graph, Stats) {
+fn compile(g: &Graph, policy: Policy, keep_f32: &[&str]) -> (KernelGraph, Stats) {
     let opts = smelt::Options {
         precision: precision::Options { policy, keep_f32: keep_f32.iter().map(|s| s.to_string()).collect() },
         ..Default::default()
@@ -65,9 +65,9 @@ fn mixed_precision_on_the_light_models() {
             assert!(g.weight_bytes() * 4 <= f32g.weight_bytes() * 3, "{name} {policy}: weights not converted");
             // Casts fold into neighbours or into the f32 classifier's loads:
             // only the input image's narrowing remains a kernel (on purpose).
-            let casts: Vec<_> = g.node_ids().filter(|&n| matches!(g.node(n).op, Op::Cast { .. })).collect();
+            let casts: Vec<_> = g.node_ids().filter(|&n| matches!(g.node(n).op, KernelOp::Op(Op::Cast { .. }))).collect();
             assert!(casts.len() <= 1, "{name} {policy}: {} cast kernels\n{}", casts.len(), text::print(&g));
-            assert!(casts.iter().all(|&c| g.node(g.inputs_of(c)[0].node).op == Op::Input), "{name}: a cast kernel not on the input");
+            assert!(casts.iter().all(|&c| g.node(g.inputs_of(c)[0].node).op.is_input()), "{name}: a cast kernel not on the input");
             assert!(g.node_ids().any(|n| g.node(n).outputs[0].dtype == half));
             // Interface unchanged; numbers close to f32; same arg-max.
             let got = smelt_runtime::cpu::run(&g, std::slice::from_ref(&image)).unwrap();
@@ -103,7 +103,7 @@ fn mixed_precision_on_the_light_models() {
 
 /// Every kernel of `g` run from its description on the operands the
 /// reference executor computed, against the reference's output.
-fn check_kernels(name: &str, g: &Graph, image: &Tensor) {
+fn check_kernels(name: &str, g: &KernelGraph, image: &Tensor) {
     use smelt_ir::ValueId;
     let ids: Vec<_> = g.node_ids().filter(|&id| smelt_codegen::Kernel::of(g, id).is_some()).collect();
     let wanted: std::collections::HashSet<ValueId> =
@@ -153,7 +153,7 @@ fn mixed_f16_block_snapshots() {
 fn policies_and_keep_f32() {
     let g = block();
     let count =
-        |g: &Graph, d: smelt_ir::DType| g.node_ids().filter(|&n| g.node(n).op.is_kernel() && g.node(n).outputs[0].dtype == d).count();
+        |g: &KernelGraph, d: smelt_ir::DType| g.node_ids().filter(|&n| g.node(n).op.is_kernel() && g.node(n).outputs[0].dtype == d).count();
     // f32 is the identity.
     let (f, s) = compile(&g, Policy::F32, &[]);
     assert!(s.precision.is_none() && count(&f, smelt_ir::DType::F16) == 0);
@@ -161,17 +161,17 @@ fn policies_and_keep_f32() {
     let (h, s) = compile(&g, Policy::F16, &[]);
     assert!(s.precision.unwrap().kept_f32.is_empty());
     assert_eq!(h.ty(h.outputs()[0].1).dtype, smelt_ir::DType::F32);
-    assert!(h
-        .node_ids()
-        .any(|n| matches!(&h.node(n).op, Op::Softmax { .. } | Op::FusedReduction { .. })
-            && h.node(n).outputs[0].dtype == smelt_ir::DType::F16));
+    assert!(h.node_ids().any(|n| matches!(&h.node(n).op, KernelOp::Op(Op::Softmax { .. }) | KernelOp::FusedReduction { .. })
+        && h.node(n).outputs[0].dtype == smelt_ir::DType::F16));
     // --keep-f32 by op type and by node name pattern.
     let (k, s) = compile(&g, Policy::MixedBf16, &["conv"]);
     let kept = s.precision.unwrap().kept_f32;
     assert!(kept.iter().filter(|k| k.reason == "--keep-f32 conv").count() >= 2, "{kept:?}");
-    assert!(k.node_ids().all(|n| !matches!(k.node(n).op, Op::FusedConv { .. }) || k.node(n).outputs[0].dtype == smelt_ir::DType::F32));
+    assert!(k
+        .node_ids()
+        .all(|n| !matches!(k.node(n).op, KernelOp::FusedConv { .. }) || k.node(n).outputs[0].dtype == smelt_ir::DType::F32));
     // Node names are those after fusion (as `smelt compile` prints them).
-    let first_conv = f.node_ids().find(|&n| matches!(f.node(n).op, Op::FusedConv { .. })).map(|n| f.node(n).name.clone()).unwrap();
+    let first_conv = f.node_ids().find(|&n| matches!(f.node(n).op, KernelOp::FusedConv { .. })).map(|n| f.node(n).name.clone()).unwrap();
     let (_, s) = compile(&g, Policy::MixedF16, &[&first_conv]);
     assert!(s.precision.unwrap().kept_f32.iter().any(|k| k.node == first_conv));
     // Every policy computes close to f32.
@@ -227,7 +227,7 @@ fn f32_classifiers_widen_half_inputs_on_load() {
     let program = Program::build(&m, &plan).unwrap();
     let names: Vec<String> = program.sources().into_iter().map(|(n, _)| n).collect();
     assert!(names.iter().any(|n| n.starts_with("gemm") && n.ends_with("_af16")), "{names:?}");
-    assert_eq!(m.node_ids().filter(|&n| matches!(m.node(n).op, Op::Cast { .. })).count(), 1, "{}", text::print(&m));
+    assert_eq!(m.node_ids().filter(|&n| matches!(m.node(n).op, KernelOp::Op(Op::Cast { .. }))).count(), 1, "{}", text::print(&m));
     let all = compiled_kernels(&program);
     insta::assert_snapshot!("mixed_f16_gemm_classifier_kernels", all);
     let x = common::random_inputs(&m, 4);
@@ -271,7 +271,7 @@ fn random_graphs_under_every_policy() {
                 let tol = if policy.half() == Some(smelt_ir::DType::BF16) { 0.2 } else { 0.05 };
                 assert!(e.max_abs_over_range <= tol, "seed {seed} {policy}: against f32 {e:?}\n{}", text::print(&h));
             }
-            casts += h.node_ids().filter(|&n| matches!(h.node(n).op, Op::Cast { .. })).count();
+            casts += h.node_ids().filter(|&n| matches!(h.node(n).op, KernelOp::Op(Op::Cast { .. }))).count();
         }
     }
     println!("400 random graph compilations checked; {casts} standalone cast kernels in all");

@@ -7,7 +7,7 @@ use serde_json::json;
 use smelt::report::human_bytes;
 use smelt::{compare, dummy_input, summarize};
 use smelt_codegen::{nvrtc::Compiler, program::compile_all};
-use smelt_ir::{onnx, Graph, Tensor};
+use smelt_ir::{onnx, KernelGraph, Tensor};
 use smelt_passes::precision::Policy;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -49,7 +49,7 @@ pub fn run(a: &RunArgs) -> Result<bool> {
     on_cpu(&compiled.graph, &out, reference)
 }
 
-fn read_inputs(g: &Graph, files: &[PathBuf]) -> Result<Vec<Tensor>> {
+fn read_inputs(g: &KernelGraph, files: &[PathBuf]) -> Result<Vec<Tensor>> {
     if files.is_empty() {
         return Ok((0..g.inputs().len()).map(|i| dummy_input(g, i)).collect());
     }
@@ -62,7 +62,7 @@ fn read_inputs(g: &Graph, files: &[PathBuf]) -> Result<Vec<Tensor>> {
 /// Runs `g` on the CPU reference executor (with a progress bar), then
 /// reports; with `reference` (the f32 graph and the policy of `g`), also
 /// the error of `g` against it.
-pub fn on_cpu(g: &Graph, a: &Outputs, reference: Option<(&Graph, Policy)>) -> Result<bool> {
+pub fn on_cpu(g: &KernelGraph, a: &Outputs, reference: Option<(&KernelGraph, Policy)>) -> Result<bool> {
     report(g, a, reference, &mut |ins| {
         let bar = super::bar(g.len(), "{spinner} running on the CPU {bar:30} {pos}/{len} nodes {elapsed}", false);
         let t = Instant::now();
@@ -74,7 +74,12 @@ pub fn on_cpu(g: &Graph, a: &Outputs, reference: Option<(&Graph, Policy)>) -> Re
 }
 
 /// Runs `g` with `exec`, then reports, compares and saves its outputs.
-fn report(g: &Graph, a: &Outputs, reference: Option<(&Graph, Policy)>, exec: &mut dyn FnMut(&[Tensor]) -> Result<Ran>) -> Result<bool> {
+fn report(
+    g: &KernelGraph,
+    a: &Outputs,
+    reference: Option<(&KernelGraph, Policy)>,
+    exec: &mut dyn FnMut(&[Tensor]) -> Result<Ran>,
+) -> Result<bool> {
     let Outputs { inputs, expects, rtol, atol, json, .. } = *a;
     let ins = read_inputs(g, inputs)?;
     if !expects.is_empty() && expects.len() != g.outputs().len() {
@@ -160,7 +165,7 @@ fn on_cuda(
     s: &mut smelt::Session,
     compiled: &smelt::Compiled,
     a: &Outputs,
-    reference: Option<(&Graph, Policy)>,
+    reference: Option<(&KernelGraph, Policy)>,
     args: &RunArgs,
 ) -> Result<bool> {
     let fused = &compiled.graph;

@@ -38,7 +38,7 @@ pub fn variant(name: &str) -> PathBuf {
 }
 
 /// Seeded standard-normal values for every graph input, in its dtype.
-pub fn random_inputs(g: &Graph, seed: u64) -> Vec<Tensor> {
+pub fn random_inputs<O: smelt_ir::OpSet>(g: &Graph<O>, seed: u64) -> Vec<Tensor> {
     let mut r = Rng::new(seed);
     g.inputs()
         .iter()
@@ -151,7 +151,7 @@ pub fn session(g: &Graph, options: smelt::Options) -> smelt::Session {
 }
 
 /// `g` through the driver's pass pipeline (fusion when `fuse`).
-pub fn compiled(g: &Graph, fuse: bool) -> Graph {
+pub fn compiled(g: &Graph, fuse: bool) -> smelt_ir::KernelGraph {
     session(g, smelt::Options { no_fuse: !fuse, ..Default::default() }).compile().unwrap_or_else(|e| panic!("{e}")).graph
 }
 

@@ -17,7 +17,7 @@
 //! residual and activation, as the kernel does.
 
 use crate::gemm::act_c;
-use smelt_ir::{Act, DType, Graph, NodeId, Op, Tensor};
+use smelt_ir::{Act, DType, KernelGraph, KernelOp, NodeId, Op, Tensor};
 
 /// Rows (output channels) of an implicit-GEMM block tile.
 pub const BM: usize = 64;
@@ -72,11 +72,11 @@ pub struct Conv {
 
 impl Conv {
     /// The description of node `id`, if it is a 1-D or 2-D (fused) convolution.
-    pub fn of(g: &Graph, id: NodeId) -> Option<Conv> {
+    pub fn of(g: &KernelGraph, id: NodeId) -> Option<Conv> {
         let node = g.node(id);
         let (c, bias, residual, act) = match &node.op {
-            Op::Conv(c) => (c, g.inputs_of(id).len() > 2, false, Act::None),
-            Op::FusedConv { conv, bias, residual, act } => (conv, *bias, *residual, *act),
+            KernelOp::Op(Op::Conv(c)) => (c, g.inputs_of(id).len() > 2, false, Act::None),
+            KernelOp::FusedConv { conv, bias, residual, act } => (conv, *bias, *residual, *act),
             _ => return None,
         };
         let ins = g.inputs_of(id);

@@ -4,7 +4,7 @@
 //! renders to CUDA C ([`Elementwise::cuda`]) and runs on the CPU
 //! ([`Elementwise::run_cpu`]), so CI checks the numbers of every kernel.
 
-use smelt_ir::{BinaryOp, DType, Expr, ExprNode, Graph, NodeId, Op, Tensor, UnaryOp};
+use smelt_ir::{BinaryOp, DType, Expr, ExprNode, KernelGraph, NodeId, Op, Tensor, UnaryOp};
 
 /// An elementwise kernel.
 #[derive(Clone, Debug, PartialEq)]
@@ -40,13 +40,13 @@ fn shape_tag(shape: &[usize]) -> String {
 impl Elementwise {
     /// The description of node `id` of `g`, if it is an elementwise kernel
     /// (a fused `elementwise`, or a single unary, binary, clip or sum).
-    pub fn of(g: &Graph, id: NodeId) -> Option<Elementwise> {
+    pub fn of(g: &KernelGraph, id: NodeId) -> Option<Elementwise> {
         let node = g.node(id);
         let ins = g.inputs_of(id);
         if ins.iter().any(|v| !g.ty(*v).dtype.is_float()) {
             return None;
         }
-        let expr = Expr::of_op(&node.op, ins.len())?;
+        let expr = Expr::of_kernel(&node.op, ins.len())?;
         let out = &node.outputs[0];
         if !out.dtype.is_float() {
             return None;

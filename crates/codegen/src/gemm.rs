@@ -4,7 +4,7 @@
 //! and runs on the CPU.
 
 use crate::elementwise::strides;
-use smelt_ir::{Act, DType, Graph, NodeId, Op, Tensor};
+use smelt_ir::{Act, DType, KernelGraph, KernelOp, NodeId, Op, Tensor};
 
 /// The tile edge.
 pub const TILE: usize = 16;
@@ -40,11 +40,11 @@ pub struct Gemm {
 
 impl Gemm {
     /// The description of node `id`, if it is a (fused) Gemm.
-    pub fn of(g: &Graph, id: NodeId) -> Option<Gemm> {
+    pub fn of(g: &KernelGraph, id: NodeId) -> Option<Gemm> {
         let node = g.node(id);
         let (trans_a, trans_b, alpha, beta, act) = match node.op {
-            Op::Gemm { trans_a, trans_b, alpha, beta } => (trans_a, trans_b, alpha, beta, Act::None),
-            Op::FusedGemm { trans_a, trans_b, alpha, beta, act } => (trans_a, trans_b, alpha, beta, act),
+            KernelOp::Op(Op::Gemm { trans_a, trans_b, alpha, beta }) => (trans_a, trans_b, alpha, beta, Act::None),
+            KernelOp::FusedGemm { trans_a, trans_b, alpha, beta, act } => (trans_a, trans_b, alpha, beta, act),
             _ => return None,
         };
         let ins = g.inputs_of(id);

@@ -9,7 +9,7 @@ use crate::pool::Pool;
 use crate::reduce::Reduction;
 use crate::CodegenError;
 use smelt_ir::traits::Lowering;
-use smelt_ir::{Graph, NodeId, Tensor};
+use smelt_ir::{KernelGraph, NodeId, OpSet, Tensor};
 
 /// Threads per block of the one-thread-per-element kernels.
 pub const BLOCK: usize = 256;
@@ -62,7 +62,7 @@ impl Kernel {
     /// What node `id` of `g` lowers to; `copied_concat` says whether an
     /// in-place concatenation was planned as a copy after all. An op with no
     /// kernel is an error naming the node.
-    pub fn lower(g: &Graph, id: NodeId, copied_concat: bool) -> Result<Lowered, CodegenError> {
+    pub fn lower(g: &KernelGraph, id: NodeId, copied_concat: bool) -> Result<Lowered, CodegenError> {
         let node = g.node(id);
         let why = match node.op.traits().lowering {
             Lowering::Nothing => return Ok(Lowered::Nothing),
@@ -81,7 +81,7 @@ impl Kernel {
     }
 
     /// The kernel of node `id`, if there is one.
-    pub fn of(g: &Graph, id: NodeId) -> Option<Kernel> {
+    pub fn of(g: &KernelGraph, id: NodeId) -> Option<Kernel> {
         if let Some(c) = Conv::of(g, id) {
             return Some(Kernel::Conv(c));
         }

@@ -2,7 +2,7 @@
 //! (as a copy) and local response normalization. One thread per output
 //! element; the same description renders to CUDA C and runs on the CPU.
 
-use smelt_ir::{DType, Graph, NodeId, Op, Tensor};
+use smelt_ir::{DType, KernelGraph, KernelOp, NodeId, Op, Tensor};
 
 /// What the kernel does.
 #[derive(Clone, Debug, PartialEq)]
@@ -60,18 +60,18 @@ fn row_strides(shape: &[usize]) -> Vec<usize> {
 impl Layout {
     /// The description of node `id`, if it is a transpose, a concat (copy or
     /// in place: as a kernel it copies) or an LRN.
-    pub fn of(g: &Graph, id: NodeId) -> Option<Layout> {
+    pub fn of(g: &KernelGraph, id: NodeId) -> Option<Layout> {
         let node = g.node(id);
         let ins = g.inputs_of(id);
         let (kind, tag) = match &node.op {
-            Op::Transpose { perm } => {
+            KernelOp::Op(Op::Transpose { perm }) => {
                 (Kind::Transpose { perm: perm.clone() }, format!("transpose_{}", perm.iter().map(|p| p.to_string()).collect::<String>()))
             }
-            Op::Concat { axis } | Op::ConcatInPlace { axis } => (
+            KernelOp::Op(Op::Concat { axis }) | KernelOp::ConcatInPlace { axis } => (
                 Kind::Concat { axis: *axis, sizes: ins.iter().map(|v| g.ty(*v).shape[*axis]).collect() },
                 format!("concat{}_a{axis}", ins.len()),
             ),
-            Op::Lrn { size, alpha, beta, bias } => {
+            KernelOp::Op(Op::Lrn { size, alpha, beta, bias }) => {
                 (Kind::Lrn { size: *size, alpha: *alpha, beta: *beta, bias: *bias }, format!("lrn{size}"))
             }
             _ => return None,

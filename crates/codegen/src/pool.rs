@@ -2,7 +2,7 @@
 //! spatial dims, one thread per output element, the window walked in
 //! registers. The same description renders to CUDA C and runs on the CPU.
 
-use smelt_ir::{DType, Graph, NodeId, Op, Pool as PoolAttrs, Tensor};
+use smelt_ir::{DType, KernelGraph, KernelOp, NodeId, Op, Pool as PoolAttrs, Tensor};
 
 /// A max or average pooling kernel.
 #[derive(Clone, Debug, PartialEq)]
@@ -23,11 +23,11 @@ pub struct Pool {
 
 impl Pool {
     /// The description of node `id`, if it is a max or average pool.
-    pub fn of(g: &Graph, id: NodeId) -> Option<Pool> {
+    pub fn of(g: &KernelGraph, id: NodeId) -> Option<Pool> {
         let node = g.node(id);
         let (attrs, average, kind) = match &node.op {
-            Op::MaxPool(p) => (p.clone(), None, "maxpool"),
-            Op::AveragePool { pool, count_include_pad } => (pool.clone(), Some(*count_include_pad), "avgpool"),
+            KernelOp::Op(Op::MaxPool(p)) => (p.clone(), None, "maxpool"),
+            KernelOp::Op(Op::AveragePool { pool, count_include_pad }) => (pool.clone(), Some(*count_include_pad), "avgpool"),
             _ => return None,
         };
         let x = g.ty(g.inputs_of(id)[0]);

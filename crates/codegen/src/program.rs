@@ -7,7 +7,7 @@
 use crate::kernel::{Kernel, Launch, Lowered};
 use crate::nvrtc::{Compiled, Compiler};
 use crate::CodegenError;
-use smelt_ir::{Graph, NodeId, Tensor, TensorType, ValueId};
+use smelt_ir::{KernelGraph, NodeId, OpSet, Tensor, TensorType, ValueId};
 use smelt_passes::memory::{Plan, ALIGN};
 use std::collections::HashMap;
 
@@ -103,7 +103,7 @@ pub struct Program {
     pub output_types: Vec<TensorType>,
 }
 
-fn value_name(g: &Graph, v: ValueId) -> String {
+fn value_name(g: &KernelGraph, v: ValueId) -> String {
     let n = &g.node(v.node).name;
     if g.node(v.node).outputs.len() > 1 {
         format!("{n}:{}", v.slot)
@@ -113,10 +113,10 @@ fn value_name(g: &Graph, v: ValueId) -> String {
 }
 
 /// The constant `v` is a view of (through reshapes and the like), if any.
-fn weight_root(g: &Graph, mut v: ValueId) -> Option<ValueId> {
+fn weight_root(g: &KernelGraph, mut v: ValueId) -> Option<ValueId> {
     loop {
         let n = g.node(v.node);
-        if n.op == smelt_ir::Op::Constant {
+        if n.op.is_constant() {
             return Some(v);
         }
         if !n.op.is_view() {
@@ -141,7 +141,7 @@ fn params(k: &Kernel, n: usize) -> Vec<String> {
 impl Program {
     /// Lowers every node of `g` in `plan`'s schedule. Kernel names are made
     /// unique by a numeric suffix where two different kernels would share one.
-    pub fn build(g: &Graph, plan: &Plan) -> Result<Program, CodegenError> {
+    pub fn build(g: &KernelGraph, plan: &Plan) -> Result<Program, CodegenError> {
         let mut weights = Vec::new();
         let mut weight_at: HashMap<NodeId, usize> = HashMap::new();
         let mut weights_bytes = 0;
@@ -174,7 +174,7 @@ impl Program {
                 let (bytes, ty) = (g.ty(v).bytes(), g.ty(v).clone());
                 // A view of a constant reads the constant's bytes.
                 let v = weight_root(g, v).unwrap_or(v);
-                if g.node(v.node).op == smelt_ir::Op::Constant {
+                if g.node(v.node).op.is_constant() {
                     let offset = *weight_at.entry(v.node).or_insert_with(|| {
                         let at = weights_bytes;
                         let ty = g.ty(v);
@@ -250,10 +250,10 @@ impl Program {
 
     /// The weights blob of `g` (the graph the program was built from): each
     /// constant's little-endian bytes at its offset.
-    pub fn weights_blob(&self, g: &Graph) -> Vec<u8> {
+    pub fn weights_blob(&self, g: &KernelGraph) -> Vec<u8> {
         let mut blob = vec![0u8; self.weights_bytes];
         let by_name: HashMap<&str, NodeId> =
-            g.node_ids().filter(|&n| g.node(n).op == smelt_ir::Op::Constant).map(|n| (g.node(n).name.as_str(), n)).collect();
+            g.node_ids().filter(|&n| g.node(n).op.is_constant()).map(|n| (g.node(n).name.as_str(), n)).collect();
         for w in &self.weights {
             if let Some(t) = by_name.get(w.name.as_str()).and_then(|&n| g.weight(n)) {
                 let bytes = t.data().to_le_bytes();

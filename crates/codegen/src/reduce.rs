@@ -4,7 +4,7 @@
 //! thread per reduced row; the row is walked in registers.
 
 use crate::elementwise::{expr_c, strides};
-use smelt_ir::{DType, Expr, ExprNode, Graph, NodeId, Op, Tensor};
+use smelt_ir::{DType, Expr, ExprNode, KernelGraph, KernelOp, NodeId, Op, Tensor};
 
 /// What is reduced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,15 +43,18 @@ pub struct Reduction {
 impl Reduction {
     /// The description of node `id`, if it is a global average pool or a
     /// softmax, fused with a prologue or not.
-    pub fn of(g: &Graph, id: NodeId) -> Option<Reduction> {
+    pub fn of(g: &KernelGraph, id: NodeId) -> Option<Reduction> {
         let node = g.node(id);
         let ins = g.inputs_of(id);
         let (expr, inner) = match &node.op {
-            Op::FusedReduction { expr, reduction } => (expr.clone(), reduction.as_ref().clone()),
-            op => {
+            KernelOp::FusedReduction { expr, reduction } => (expr.clone(), reduction.as_ref().clone()),
+            KernelOp::Op(op) => {
                 let mut e = Expr::default();
                 e.push(ExprNode::Input(0));
                 (e, op.clone())
+            }
+            KernelOp::FusedConv { .. } | KernelOp::FusedGemm { .. } | KernelOp::Elementwise { .. } | KernelOp::ConcatInPlace { .. } => {
+                return None
             }
         };
         let kind = match inner {
@@ -68,7 +71,7 @@ impl Reduction {
         let inputs = ins.iter().map(|v| (g.ty(*v).dtype, strides(&g.ty(*v).shape, &pre))).collect();
         let dims: String = pre.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x");
         let suffix = if out.dtype == DType::F32 { String::new() } else { format!("_{}", out.dtype) };
-        let fused = if matches!(node.op, Op::FusedReduction { .. }) { "fused_" } else { "" };
+        let fused = if matches!(node.op, KernelOp::FusedReduction { .. }) { "fused_" } else { "" };
         let name = match kind {
             Kind::GlobalAveragePool => format!("{fused}gap_{dims}{suffix}"),
             Kind::Softmax { axis, log } => format!("{fused}{}softmax_a{axis}_{dims}{suffix}", if log { "log" } else { "" }),

@@ -113,13 +113,25 @@ impl Expr {
             })
     }
 
+    /// The expression of a kernel: a fused expression, or an elementwise
+    /// semantic op's ([`Expr::of_op`]).
+    pub fn of_kernel(op: &crate::KernelOp, arity: usize) -> Option<Expr> {
+        match op {
+            crate::KernelOp::Elementwise { expr } => Some(expr.clone()),
+            crate::KernelOp::Op(op) => Expr::of_op(op, arity),
+            crate::KernelOp::FusedConv { .. }
+            | crate::KernelOp::FusedGemm { .. }
+            | crate::KernelOp::FusedReduction { .. }
+            | crate::KernelOp::ConcatInPlace { .. } => None,
+        }
+    }
+
     /// The expression of an elementwise op over its `arity` inputs: unary,
-    /// binary, clip, sum, a float-to-float cast, or a fused expression.
+    /// binary, clip, sum, or a float-to-float cast.
     pub fn of_op(op: &Op, arity: usize) -> Option<Expr> {
         let mut e = Expr::default();
         let ins: Vec<usize> = (0..arity).map(|i| e.push(ExprNode::Input(i))).collect();
         match op {
-            Op::Elementwise { expr } => return Some(expr.clone()),
             Op::Unary(u) => e.push(ExprNode::Unary(*u, ins[0])),
             Op::Clip { min, max } => e.push(ExprNode::Clip(*min, *max, ins[0])),
             Op::Binary(b) => e.push(ExprNode::Binary(*b, ins[0], ins[1])),

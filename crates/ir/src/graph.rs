@@ -2,7 +2,7 @@
 
 use crate::dtype::TensorType;
 use crate::error::IrError;
-use crate::infer::infer;
+use crate::kernel_op::OpSet;
 use crate::op::Op;
 use crate::tensor::Tensor;
 use petgraph::stable_graph::{NodeIndex, StableGraph};
@@ -51,9 +51,9 @@ impl fmt::Display for ValueId {
 /// A node: its op, its name (from ONNX or the builder; may be empty) and the
 /// type of each output, stored once here.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Node {
+pub struct Node<O = Op> {
     /// The operation.
-    pub op: Op,
+    pub op: O,
     /// A human name, used in errors and reports.
     pub name: String,
     /// One type per output slot.
@@ -67,31 +67,45 @@ pub(crate) struct Port {
     pub port: u32,
 }
 
-/// A tensor graph with static shapes.
-#[derive(Clone, Debug, Default)]
-pub struct Graph {
-    pub(crate) g: StableGraph<Node, Port>,
+/// A tensor graph with static shapes, of semantic ops ([`Op`], the
+/// default) or of kernels ([`crate::KernelOp`]).
+#[derive(Clone, Debug)]
+pub struct Graph<O = Op> {
+    pub(crate) g: StableGraph<Node<O>, Port>,
     inputs: Vec<NodeId>,
     outputs: Vec<(String, ValueId)>,
     weights: BTreeMap<String, Arc<Tensor>>,
 }
 
-impl Graph {
+impl<O> Default for Graph<O> {
+    fn default() -> Self {
+        Graph { g: StableGraph::default(), inputs: Vec::new(), outputs: Vec::new(), weights: BTreeMap::new() }
+    }
+}
+
+impl<O: OpSet> Graph<O> {
     /// An empty graph.
     pub fn new() -> Self {
         Graph::default()
     }
 
     /// Adds a node applying `op` to `inputs`, inferring its output types.
-    pub fn add(&mut self, op: Op, name: impl Into<String>, inputs: &[ValueId]) -> Result<NodeId, IrError> {
-        let name = name.into();
+    pub fn add(&mut self, op: impl Into<O>, name: impl Into<String>, inputs: &[ValueId]) -> Result<NodeId, IrError> {
+        let (op, name) = (op.into(), name.into());
         let types: Vec<&TensorType> = inputs.iter().map(|&v| self.try_ty(v)).collect::<Result<_, _>>()?;
-        let outputs = infer(&op, &types).map_err(|msg| IrError::Shape { node: display_name(&name, op.name()), msg })?;
+        let outputs = op.infer(&types).map_err(|msg| IrError::Shape { node: display_name(&name, op.name()), msg })?;
         Ok(self.add_typed(op, name, inputs, outputs))
     }
 
+    /// The same graph with every op mapped by `f`: node ids, names, types,
+    /// edges, inputs, outputs and weights are kept.
+    pub fn map_ops<P>(&self, mut f: impl FnMut(&O) -> P) -> Graph<P> {
+        let g = self.g.map(|_, n| Node { op: f(&n.op), name: n.name.clone(), outputs: n.outputs.clone() }, |_, e| *e);
+        Graph { g, inputs: self.inputs.clone(), outputs: self.outputs.clone(), weights: self.weights.clone() }
+    }
+
     /// Adds a node with given output types, unchecked (the verifier checks).
-    pub(crate) fn add_typed(&mut self, op: Op, name: String, inputs: &[ValueId], outputs: Vec<TensorType>) -> NodeId {
+    pub(crate) fn add_typed(&mut self, op: O, name: String, inputs: &[ValueId], outputs: Vec<TensorType>) -> NodeId {
         let id = NodeId(self.g.add_node(Node { op, name, outputs }));
         for (port, v) in inputs.iter().enumerate() {
             self.g.add_edge(v.node.0, id.0, Port { slot: v.slot, port: port as u32 });
@@ -99,7 +113,7 @@ impl Graph {
         id
     }
 
-    pub(crate) fn add_raw(&mut self, node: Node) -> NodeId {
+    pub(crate) fn add_raw(&mut self, node: Node<O>) -> NodeId {
         NodeId(self.g.add_node(node))
     }
 
@@ -121,7 +135,7 @@ impl Graph {
         if ty.checked_bytes().is_none() {
             return Err(IrError::Shape { node: name, msg: format!("input shape {:?} is absurdly large", ty.shape) });
         }
-        let id = self.add_typed(Op::Input, name, &[], vec![ty]);
+        let id = self.add_typed(O::from_op(Op::Input), name, &[], vec![ty]);
         self.inputs.push(id);
         Ok(ValueId { node: id, slot: 0 })
     }
@@ -134,7 +148,7 @@ impl Graph {
     /// Adds a constant sharing already-loaded data (no copy).
     pub fn add_shared_constant(&mut self, name: impl Into<String>, data: Arc<Tensor>) -> ValueId {
         let name = self.unique_weight_name(name.into());
-        let id = self.add_typed(Op::Constant, name.clone(), &[], vec![data.ty().clone()]);
+        let id = self.add_typed(O::from_op(Op::Constant), name.clone(), &[], vec![data.ty().clone()]);
         self.weights.insert(name, data);
         ValueId { node: id, slot: 0 }
     }
@@ -142,7 +156,7 @@ impl Graph {
     /// Adds a constant whose data is not (yet) known: a weight referenced by
     /// name in a text file. [`Graph::weight`] returns `None` for it.
     pub fn add_weight_ref(&mut self, name: impl Into<String>, ty: TensorType) -> ValueId {
-        let id = self.add_typed(Op::Constant, name.into(), &[], vec![ty]);
+        let id = self.add_typed(O::from_op(Op::Constant), name.into(), &[], vec![ty]);
         ValueId { node: id, slot: 0 }
     }
 
@@ -155,15 +169,17 @@ impl Graph {
 
     /// Copies node `id` of `other` into this graph, reading `inputs` (already
     /// mapped into this graph): inputs stay inputs, constants keep their data.
-    pub fn copy_node_from(&mut self, other: &Graph, id: NodeId, inputs: &[ValueId]) -> Result<NodeId, IrError> {
+    pub fn copy_node_from(&mut self, other: &Graph<O>, id: NodeId, inputs: &[ValueId]) -> Result<NodeId, IrError> {
         let n = other.node(id);
-        Ok(match n.op {
-            Op::Input => self.add_input(n.name.clone(), n.outputs[0].clone())?.node,
-            Op::Constant => match other.weight(id) {
+        Ok(if n.op.is_input() {
+            self.add_input(n.name.clone(), n.outputs[0].clone())?.node
+        } else if n.op.is_constant() {
+            match other.weight(id) {
                 Some(w) => self.add_shared_constant(n.name.clone(), w.clone()).node,
                 None => self.add_weight_ref(n.name.clone(), n.outputs[0].clone()).node,
-            },
-            _ => self.add(n.op.clone(), n.name.clone(), inputs)?,
+            }
+        } else {
+            self.add(n.op.clone(), n.name.clone(), inputs)?
         })
     }
 
@@ -178,12 +194,12 @@ impl Graph {
     }
 
     /// The node `id`. Panics on a removed id (a compiler bug).
-    pub fn node(&self, id: NodeId) -> &Node {
+    pub fn node(&self, id: NodeId) -> &Node<O> {
         &self.g[id.0]
     }
 
     /// The node `id`, mutable.
-    pub fn node_mut(&mut self, id: NodeId) -> &mut Node {
+    pub fn node_mut(&mut self, id: NodeId) -> &mut Node<O> {
         &mut self.g[id.0]
     }
 
@@ -233,16 +249,17 @@ impl Graph {
     /// The data of constant node `id`, if known.
     pub fn weight(&self, id: NodeId) -> Option<&Arc<Tensor>> {
         let n = self.node(id);
-        match n.op {
-            Op::Constant => self.weights.get(&n.name),
-            _ => None,
+        if n.op.is_constant() {
+            self.weights.get(&n.name)
+        } else {
+            None
         }
     }
 
     /// Sets the data of a constant node (e.g. filling the weights of a text file).
     pub fn set_weight(&mut self, id: NodeId, data: Tensor) -> Result<(), IrError> {
         let n = self.node(id);
-        if n.op != Op::Constant || n.outputs[0] != *data.ty() {
+        if !n.op.is_constant() || n.outputs[0] != *data.ty() {
             return Err(IrError::Invalid(format!("{id} \"{}\" is not a constant of type {}", n.name, data.ty())));
         }
         self.weights.insert(n.name.clone(), Arc::new(data));
@@ -303,7 +320,7 @@ impl Graph {
         let dead: Vec<_> = self.g.node_indices().filter(|n| !live.contains(n)).collect();
         for &n in &dead {
             let node = self.g.remove_node(n).expect("dead node exists");
-            if node.op == Op::Constant && !self.g.node_weights().any(|m| m.op == Op::Constant && m.name == node.name) {
+            if node.op.is_constant() && !self.g.node_weights().any(|m| m.op.is_constant() && m.name == node.name) {
                 self.weights.remove(&node.name);
             }
         }
@@ -312,12 +329,12 @@ impl Graph {
 
     /// Total bytes of constants.
     pub fn weight_bytes(&self) -> usize {
-        self.g.node_weights().filter(|n| n.op == Op::Constant).map(|n| n.outputs[0].bytes()).sum()
+        self.g.node_weights().filter(|n| n.op.is_constant()).map(|n| n.outputs[0].bytes()).sum()
     }
 
     /// Whether every constant has data.
     pub fn has_all_weights(&self) -> bool {
-        self.g.node_indices().all(|n| self.g[n].op != Op::Constant || self.weights.contains_key(&self.g[n].name))
+        self.g.node_indices().all(|n| !self.g[n].op.is_constant() || self.weights.contains_key(&self.g[n].name))
     }
 }
 

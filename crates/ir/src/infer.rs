@@ -2,13 +2,15 @@
 //! types or a message out (the caller names the node).
 
 use crate::dtype::{Shape, TensorType};
+use crate::fused::Expr;
+use crate::kernel_op::KernelOp;
 use crate::op::{Conv, Op, Pool};
 
 /// Output types of `op` applied to inputs of types `ins`.
 pub fn infer(op: &Op, ins: &[&TensorType]) -> Result<Vec<TensorType>, String> {
     let out = match op {
         Op::Input | Op::Constant => return Err("inputs and constants carry their own type".into()),
-        Op::Conv(c) => conv(c, ins)?,
+        Op::Conv(c) => conv(c, ins, false)?,
         Op::BatchNorm { .. } => batch_norm(ins)?,
         Op::Unary(_) | Op::Clip { .. } | Op::Dropout | Op::Identity => {
             arity(ins, 1, 1)?;
@@ -49,7 +51,7 @@ pub fn infer(op: &Op, ins: &[&TensorType]) -> Result<Vec<TensorType>, String> {
             }
             TensorType::new(x.dtype, s)
         }
-        Op::Gemm { trans_a, trans_b, .. } => gemm(*trans_a, *trans_b, ins)?,
+        Op::Gemm { trans_a, trans_b, .. } => gemm(*trans_a, *trans_b, ins, false)?,
         Op::MatMul => matmul(ins)?,
         Op::Concat { axis } => concat(*axis, ins)?,
         Op::Split { axis, sizes } => return split(*axis, sizes, ins),
@@ -141,35 +143,6 @@ pub fn infer(op: &Op, ins: &[&TensorType]) -> Result<Vec<TensorType>, String> {
             }
             ins[0].clone()
         }
-        Op::FusedConv { conv: c, bias, residual, .. } => {
-            let n = 2 + *bias as usize + *residual as usize;
-            arity(ins, n, n)?;
-            let out = conv(c, &ins[..2 + *bias as usize])?;
-            if *residual && *ins[n - 1] != out {
-                return Err(format!("residual {} must equal the output {out}", ins[n - 1]));
-            }
-            out
-        }
-        Op::FusedGemm { trans_a, trans_b, .. } => gemm(*trans_a, *trans_b, ins)?,
-        Op::Elementwise { expr } => {
-            arity(ins, 1, usize::MAX)?;
-            for t in ins {
-                float(t)?;
-            }
-            if !expr.is_well_formed() || expr.arity() != ins.len() {
-                return Err(format!("expression {expr} does not use exactly {} inputs", ins.len()));
-            }
-            let d = expr.dtype(&ins.iter().map(|t| t.dtype).collect::<Vec<_>>())?;
-            TensorType::new(d, broadcast_all(ins)?)
-        }
-        Op::ConcatInPlace { axis } => concat(*axis, ins)?,
-        Op::FusedReduction { expr, reduction } => {
-            let pre = infer(&Op::Elementwise { expr: expr.clone() }, ins)?.remove(0);
-            if !reduction.is_fusable_reduction() {
-                return Err(format!("{} cannot take an elementwise prologue", reduction.name()));
-            }
-            return infer(reduction, &[&pre]);
-        }
         Op::Pad { pads, mode } => {
             arity(ins, 1, 1)?;
             let x = ins[0];
@@ -221,6 +194,48 @@ pub fn infer(op: &Op, ins: &[&TensorType]) -> Result<Vec<TensorType>, String> {
         return Err(format!("output shape {:?} is absurdly large (over 1 TiB)", out.shape));
     }
     Ok(vec![out])
+}
+
+/// Output types of a kernel-level op: a semantic op's own, or those of the
+/// form fusion made (the kernels convert a first operand of another float
+/// dtype on load, so a fused conv or GEMM takes one).
+pub fn infer_kernel(op: &KernelOp, ins: &[&TensorType]) -> Result<Vec<TensorType>, String> {
+    Ok(vec![match op {
+        KernelOp::Op(Op::Conv(c)) => conv(c, ins, true)?,
+        KernelOp::Op(Op::Gemm { trans_a, trans_b, .. }) => gemm(*trans_a, *trans_b, ins, true)?,
+        KernelOp::Op(op) => return infer(op, ins),
+        KernelOp::FusedConv { conv: c, bias, residual, .. } => {
+            let n = 2 + *bias as usize + *residual as usize;
+            arity(ins, n, n)?;
+            let out = conv(c, &ins[..2 + *bias as usize], true)?;
+            if *residual && *ins[n - 1] != out {
+                return Err(format!("residual {} must equal the output {out}", ins[n - 1]));
+            }
+            out
+        }
+        KernelOp::FusedGemm { trans_a, trans_b, .. } => gemm(*trans_a, *trans_b, ins, true)?,
+        KernelOp::Elementwise { expr } => elementwise(expr, ins)?,
+        KernelOp::ConcatInPlace { axis } => concat(*axis, ins)?,
+        KernelOp::FusedReduction { expr, reduction } => {
+            let pre = elementwise(expr, ins)?;
+            if !reduction.is_fusable_reduction() {
+                return Err(format!("{} cannot take an elementwise prologue", reduction.name()));
+            }
+            return infer(reduction, &[&pre]);
+        }
+    }])
+}
+
+fn elementwise(expr: &Expr, ins: &[&TensorType]) -> Result<TensorType, String> {
+    arity(ins, 1, usize::MAX)?;
+    for t in ins {
+        float(t)?;
+    }
+    if !expr.is_well_formed() || expr.arity() != ins.len() {
+        return Err(format!("expression {expr} does not use exactly {} inputs", ins.len()));
+    }
+    let d = expr.dtype(&ins.iter().map(|t| t.dtype).collect::<Vec<_>>())?;
+    Ok(TensorType::new(d, broadcast_all(ins)?))
 }
 
 /// Numpy broadcast of two shapes, or `None` when they are incompatible.
@@ -358,14 +373,15 @@ fn check_window(n: usize, strides: &[usize], pads: &[usize], dil: &[usize]) -> R
     Ok(())
 }
 
-fn conv(c: &Conv, ins: &[&TensorType]) -> Result<TensorType, String> {
+/// `widen`: the kernel computes in its weights' dtype and converts a float
+/// x of another dtype as it loads it (a kernel capability: a semantic conv
+/// takes operands of one dtype).
+fn conv(c: &Conv, ins: &[&TensorType], widen: bool) -> Result<TensorType, String> {
     arity(ins, 2, 3)?;
     let (x, w) = (ins[0], ins[1]);
     float(x)?;
     float(w)?;
-    // The conv computes in its weights' dtype; a float x of another dtype
-    // is converted as it is loaded (a precision boundary absorbed).
-    same_dtype(&ins[1..])?;
+    same_dtype(if widen { &ins[1..] } else { ins })?;
     rank_at_least(x, 3)?;
     let n = x.shape.len() - 2;
     if w.shape.len() != n + 2 {
@@ -422,11 +438,11 @@ fn batch_norm(ins: &[&TensorType]) -> Result<TensorType, String> {
     Ok(x.clone())
 }
 
-fn gemm(ta: bool, tb: bool, ins: &[&TensorType]) -> Result<TensorType, String> {
+/// `widen`: as for [`conv`], the kernel converts a float `a` of another
+/// dtype to b's as it loads it.
+fn gemm(ta: bool, tb: bool, ins: &[&TensorType], widen: bool) -> Result<TensorType, String> {
     arity(ins, 2, 3)?;
-    // Computed in b's dtype; a float `a` of another dtype is converted as it
-    // is loaded (a precision boundary absorbed).
-    same_dtype(&ins[1..])?;
+    same_dtype(if widen { &ins[1..] } else { ins })?;
     if ins[0].dtype != ins[1].dtype && !(ins[0].dtype.is_float() && ins[1].dtype.is_float()) {
         return Err(format!("mixes dtypes {} and {}", ins[0].dtype, ins[1].dtype));
     }

@@ -1,7 +1,9 @@
-//! smelt's tensor-graph IR: a closed [`Op`] enum, static [`TensorType`]s on
-//! every value, one inference function per op, a [`verify`]er, a text format
-//! whose printer and parser round-trip, a [`builder`] with a small model
-//! [`zoo`], and ONNX import.
+//! smelt's tensor-graph IR at two levels: a [`Graph`] of semantic [`Op`]s
+//! (what a model means) and a [`KernelGraph`] of [`KernelOp`]s (what the GPU
+//! runs, made by fusion), with the facts about every op in [`traits`],
+//! static [`TensorType`]s on every value, one inference function per op, a
+//! [`verify`]er, a text format whose printer and parser round-trip, a
+//! [`builder`] with a small model [`zoo`], and ONNX import.
 //!
 //! ```
 #![doc = include_str!("../examples/tiny.rs")]
@@ -14,6 +16,7 @@ mod error;
 mod fused;
 mod graph;
 mod infer;
+mod kernel_op;
 pub mod onnx;
 mod op;
 mod rng;
@@ -27,7 +30,8 @@ pub use dtype::{DType, Shape, TensorType, MAX_TENSOR_BYTES};
 pub use error::IrError;
 pub use fused::{round_to, Act, Expr, ExprNode};
 pub use graph::{Graph, Node, NodeId, ValueId};
-pub use infer::{broadcast, broadcast_index, broadcast_strides, infer, slice_len};
+pub use infer::{broadcast, broadcast_index, broadcast_strides, infer, infer_kernel, slice_len};
+pub use kernel_op::{KernelGraph, KernelOp, OpSet};
 pub use op::{apply_binary, apply_unary, erf, BinaryOp, Conv, Op, PadMode, Pool, ReduceOp, UnaryOp};
 pub use rng::Rng;
 pub use tensor::{Tensor, TensorData};

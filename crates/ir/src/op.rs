@@ -3,7 +3,6 @@
 //! reshape targets), so passes never re-derive ONNX defaults.
 
 use crate::dtype::DType;
-use crate::fused::{Act, Expr};
 
 /// Attributes of a convolution (2-D or 1-D/3-D spatial, NCHW layout).
 /// Inputs: `x`, `w`, optionally `bias`.
@@ -212,8 +211,11 @@ pub enum ReduceOp {
     Max,
 }
 
-/// A tensor operation. Inputs are listed per variant; every op has exactly
-/// one output except [`Op::Split`], which has one per part.
+/// A semantic tensor operation: what a user's model means, as frameworks
+/// define it (differentiable where the maths is). Inputs are listed per
+/// variant; every op has exactly one output except [`Op::Split`], which has
+/// one per part. What fusion makes of these ops for the GPU is a
+/// [`crate::KernelOp`].
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
     /// A graph input; the node's name is the input's name. No inputs.
@@ -383,52 +385,6 @@ pub enum Op {
         /// Target dtype.
         to: DType,
     },
-    /// A convolution with its epilogue applied in registers:
-    /// `act(conv(x, w) + bias + residual)`. Inputs: x, w, then bias `[M]` if
-    /// `bias`, then residual (the output's shape) if `residual`. Made by fusion.
-    FusedConv {
-        /// The convolution.
-        conv: Conv,
-        /// Whether a bias input follows the weight.
-        bias: bool,
-        /// Whether a residual input comes last.
-        residual: bool,
-        /// The activation.
-        act: Act,
-    },
-    /// A Gemm with an activation: `act(alpha * op(a) @ op(b) + beta * c)`.
-    FusedGemm {
-        /// Transpose a.
-        trans_a: bool,
-        /// Transpose b.
-        trans_b: bool,
-        /// Product scale.
-        alpha: f32,
-        /// Bias scale.
-        beta: f32,
-        /// The activation.
-        act: Act,
-    },
-    /// One elementwise kernel computing `expr` over its broadcast inputs.
-    Elementwise {
-        /// The expression; `$i` is input i.
-        expr: Expr,
-    },
-    /// A reduction (global average pool, reduce, softmax) of a value that an
-    /// elementwise expression computes on the fly from the inputs, so the
-    /// value never reaches memory. Made by fusion.
-    FusedReduction {
-        /// The elementwise prologue; `$i` is input i.
-        expr: Expr,
-        /// The reduction applied to its (broadcast) result.
-        reduction: Box<Op>,
-    },
-    /// A concatenation whose producers write straight into their slices of
-    /// the output: no copy kernel, and the memory planner may alias.
-    ConcatInPlace {
-        /// Concatenation axis.
-        axis: usize,
-    },
 }
 
 /// Applies a unary function to one value (the reference semantics every
@@ -586,11 +542,6 @@ impl Op {
             Op::Expand { .. } => "expand",
             Op::Tile { .. } => "tile",
             Op::Gather { .. } => "gather",
-            Op::FusedConv { .. } => "fused_conv",
-            Op::FusedGemm { .. } => "fused_gemm",
-            Op::Elementwise { .. } => "elementwise",
-            Op::ConcatInPlace { .. } => "concat_in_place",
-            Op::FusedReduction { .. } => "fused_reduction",
         }
     }
 }

@@ -1,8 +1,10 @@
-//! Facts about each op, in one place: [`Op::traits`] is the only `match` on
+//! Facts about each op, in one place: [`Op::traits`] (semantic ops) and
+//! [`KernelOp::traits`] (the forms fusion makes) are the only `match`es on
 //! every variant that precision, fusion, clustering, the memory planner, its
-//! checker and code generation read their rules from. It has no wildcard
+//! checker and code generation read their rules from. They have no wildcard
 //! arm, so a new op does not compile until each fact is decided for it.
 
+use crate::kernel_op::KernelOp;
 use crate::op::Op;
 
 /// What an op does to its operands, as the passes see it.
@@ -115,24 +117,18 @@ impl Op {
             Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze { .. } | Op::Unsqueeze { .. } | Op::Dropout | Op::Identity => {
                 t(K::View, P::Follows, I::No, L::Nothing)
             }
-            Op::Conv(_) => layer(L::Kernel),
-            Op::FusedConv { residual, .. } => Traits { in_place: if *residual { I::Last } else { I::No }, ..layer(L::Kernel) },
-            Op::Gemm { .. } | Op::FusedGemm { .. } => layer(L::Kernel),
+            Op::Conv(_) | Op::Gemm { .. } => layer(L::Kernel),
             Op::MatMul => Traits { widens_first_operand: false, ..layer(L::CpuOnly) },
             Op::BatchNorm { .. } => t(K::Normalization, P::Sensitive, I::Any, L::Folded),
             Op::LayerNorm { .. } => t(K::Normalization, P::Sensitive, I::No, L::CpuOnly),
             Op::Lrn { .. } => t(K::Normalization, P::Half, I::No, L::Kernel),
-            Op::Unary(_) | Op::Binary(_) | Op::Clip { .. } | Op::Sum | Op::Elementwise { .. } => {
-                t(K::Elementwise, P::Half, I::Any, L::Kernel)
-            }
+            Op::Unary(_) | Op::Binary(_) | Op::Clip { .. } | Op::Sum => t(K::Elementwise, P::Half, I::Any, L::Kernel),
             Op::Cast { .. } => t(K::Elementwise, P::Fixed, I::No, L::Kernel),
             Op::MaxPool(_) => t(K::Movement, P::Follows, I::No, L::Kernel),
             Op::AveragePool { .. } => t(K::Window, P::Half, I::No, L::Kernel),
             Op::GlobalAveragePool | Op::Softmax { .. } | Op::LogSoftmax { .. } => prologue(P::Sensitive, L::Kernel),
             Op::Reduce { .. } => prologue(P::Sensitive, L::CpuOnly),
-            Op::FusedReduction { .. } => t(K::Reduction, P::Sensitive, I::No, L::Kernel),
             Op::Concat { .. } | Op::Transpose { .. } => t(K::Movement, P::Follows, I::No, L::Kernel),
-            Op::ConcatInPlace { .. } => t(K::Movement, P::Follows, I::No, L::Alias),
             Op::Split { .. } | Op::Slice { .. } | Op::Pad { .. } | Op::Expand { .. } | Op::Tile { .. } | Op::Gather { .. } => {
                 t(K::Movement, P::Follows, I::No, L::CpuOnly)
             }
@@ -143,16 +139,27 @@ impl Op {
     pub fn is_fusable_reduction(&self) -> bool {
         self.traits().takes_prologue
     }
+}
 
-    /// Whether the op launches a kernel: not inputs, constants, views or
-    /// in-place concatenations.
-    pub fn is_kernel(&self) -> bool {
-        !matches!(self.traits().lowering, Lowering::Nothing | Lowering::Alias)
-    }
-
-    /// Whether the op only reinterprets its input's elements (no arithmetic,
-    /// same element order): a view once the memory planner exists.
-    pub fn is_view(&self) -> bool {
-        self.traits().kind == Kind::View
+impl KernelOp {
+    /// The facts about this kernel: a semantic op's own, or those of the
+    /// form fusion made.
+    pub fn traits(&self) -> Traits {
+        use InPlace as I;
+        use Kind as K;
+        use Lowering as L;
+        use Precision as P;
+        match self {
+            KernelOp::Op(op) => op.traits(),
+            KernelOp::FusedConv { residual, .. } => Traits {
+                in_place: if *residual { I::Last } else { I::No },
+                widens_first_operand: true,
+                ..t(K::Layer, P::Half, I::No, L::Kernel)
+            },
+            KernelOp::FusedGemm { .. } => Traits { widens_first_operand: true, ..t(K::Layer, P::Half, I::No, L::Kernel) },
+            KernelOp::Elementwise { .. } => t(K::Elementwise, P::Half, I::Any, L::Kernel),
+            KernelOp::FusedReduction { .. } => t(K::Reduction, P::Sensitive, I::No, L::Kernel),
+            KernelOp::ConcatInPlace { .. } => t(K::Movement, P::Follows, I::No, L::Alias),
+        }
     }
 }

@@ -3,15 +3,14 @@
 
 use crate::error::IrError;
 use crate::graph::{display_name, Graph};
-use crate::infer::infer;
-use crate::op::Op;
+use crate::kernel_op::OpSet;
 use std::collections::HashSet;
 
 /// Checks `g`: no cycle; inputs connected port by port without gaps; every
 /// node's stored output types equal what inference gives; constants have
 /// unique names and, when known, data of their type; graph inputs are
 /// `Input` nodes and outputs exist.
-pub fn verify(g: &Graph) -> Result<(), IrError> {
+pub fn verify<O: OpSet>(g: &Graph<O>) -> Result<(), IrError> {
     g.topo_order()?;
     let mut const_names = HashSet::new();
     let mut n_inputs = 0;
@@ -24,12 +23,12 @@ pub fn verify(g: &Graph) -> Result<(), IrError> {
                 return Err(IrError::Invalid(format!("{}: input {port} reads missing value {v}", who())));
             }
         }
-        match node.op {
-            Op::Input | Op::Constant => {
+        match node.op.semantic() {
+            Some(op @ (crate::Op::Input | crate::Op::Constant)) => {
                 if !ins.is_empty() || node.outputs.len() != 1 {
                     return Err(IrError::Invalid(format!("{}: must have no inputs and one output", who())));
                 }
-                if node.op == Op::Constant {
+                if *op == crate::Op::Constant {
                     if !const_names.insert(node.name.as_str()) {
                         return Err(IrError::Invalid(format!("{}: constant name used twice", who())));
                     }
@@ -47,7 +46,7 @@ pub fn verify(g: &Graph) -> Result<(), IrError> {
             }
             _ => {
                 let tys: Vec<_> = ins.iter().map(|&v| g.ty(v)).collect();
-                let want = infer(&node.op, &tys).map_err(|m| IrError::Invalid(format!("{}: {m}", who())))?;
+                let want = node.op.infer(&tys).map_err(|m| IrError::Invalid(format!("{}: {m}", who())))?;
                 if want != node.outputs {
                     let show = |ts: &[crate::TensorType]| ts.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", ");
                     return Err(IrError::Invalid(format!(

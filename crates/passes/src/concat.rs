@@ -3,7 +3,7 @@
 //! write straight into their slices of the output, so no copy kernel runs
 //! and the memory planner may alias the inputs into the output.
 
-use smelt_ir::{Graph, NodeId, Op};
+use smelt_ir::{KernelGraph, KernelOp, NodeId, Op, OpSet};
 use std::collections::HashSet;
 
 /// What the pass did.
@@ -17,9 +17,9 @@ pub struct Stats {
 }
 
 /// Marks eligible concatenations of `g`.
-pub fn run(g: &mut Graph) -> Stats {
+pub fn run(g: &mut KernelGraph) -> Stats {
     let outputs: HashSet<NodeId> = g.outputs().iter().map(|(_, v)| v.node).collect();
-    let concats: Vec<NodeId> = g.node_ids().filter(|&id| matches!(g.node(id).op, Op::Concat { .. })).collect();
+    let concats: Vec<NodeId> = g.node_ids().filter(|&id| matches!(g.node(id).op, KernelOp::Op(Op::Concat { .. }))).collect();
     let mut stats = Stats::default();
     for id in concats {
         let ins = g.inputs_of(id);
@@ -30,8 +30,8 @@ pub fn run(g: &mut Graph) -> Stats {
                 p.op.is_kernel() && p.outputs.len() == 1 && g.users_of(v.node).len() == 1 && !outputs.contains(&v.node)
             });
         if eligible {
-            let Op::Concat { axis } = g.node(id).op else { unreachable!("filtered above") };
-            g.node_mut(id).op = Op::ConcatInPlace { axis };
+            let KernelOp::Op(Op::Concat { axis }) = g.node(id).op else { unreachable!("filtered above") };
+            g.node_mut(id).op = KernelOp::ConcatInPlace { axis };
             stats.in_place += 1;
         } else {
             stats.copies += 1;

@@ -1,7 +1,7 @@
 //! Dead code elimination: removes nodes no graph output depends on (ONNX
 //! exports often carry unused constants and side branches).
 
-use smelt_ir::Graph;
+use smelt_ir::{Graph, OpSet};
 
 /// Statistics of one run.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -11,6 +11,6 @@ pub struct Stats {
 }
 
 /// Removes dead nodes from `graph`.
-pub fn run(graph: &mut Graph) -> Stats {
+pub fn run<O: OpSet>(graph: &mut Graph<O>) -> Stats {
     Stats { removed: graph.remove_dead() }
 }

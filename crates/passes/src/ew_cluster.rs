@@ -11,7 +11,7 @@
 //! kernel a value used twice is computed once. Broadcasting inside a tree is
 //! exact: elementwise functions commute with broadcasting.
 
-use smelt_ir::{Expr, ExprNode, Graph, IrError, NodeId, Op, ValueId};
+use smelt_ir::{Expr, ExprNode, IrError, KernelGraph, KernelOp, NodeId, Op, OpSet, ValueId};
 use std::collections::{HashMap, HashSet};
 
 /// What the pass did.
@@ -25,15 +25,15 @@ pub struct Stats {
 
 /// Elementwise float ops, float-to-float casts included (integer arithmetic
 /// stays as it is: fused kernels compute in float).
-fn is_elementwise(g: &Graph, id: NodeId) -> bool {
+fn is_elementwise(g: &KernelGraph, id: NodeId) -> bool {
     let n = g.node(id);
     n.outputs[0].dtype.is_float()
         && g.inputs_of(id).iter().all(|v| g.ty(*v).dtype.is_float())
-        && Expr::of_op(&n.op, g.inputs_of(id).len()).is_some()
+        && Expr::of_kernel(&n.op, g.inputs_of(id).len()).is_some()
 }
 
 /// Clusters `g` in place.
-pub fn run(g: &mut Graph) -> Result<Stats, IrError> {
+pub fn run(g: &mut KernelGraph) -> Result<Stats, IrError> {
     let order = g.topo_order()?;
     let outputs: HashSet<NodeId> = g.outputs().iter().map(|(_, v)| v.node).collect();
     // A node is absorbed into its single elementwise user.
@@ -43,7 +43,7 @@ pub fn run(g: &mut Graph) -> Result<Stats, IrError> {
         .filter(|&id| {
             let users = g.users_of(id);
             let op = &g.node(id).op;
-            let cheap = matches!(op, Op::Unary(_) | Op::Binary(_) | Op::Clip { .. } | Op::Cast { .. });
+            let cheap = matches!(op, KernelOp::Op(Op::Unary(_) | Op::Binary(_) | Op::Clip { .. } | Op::Cast { .. }));
             is_elementwise(g, id)
                 && !users.is_empty()
                 && (users.len() == 1 || cheap)
@@ -51,7 +51,7 @@ pub fn run(g: &mut Graph) -> Result<Stats, IrError> {
                 && users.iter().all(|&u| is_elementwise(g, u))
         })
         .collect();
-    let mut out = Graph::new();
+    let mut out = KernelGraph::new();
     let mut map: HashMap<ValueId, ValueId> = HashMap::new();
     let mut stats = Stats::default();
     for &id in &order {
@@ -66,7 +66,7 @@ pub fn run(g: &mut Graph) -> Result<Stats, IrError> {
             stats.clusters += 1;
             stats.absorbed += b.count;
             let ins: Vec<ValueId> = b.leaves.iter().map(|v| map[v]).collect();
-            out.add(Op::Elementwise { expr: b.expr }, node.name.clone(), &ins)?
+            out.add(KernelOp::Elementwise { expr: b.expr }, node.name.clone(), &ins)?
         } else {
             let ins: Vec<ValueId> = g.inputs_of(id).iter().map(|v| map[v]).collect();
             out.copy_node_from(g, id, &ins)?
@@ -82,7 +82,7 @@ pub fn run(g: &mut Graph) -> Result<Stats, IrError> {
 }
 
 struct ExprBuilder<'a> {
-    g: &'a Graph,
+    g: &'a KernelGraph,
     absorbed: &'a HashSet<NodeId>,
     expr: Expr,
     leaves: Vec<ValueId>,
@@ -120,7 +120,7 @@ impl ExprBuilder<'_> {
         let ins = self.g.inputs_of(id);
         let args: Vec<usize> = ins.iter().map(|&v| self.operand(v)).collect();
         let op = &self.g.node(id).op;
-        let e = Expr::of_op(op, ins.len()).unwrap_or_else(|| unreachable!("{} is not elementwise", op.name()));
+        let e = Expr::of_kernel(op, ins.len()).unwrap_or_else(|| unreachable!("{} is not elementwise", op.name()));
         self.expr.inline(&e, &args)
     }
 }

@@ -1,10 +1,12 @@
 //! The order of passes, with the verifier after each in debug builds:
-//! `dce`, then with fusion on `fuse` (egg), `precision` (a no-op at f32),
-//! `ew-cluster`, `reduce-fuse`, `concat`, `final-dce`. Without fusion,
-//! `precision` runs after `dce`.
+//! `dce` on the semantic graph, then with fusion on `fuse` (egg: the
+//! semantic graph in, the kernel graph out), `precision` (a no-op at f32),
+//! `ew-cluster`, `reduce-fuse`, `concat`, `final-dce` on the kernel graph.
+//! Without fusion, the semantic graph is lifted to the kernel level op for
+//! op and `precision` runs on it.
 
 use crate::{concat, dce, ew_cluster, fusion, precision, reduce_fuse, PassError};
-use smelt_ir::Graph;
+use smelt_ir::{Graph, KernelGraph, OpSet};
 
 /// The names of the passes, in order (for `--dump-ir`).
 pub const PASSES: [&str; 7] = ["dce", "fuse", "precision", "ew-cluster", "reduce-fuse", "concat", "final-dce"];
@@ -43,19 +45,20 @@ pub struct Stats {
     pub precision: Option<precision::Stats>,
 }
 
-/// Runs every pass on `graph`, in order.
-pub fn run(graph: &mut Graph, opts: &Options) -> Result<Stats, PassError> {
+/// Runs every pass on `graph`, in order: the semantic graph in, the kernel
+/// graph out.
+pub fn run(graph: &Graph, opts: &Options) -> Result<(KernelGraph, Stats), PassError> {
     run_with(graph, opts, &mut |_, _| {})
 }
 
 /// As [`run`], calling `after(pass, graph)` after each pass that ran. Each
 /// pass logs its time and statistics at `debug`, the graph after it at `trace`.
-pub fn run_with(graph: &mut Graph, opts: &Options, after: &mut dyn FnMut(&str, &Graph)) -> Result<Stats, PassError> {
+pub fn run_with(graph: &Graph, opts: &Options, after: &mut dyn FnMut(&str, &KernelGraph)) -> Result<(KernelGraph, Stats), PassError> {
     let mut t = std::time::Instant::now();
     if log::log_enabled!(log::Level::Trace) {
         log::trace!("before the passes:\n{}", smelt_ir::text::print(graph));
     }
-    let mut after = |pass: &str, g: &Graph, stats: &dyn std::fmt::Debug| {
+    let mut after = |pass: &str, g: &KernelGraph, stats: &dyn std::fmt::Debug| {
         log::debug!("pass {pass}: {:.2} ms, {stats:?}", t.elapsed().as_secs_f64() * 1e3);
         if log::log_enabled!(log::Level::Trace) {
             log::trace!("after {pass}:\n{}", smelt_ir::text::print(g));
@@ -63,10 +66,10 @@ pub fn run_with(graph: &mut Graph, opts: &Options, after: &mut dyn FnMut(&str, &
         after(pass, g);
         t = std::time::Instant::now();
     };
-    let mut stats = Stats { dce_removed: dce::run(graph).removed, ..Default::default() };
-    verify_if(graph, "dce")?;
-    after("dce", graph, &stats.dce_removed);
-    let precision = |graph: &mut Graph, stats: &mut Stats| -> Result<(), PassError> {
+    let mut source = graph.clone();
+    let mut stats = Stats { dce_removed: dce::run(&mut source).removed, ..Default::default() };
+    verify_if(&source, "dce")?;
+    let precision = |graph: &mut KernelGraph, stats: &mut Stats| -> Result<(), PassError> {
         if opts.precision.policy != precision::Policy::F32 {
             stats.precision = Some(precision::run(graph, &opts.precision).map_err(|source| PassError::Bug { pass: "precision", source })?);
             verify_if(graph, "precision")?;
@@ -74,37 +77,41 @@ pub fn run_with(graph: &mut Graph, opts: &Options, after: &mut dyn FnMut(&str, &
         Ok(())
     };
     if !opts.fuse {
-        precision(graph, &mut stats)?;
+        // Every op its own kernel.
+        let mut graph = source.lift();
+        after("dce", &graph, &stats.dce_removed);
+        precision(&mut graph, &mut stats)?;
         if stats.precision.is_some() {
             // The f32 originals of converted weights are dead now.
-            stats.dce_removed += dce::run(graph).removed;
-            verify_if(graph, "precision")?;
-            after("precision", graph, &stats.precision);
+            stats.dce_removed += dce::run(&mut graph).removed;
+            verify_if(&graph, "precision")?;
+            after("precision", &graph, &stats.precision);
         }
+        return Ok((graph, stats));
     }
-    if opts.fuse {
-        stats.fusion = Some(fusion::run(graph, &opts.limits)?);
-        verify_if(graph, "fuse")?;
-        after("fuse", graph, &stats.fusion);
-        precision(graph, &mut stats)?;
-        after("precision", graph, &stats.precision);
-        stats.ew_cluster = Some(ew_cluster::run(graph).map_err(|source| PassError::Bug { pass: "ew-cluster", source })?);
-        verify_if(graph, "ew-cluster")?;
-        after("ew-cluster", graph, &stats.ew_cluster);
-        stats.reduce_fuse = Some(reduce_fuse::run(graph).map_err(|source| PassError::Bug { pass: "reduce-fuse", source })?);
-        verify_if(graph, "reduce-fuse")?;
-        after("reduce-fuse", graph, &stats.reduce_fuse);
-        stats.concat = Some(concat::run(graph));
-        verify_if(graph, "concat")?;
-        after("concat", graph, &stats.concat);
-        stats.dce_removed += dce::run(graph).removed;
-        verify_if(graph, "final-dce")?;
-        after("final-dce", graph, &stats.dce_removed);
-    }
-    Ok(stats)
+    after("dce", &source.lift(), &stats.dce_removed);
+    let (mut graph, fusion) = fusion::run(&source, &opts.limits)?;
+    stats.fusion = Some(fusion);
+    verify_if(&graph, "fuse")?;
+    after("fuse", &graph, &stats.fusion);
+    precision(&mut graph, &mut stats)?;
+    after("precision", &graph, &stats.precision);
+    stats.ew_cluster = Some(ew_cluster::run(&mut graph).map_err(|source| PassError::Bug { pass: "ew-cluster", source })?);
+    verify_if(&graph, "ew-cluster")?;
+    after("ew-cluster", &graph, &stats.ew_cluster);
+    stats.reduce_fuse = Some(reduce_fuse::run(&mut graph).map_err(|source| PassError::Bug { pass: "reduce-fuse", source })?);
+    verify_if(&graph, "reduce-fuse")?;
+    after("reduce-fuse", &graph, &stats.reduce_fuse);
+    stats.concat = Some(concat::run(&mut graph));
+    verify_if(&graph, "concat")?;
+    after("concat", &graph, &stats.concat);
+    stats.dce_removed += dce::run(&mut graph).removed;
+    verify_if(&graph, "final-dce")?;
+    after("final-dce", &graph, &stats.dce_removed);
+    Ok((graph, stats))
 }
 
-fn verify_if(graph: &Graph, pass: &'static str) -> Result<(), PassError> {
+fn verify_if<O: OpSet>(graph: &Graph<O>, pass: &'static str) -> Result<(), PassError> {
     if cfg!(debug_assertions) {
         smelt_ir::verify(graph).map_err(|source| PassError::Bug { pass, source })?;
     }
@@ -116,8 +123,8 @@ mod tests {
     #[test]
     fn dce_removes_unused_branches_only() {
         let text = "graph {\n  %0 \"x\" = input : f32[2]\n  %1 = relu(%0) : f32[2]\n  %2 = neg(%0) : f32[2]\n  output \"y\" = %1\n}\n";
-        let mut g = smelt_ir::text::parse(text).unwrap();
-        let stats = super::run(&mut g, &super::Options { fuse: false, ..Default::default() }).unwrap();
+        let g = smelt_ir::text::parse(text).unwrap();
+        let (g, stats) = super::run(&g, &super::Options { fuse: false, ..Default::default() }).unwrap();
         assert_eq!(stats.dce_removed, 1);
         assert_eq!(smelt_ir::text::print(&g), "graph {\n  %0 \"x\" = input : f32[2]\n  %1 = relu(%0) : f32[2]\n  output \"y\" = %1\n}\n");
     }

@@ -26,7 +26,7 @@
 //! purpose: its half copy lets the f32 input die before the layer runs.
 
 use smelt_ir::traits::{Kind, Precision};
-use smelt_ir::{DType, Graph, IrError, NodeId, Op, ValueId};
+use smelt_ir::{DType, IrError, KernelGraph, KernelOp, NodeId, Op, OpSet, ValueId};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -148,7 +148,7 @@ pub fn glob(pat: &str, s: &str) -> bool {
 
 /// The last layer before each graph output, walking back through anything
 /// that is not a layer (softmax, pooling, views, elementwise).
-fn classifiers(g: &Graph) -> Vec<NodeId> {
+fn classifiers(g: &KernelGraph) -> Vec<NodeId> {
     let mut found = Vec::new();
     for (_, v) in g.outputs() {
         let mut stack = vec![v.node];
@@ -160,8 +160,8 @@ fn classifiers(g: &Graph) -> Vec<NodeId> {
             let op = &g.node(n).op;
             if op.traits().kind == Kind::Layer {
                 found.push(n);
-            } else if !matches!(op, Op::Input | Op::Constant) {
-                stack.extend(g.inputs_of(n).iter().filter(|v| g.node(v.node).op != Op::Constant).map(|v| v.node));
+            } else if !(op.is_input() || op.is_constant()) {
+                stack.extend(g.inputs_of(n).iter().filter(|v| !g.node(v.node).op.is_constant()).map(|v| v.node));
             }
         }
     }
@@ -169,12 +169,12 @@ fn classifiers(g: &Graph) -> Vec<NodeId> {
 }
 
 /// Applies `opts` to `g`.
-pub fn run(g: &mut Graph, opts: &Options) -> Result<Stats, IrError> {
+pub fn run(g: &mut KernelGraph, opts: &Options) -> Result<Stats, IrError> {
     let mut stats = Stats { policy: opts.policy, ..Stats::default() };
     let Some(half) = opts.policy.half() else { return Ok(stats) };
     let classifier = if opts.policy.mixed() { classifiers(g) } else { Vec::new() };
     let order = g.topo_order()?;
-    let mut out = Graph::new();
+    let mut out = KernelGraph::new();
     let mut map: HashMap<ValueId, ValueId> = HashMap::new();
     // (original value, dtype) -> the converted weight or the cast.
     let mut converted: HashMap<(ValueId, DType), ValueId> = HashMap::new();
@@ -215,7 +215,7 @@ pub fn run(g: &mut Graph, opts: &Options) -> Result<Stats, IrError> {
                     .iter()
                     .map(|u| out.ty(map[u]).dtype)
                     .find(|d| d.is_float())
-                    .filter(|_| matches!(node.op, Op::Concat { .. } | Op::ConcatInPlace { .. })),
+                    .filter(|_| matches!(node.op, KernelOp::Op(Op::Concat { .. }) | KernelOp::ConcatInPlace { .. })),
                 None => None,
             };
             // Convolutions and GEMMs can convert their first operand as they

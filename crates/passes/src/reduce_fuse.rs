@@ -3,7 +3,7 @@
 //! reduction computes the expression on the fly and the intermediate never
 //! reaches memory (DenseNet's final BatchNorm + ReLU into its pooling).
 
-use smelt_ir::{Expr, Graph, IrError, NodeId, Op, ValueId};
+use smelt_ir::{Expr, IrError, KernelGraph, KernelOp, NodeId, OpSet, ValueId};
 use std::collections::{HashMap, HashSet};
 
 /// What the pass did.
@@ -14,20 +14,19 @@ pub struct Stats {
 }
 
 /// Fuses elementwise producers into the reductions of `g`.
-pub fn run(g: &mut Graph) -> Result<Stats, IrError> {
+pub fn run(g: &mut KernelGraph) -> Result<Stats, IrError> {
     let outputs: HashSet<NodeId> = g.outputs().iter().map(|(_, v)| v.node).collect();
     // reduction -> its producer, when the producer can be absorbed.
     let mut absorb: HashMap<NodeId, NodeId> = HashMap::new();
     for id in g.node_ids() {
-        let op = &g.node(id).op;
-        if !op.is_fusable_reduction() {
+        if !g.node(id).op.semantic().is_some_and(|op| op.is_fusable_reduction()) {
             continue;
         }
         let x = g.inputs_of(id)[0];
         let p = g.node(x.node);
         let float_inputs = g.inputs_of(x.node).iter().all(|v| g.ty(*v).dtype.is_float()) && p.outputs[0].dtype.is_float();
         if float_inputs
-            && Expr::of_op(&p.op, g.inputs_of(x.node).len()).is_some()
+            && Expr::of_kernel(&p.op, g.inputs_of(x.node).len()).is_some()
             && g.users_of(x.node).len() == 1
             && !outputs.contains(&x.node)
         {
@@ -35,7 +34,7 @@ pub fn run(g: &mut Graph) -> Result<Stats, IrError> {
         }
     }
     let absorbed: HashSet<NodeId> = absorb.values().copied().collect();
-    let mut out = Graph::new();
+    let mut out = KernelGraph::new();
     let mut map: HashMap<ValueId, ValueId> = HashMap::new();
     for id in g.topo_order()? {
         if absorbed.contains(&id) {
@@ -45,9 +44,10 @@ pub fn run(g: &mut Graph) -> Result<Stats, IrError> {
         let new = match absorb.get(&id) {
             Some(&p) => {
                 let pins = g.inputs_of(p);
-                let expr = Expr::of_op(&g.node(p).op, pins.len()).expect("checked above");
+                let expr = Expr::of_kernel(&g.node(p).op, pins.len()).expect("checked above");
+                let reduction = node.op.semantic().cloned().expect("a semantic reduction, checked above");
                 let ins: Vec<ValueId> = pins.iter().map(|v| map[v]).collect();
-                out.add(Op::FusedReduction { expr, reduction: Box::new(node.op.clone()) }, node.name.clone(), &ins)?
+                out.add(KernelOp::FusedReduction { expr, reduction: Box::new(reduction) }, node.name.clone(), &ins)?
             }
             None => {
                 let ins: Vec<ValueId> = g.inputs_of(id).iter().map(|v| map[v]).collect();

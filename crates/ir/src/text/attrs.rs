@@ -2,6 +2,7 @@
 //! from the text format's attribute lists.
 
 use crate::dtype::DType;
+use crate::kernel_op::KernelOp;
 use crate::op::{BinaryOp, Conv, Op, PadMode, Pool, ReduceOp, UnaryOp};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -91,18 +92,6 @@ pub fn attrs_of(op: &Op) -> Vec<(&'static str, Attr)> {
             vec![("size", Int(*size as i64)), ("alpha", Float(*alpha)), ("beta", Float(*beta)), ("bias", Float(*bias))]
         }
         Op::Cast { to } => vec![("to", DType(*to))],
-        Op::FusedConv { conv: c, bias, residual, act } => {
-            let mut a = attrs_of(&Op::Conv(c.clone()));
-            a.extend([("bias", Bool(*bias)), ("residual", Bool(*residual)), ("act", Str(act.to_string()))]);
-            a
-        }
-        Op::FusedGemm { trans_a, trans_b, alpha, beta, act } => {
-            let mut a = attrs_of(&Op::Gemm { trans_a: *trans_a, trans_b: *trans_b, alpha: *alpha, beta: *beta });
-            a.push(("act", Str(act.to_string())));
-            a
-        }
-        Op::Elementwise { expr } => vec![("expr", Str(expr.to_string()))],
-        Op::ConcatInPlace { axis } => vec![("axis", Int(*axis as i64))],
         Op::Pad { pads, mode } => {
             let mut a = vec![("pads", ints(pads))];
             match mode {
@@ -114,11 +103,6 @@ pub fn attrs_of(op: &Op) -> Vec<(&'static str, Attr)> {
         }
         Op::Expand { shape } => vec![("shape", ints(shape))],
         Op::Tile { repeats } => vec![("repeats", ints(repeats))],
-        Op::FusedReduction { expr, reduction } => {
-            let mut a = vec![("expr", Str(expr.to_string())), ("reduction", Str(reduction.name().to_string()))];
-            a.extend(attrs_of(reduction));
-            a
-        }
         Op::Input | Op::Constant | Op::Binary(_) | Op::Sum | Op::GlobalAveragePool | Op::MatMul | Op::Dropout | Op::Identity => vec![],
     }
 }
@@ -194,16 +178,6 @@ pub fn op_from(name: &str, mut a: Attrs) -> Result<Op, String> {
         "input" => Ok(Op::Input),
         "const" => Ok(Op::Constant),
         "conv" => Ok(Op::Conv(a.conv()?)),
-        "fused_conv" => Ok(Op::FusedConv { conv: a.conv()?, bias: a.bool("bias")?, residual: a.bool("residual")?, act: a.parsed("act")? }),
-        "fused_gemm" => Ok(Op::FusedGemm {
-            trans_a: a.bool("trans_a")?,
-            trans_b: a.bool("trans_b")?,
-            alpha: a.float("alpha")?,
-            beta: a.float("beta")?,
-            act: a.parsed("act")?,
-        }),
-        "elementwise" => Ok(Op::Elementwise { expr: a.parsed("expr")? }),
-        "concat_in_place" => Ok(Op::ConcatInPlace { axis: a.usize("axis")? }),
         "pad" => {
             let pads = a.usizes("pads")?;
             let mode = match a.take("mode")? {
@@ -217,19 +191,6 @@ pub fn op_from(name: &str, mut a: Attrs) -> Result<Op, String> {
         "expand" => Ok(Op::Expand { shape: a.usizes("shape")? }),
         "tile" => Ok(Op::Tile { repeats: a.usizes("repeats")? }),
         "gather" => Ok(Op::Gather { axis: a.usize("axis")? }),
-        "fused_reduction" => {
-            let expr = a.parsed("expr")?;
-            let inner = match a.take("reduction")? {
-                Attr::Str(n) => n,
-                x => return Err(format!("attribute reduction={x} must be a string")),
-            };
-            // The reduction's own attributes are the rest.
-            let reduction = op_from(&inner, Attrs(std::mem::take(&mut a.0)))?;
-            if !reduction.is_fusable_reduction() {
-                return Err(format!("{inner} cannot take an elementwise prologue"));
-            }
-            Ok(Op::FusedReduction { expr, reduction: Box::new(reduction) })
-        }
         "batch_norm" => Ok(Op::BatchNorm { epsilon: a.float("epsilon")? }),
         name if UnaryOp::by_name(name).is_some() => {
             let u = UnaryOp::by_name(name).expect("just found");
@@ -279,8 +240,73 @@ pub fn op_from(name: &str, mut a: Attrs) -> Result<Op, String> {
             Attr::DType(to) => Ok(Op::Cast { to }),
             x => Err(format!("attribute to={x} must be a dtype")),
         },
+        "fused_conv" | "fused_gemm" | "elementwise" | "fused_reduction" | "concat_in_place" => {
+            Err(format!("{name} is a kernel-level op (made by fusion), not an op of a model"))
+        }
         _ => Err(format!("unknown op {name}")),
     }?;
+    if let Some(k) = a.0.keys().next() {
+        return Err(format!("unknown attribute {k} for {name}"));
+    }
+    Ok(op)
+}
+
+/// The attributes of a kernel-level op, in printing order.
+pub fn kernel_attrs_of(op: &KernelOp) -> Vec<(&'static str, Attr)> {
+    use Attr::*;
+    match op {
+        KernelOp::Op(op) => attrs_of(op),
+        KernelOp::FusedConv { conv: c, bias, residual, act } => {
+            let mut a = attrs_of(&Op::Conv(c.clone()));
+            a.extend([("bias", Bool(*bias)), ("residual", Bool(*residual)), ("act", Str(act.to_string()))]);
+            a
+        }
+        KernelOp::FusedGemm { trans_a, trans_b, alpha, beta, act } => {
+            let mut a = attrs_of(&Op::Gemm { trans_a: *trans_a, trans_b: *trans_b, alpha: *alpha, beta: *beta });
+            a.push(("act", Str(act.to_string())));
+            a
+        }
+        KernelOp::Elementwise { expr } => vec![("expr", Str(expr.to_string()))],
+        KernelOp::ConcatInPlace { axis } => vec![("axis", Int(*axis as i64))],
+        KernelOp::FusedReduction { expr, reduction } => {
+            let mut a = vec![("expr", Str(expr.to_string())), ("reduction", Str(reduction.name().to_string()))];
+            a.extend(attrs_of(reduction));
+            a
+        }
+    }
+}
+
+/// Builds the kernel-level op named `name` from its attributes: a form
+/// fusion makes, or a semantic op.
+pub fn kernel_op_from(name: &str, mut a: Attrs) -> Result<KernelOp, String> {
+    let op = match name {
+        "fused_conv" => {
+            KernelOp::FusedConv { conv: a.conv()?, bias: a.bool("bias")?, residual: a.bool("residual")?, act: a.parsed("act")? }
+        }
+        "fused_gemm" => KernelOp::FusedGemm {
+            trans_a: a.bool("trans_a")?,
+            trans_b: a.bool("trans_b")?,
+            alpha: a.float("alpha")?,
+            beta: a.float("beta")?,
+            act: a.parsed("act")?,
+        },
+        "elementwise" => KernelOp::Elementwise { expr: a.parsed("expr")? },
+        "concat_in_place" => KernelOp::ConcatInPlace { axis: a.usize("axis")? },
+        "fused_reduction" => {
+            let expr = a.parsed("expr")?;
+            let inner = match a.take("reduction")? {
+                Attr::Str(n) => n,
+                x => return Err(format!("attribute reduction={x} must be a string")),
+            };
+            // The reduction's own attributes are the rest.
+            let reduction = op_from(&inner, Attrs(std::mem::take(&mut a.0)))?;
+            if !reduction.is_fusable_reduction() {
+                return Err(format!("{inner} cannot take an elementwise prologue"));
+            }
+            KernelOp::FusedReduction { expr, reduction: Box::new(reduction) }
+        }
+        _ => return op_from(name, a).map(KernelOp::Op),
+    };
     if let Some(k) = a.0.keys().next() {
         return Err(format!("unknown attribute {k} for {name}"));
     }

@@ -19,13 +19,13 @@ mod attrs;
 mod parse;
 mod print;
 
-pub use attrs::Attr;
+pub use attrs::{attrs_of, kernel_attrs_of, kernel_op_from, op_from, Attr, Attrs};
 
 /// The op named `name` when it takes no attributes (`relu`, `add`...).
 pub fn op_by_name(name: &str) -> Option<crate::Op> {
     attrs::op_from(name, attrs::Attrs(Default::default())).ok()
 }
-pub use parse::parse;
+pub use parse::{parse, parse_as, parse_kernel};
 pub use print::print;
 
 /// Constants with at most this many elements print their values inline.

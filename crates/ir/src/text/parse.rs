@@ -1,9 +1,10 @@
 //! The parser: one statement per line.
 
-use super::attrs::{op_from, Attr, Attrs};
+use super::attrs::{Attr, Attrs};
 use crate::dtype::{DType, TensorType};
 use crate::error::IrError;
 use crate::graph::{Graph, Node, NodeId, ValueId};
+use crate::kernel_op::{KernelGraph, OpSet};
 use crate::op::Op;
 use crate::tensor::{Tensor, TensorData};
 use half::{bf16, f16};
@@ -172,10 +173,10 @@ impl Cursor {
     }
 }
 
-struct Stmt {
+struct Stmt<O> {
     line: usize,
     name: String,
-    op: Op,
+    op: O,
     inputs: Vec<(usize, u32)>,
     outputs: Vec<TensorType>,
     values: Option<Vec<String>>,
@@ -198,9 +199,20 @@ fn values_tensor(ty: &TensorType, vals: &[String]) -> Result<Tensor, String> {
     Ok(Tensor::new(ty.shape.clone(), data).expect("count checked above"))
 }
 
-/// Parses a graph in the text format and verifies it.
+/// Parses a graph of semantic ops in the text format and verifies it.
 pub fn parse(text: &str) -> Result<Graph, IrError> {
-    let mut stmts: BTreeMap<usize, Stmt> = BTreeMap::new();
+    parse_as(text)
+}
+
+/// Parses a kernel-level graph (what `--dump-ir` prints after fusion) and
+/// verifies it.
+pub fn parse_kernel(text: &str) -> Result<KernelGraph, IrError> {
+    parse_as(text)
+}
+
+/// Parses a graph of either level ([`parse`], [`parse_kernel`]) and verifies it.
+pub fn parse_as<O: OpSet>(text: &str) -> Result<Graph<O>, IrError> {
+    let mut stmts: BTreeMap<usize, Stmt<O>> = BTreeMap::new();
     let mut input_order = Vec::new();
     let mut outputs: Vec<(usize, String, (usize, u32))> = Vec::new();
     let (mut opened, mut closed) = (false, false);
@@ -252,8 +264,8 @@ pub fn parse(text: &str) -> Result<Graph, IrError> {
             Some(Tok::Value(n, 0)) => {
                 let n = *n;
                 c.pos += 1;
-                let stmt = parse_node(&mut c, line).map_err(err)?;
-                if stmt.op == Op::Input {
+                let stmt: Stmt<O> = parse_node(&mut c, line).map_err(err)?;
+                if stmt.op.is_input() {
                     input_order.push(n);
                 }
                 if stmts.insert(n, stmt).is_some() {
@@ -269,7 +281,7 @@ pub fn parse(text: &str) -> Result<Graph, IrError> {
     build(stmts, input_order, outputs)
 }
 
-fn parse_node(c: &mut Cursor, line: usize) -> Result<Stmt, String> {
+fn parse_node<O: OpSet>(c: &mut Cursor, line: usize) -> Result<Stmt<O>, String> {
     let name = match c.peek() {
         Some(Tok::Str(s)) => {
             let s = s.clone();
@@ -306,7 +318,7 @@ fn parse_node(c: &mut Cursor, line: usize) -> Result<Stmt, String> {
             }
         }
     }
-    let op = op_from(&opname, Attrs(attrs))?;
+    let op = O::from_attrs(&opname, Attrs(attrs))?;
     c.expect(':')?;
     let mut outputs = vec![c.ty()?];
     while c.eat(',') {
@@ -314,16 +326,20 @@ fn parse_node(c: &mut Cursor, line: usize) -> Result<Stmt, String> {
     }
     let values = if c.eat('=') { Some(c.num_list()?) } else { None };
     c.done()?;
-    if values.is_some() && op != Op::Constant {
+    if values.is_some() && !op.is_constant() {
         return Err("only constants take values".into());
     }
-    if matches!(op, Op::Input | Op::Constant) && name.is_empty() {
+    if (op.is_input() || op.is_constant()) && name.is_empty() {
         return Err(format!("{opname} needs a name"));
     }
     Ok(Stmt { line, name, op, inputs, outputs, values })
 }
 
-fn build(stmts: BTreeMap<usize, Stmt>, input_order: Vec<usize>, outputs: Vec<(usize, String, (usize, u32))>) -> Result<Graph, IrError> {
+fn build<O: OpSet>(
+    stmts: BTreeMap<usize, Stmt<O>>,
+    input_order: Vec<usize>,
+    outputs: Vec<(usize, String, (usize, u32))>,
+) -> Result<Graph<O>, IrError> {
     let mut g = Graph::new();
     let max = stmts.keys().next_back().copied();
     if max.is_some_and(|m| m > stmts.len() * 4 + 1024) {
@@ -338,7 +354,7 @@ fn build(stmts: BTreeMap<usize, Stmt>, input_order: Vec<usize>, outputs: Vec<(us
             Some(s) => {
                 ids.insert(n, g.add_raw(Node { op: s.op.clone(), name: s.name.clone(), outputs: s.outputs.clone() }));
             }
-            None if max.is_some() => holes.push(g.add_raw(Node { op: Op::Identity, name: String::new(), outputs: vec![] })),
+            None if max.is_some() => holes.push(g.add_raw(Node { op: O::from_op(Op::Identity), name: String::new(), outputs: vec![] })),
             None => {}
         }
     }

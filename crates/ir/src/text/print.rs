@@ -1,14 +1,13 @@
 //! The printer.
 
-use super::attrs::attrs_of;
 use super::INLINE_LIMIT;
 use crate::graph::Graph;
-use crate::op::Op;
+use crate::kernel_op::OpSet;
 use crate::tensor::TensorData;
 use std::fmt::Write;
 
 /// Prints `g` in the text format.
-pub fn print(g: &Graph) -> String {
+pub fn print<O: OpSet>(g: &Graph<O>) -> String {
     let mut s = String::from("graph {\n");
     // A graph with a cycle cannot be printed in order; fall back to index order.
     let order = g.topo_order().unwrap_or_else(|_| g.node_ids().collect());
@@ -24,14 +23,14 @@ pub fn print(g: &Graph) -> String {
             let list: Vec<String> = ins.iter().map(|v| v.to_string()).collect();
             write!(s, "({})", list.join(", ")).unwrap();
         }
-        let attrs = attrs_of(&n.op);
+        let attrs = n.op.attrs();
         if !attrs.is_empty() {
             let list: Vec<String> = attrs.iter().map(|(k, v)| format!("{k}={v}")).collect();
             write!(s, " {{{}}}", list.join(", ")).unwrap();
         }
         let tys: Vec<String> = n.outputs.iter().map(|t| t.to_string()).collect();
         write!(s, " : {}", tys.join(", ")).unwrap();
-        if n.op == Op::Constant {
+        if n.op.is_constant() {
             if let Some(w) = g.weight(id).filter(|w| w.ty().numel() <= INLINE_LIMIT) {
                 let vals: Vec<String> = match w.data() {
                     TensorData::F32(v) => v.iter().map(|x| format!("{x:?}")).collect(),

@@ -2,7 +2,7 @@
 
 use super::lang::{attr_of, symbol_of, AttrEntry, AttrRef, Fl, FusionAnalysis, Origin, ValInfo, ValRef};
 use egg::{EGraph, Id, Symbol};
-use smelt_ir::{text::op_by_name, Act, Conv, Graph, IrError, NodeId, Op, ValueId};
+use smelt_ir::{text::op_by_name, Act, Conv, Graph, IrError, KernelGraph, KernelOp, NodeId, Op, OpSet, ValueId};
 use std::collections::HashMap;
 
 /// A graph encoded in an e-graph.
@@ -110,7 +110,7 @@ pub fn decode(
     outputs: &[(String, Id)],
     names: HashMap<Id, String>,
     original: &Graph,
-) -> Result<Graph, IrError> {
+) -> Result<KernelGraph, IrError> {
     // Classes merged during saturation: keep the name of the earliest node.
     let mut canon: HashMap<Id, String> = HashMap::new();
     let mut sorted: Vec<_> = names.into_iter().collect();
@@ -118,7 +118,8 @@ pub fn decode(
     for (id, name) in sorted {
         canon.entry(eg.find(id)).or_insert(name);
     }
-    let mut d = Decoder { eg, choice, names: &canon, g: Graph::new(), memo: HashMap::new(), vals: HashMap::new(), inputs: HashMap::new() };
+    let mut d =
+        Decoder { eg, choice, names: &canon, g: KernelGraph::new(), memo: HashMap::new(), vals: HashMap::new(), inputs: HashMap::new() };
     // Graph inputs first, in their original order.
     for &i in original.inputs() {
         let n = original.node(i);
@@ -137,7 +138,7 @@ struct Decoder<'a> {
     eg: &'a EGraph<Fl, FusionAnalysis>,
     choice: &'a HashMap<Id, Fl>,
     names: &'a HashMap<Id, String>,
-    g: Graph,
+    g: KernelGraph,
     memo: HashMap<Id, ValueId>,
     vals: HashMap<ValRef, ValueId>,
     inputs: HashMap<NodeId, ValueId>,
@@ -173,7 +174,7 @@ impl Decoder<'_> {
         }
     }
 
-    fn node(&mut self, id: Id, op: Op, ins: &[Id]) -> Result<ValueId, IrError> {
+    fn node(&mut self, id: Id, op: impl Into<KernelOp>, ins: &[Id]) -> Result<ValueId, IrError> {
         let vs = ins.iter().map(|&c| self.value(c)).collect::<Result<Vec<_>, _>>()?;
         let name = self.names.get(&self.eg.find(id)).cloned().unwrap_or_default();
         let n = self.g.add(op, name, &vs)?;
@@ -211,8 +212,11 @@ impl Decoder<'_> {
                 let mut ins = vec![*x, *w];
                 ins.extend(has_b.then_some(*b));
                 ins.extend(has_r.then_some(*r));
-                let op =
-                    if !has_r && act == Act::None { Op::Conv(conv) } else { Op::FusedConv { conv, bias: has_b, residual: has_r, act } };
+                let op = if !has_r && act == Act::None {
+                    KernelOp::Op(Op::Conv(conv))
+                } else {
+                    KernelOp::FusedConv { conv, bias: has_b, residual: has_r, act }
+                };
                 self.node(id, op, &ins)?
             }
             Fl::Bn([e, x, s, b, m, v]) => {
@@ -225,9 +229,9 @@ impl Decoder<'_> {
                 let mut ins = vec![*a, *b];
                 ins.extend((!self.is_none(*c)).then_some(*c));
                 let op = if act == Act::None {
-                    Op::Gemm { trans_a, trans_b, alpha, beta }
+                    KernelOp::Op(Op::Gemm { trans_a, trans_b, alpha, beta })
                 } else {
-                    Op::FusedGemm { trans_a, trans_b, alpha, beta, act }
+                    KernelOp::FusedGemm { trans_a, trans_b, alpha, beta, act }
                 };
                 self.node(id, op, &ins)?
             }

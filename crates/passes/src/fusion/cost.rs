@@ -19,6 +19,7 @@
 
 use super::lang::{attr_of, AttrEntry, Data, Fl, FusionAnalysis};
 use egg::{EGraph, Id, Language};
+use smelt_ir::OpSet;
 use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 

@@ -14,7 +14,7 @@ pub mod rules;
 
 use crate::PassError;
 use egg::{Runner, SimpleScheduler};
-use smelt_ir::Graph;
+use smelt_ir::{Graph, KernelGraph, OpSet};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -57,8 +57,8 @@ pub struct Stats {
     pub millis: f64,
 }
 
-/// Fuses `graph` in place.
-pub fn run(graph: &mut Graph, limits: &Limits) -> Result<Stats, PassError> {
+/// Fuses `graph`: the semantic graph in, the kernel graph out.
+pub fn run(graph: &Graph, limits: &Limits) -> Result<(KernelGraph, Stats), PassError> {
     let t = Instant::now();
     let bug = |source| PassError::Bug { pass: "fuse", source };
     let convert::Encoded { egraph, outputs, names, ops_before } = convert::encode(graph).map_err(bug)?;
@@ -86,6 +86,5 @@ pub fn run(graph: &mut Graph, limits: &Limits) -> Result<Stats, PassError> {
     let fused = convert::decode(&runner.egraph, &choice, &outputs, names, graph).map_err(bug)?;
     stats.kernels_after = fused.node_ids().filter(|&n| fused.node(n).op.is_kernel()).count();
     stats.millis = t.elapsed().as_secs_f64() * 1e3;
-    *graph = fused;
-    Ok(stats)
+    Ok((fused, stats))
 }

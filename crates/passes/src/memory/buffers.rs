@@ -15,7 +15,7 @@
 //! Graph inputs are never overwritten; graph outputs live until the end.
 
 use smelt_ir::traits::InPlace;
-use smelt_ir::{Graph, NodeId, Op, ValueId};
+use smelt_ir::{KernelGraph, KernelOp, NodeId, OpSet, ValueId};
 use std::collections::HashMap;
 
 /// A buffer: bytes `[offset, offset + size)` of the arena, live from step
@@ -69,14 +69,14 @@ struct Group {
 /// Whether concatenation `id` can alias its inputs into its slices: distinct
 /// inputs, none a constant or graph input, each group holding only
 /// full-range values (not already a slice of something else).
-fn aliasable(g: &Graph, id: NodeId, ins: &[ValueId], rel: &Places, groups: &[Group]) -> bool {
+fn aliasable(g: &KernelGraph, id: NodeId, ins: &[ValueId], rel: &Places, groups: &[Group]) -> bool {
     let distinct: std::collections::HashSet<_> = ins.iter().collect();
     // Only where every slice is one contiguous interval (the product of the
     // dims before the axis is 1, e.g. channels at batch 1): kernels write
     // their output densely. At batch > 1 the concatenation is a copy; on the
     // light models at batch 8 this costs no arena bytes.
     let contiguous = match g.node(id).op {
-        Op::ConcatInPlace { axis } => g.node(id).outputs[0].shape[..axis].iter().product::<usize>() == 1,
+        KernelOp::ConcatInPlace { axis } => g.node(id).outputs[0].shape[..axis].iter().product::<usize>() == 1,
         _ => true,
     };
     contiguous
@@ -95,7 +95,7 @@ fn aliasable(g: &Graph, id: NodeId, ins: &[ValueId], rel: &Places, groups: &[Gro
 /// In-place concatenations listed in `copied` are planned as copies, and so
 /// is any that cannot alias its inputs; the third result lists them all.
 pub fn build(
-    g: &Graph,
+    g: &KernelGraph,
     schedule: &[NodeId],
     copied: &std::collections::HashSet<NodeId>,
 ) -> (Vec<Buffer>, HashMap<ValueId, Rel>, std::collections::HashSet<NodeId>) {
@@ -133,11 +133,11 @@ pub fn build(
                 }
                 continue;
             }
-            groups.push(Group { members: vec![v], start: t, end, input: node.op == Op::Input });
+            groups.push(Group { members: vec![v], start: t, end, input: node.op.is_input() });
             rel.insert(v, (groups.len() - 1, vec![(0, bytes(v))]));
         }
         match &node.op {
-            Op::ConcatInPlace { axis } if !copied.contains(&id) && aliasable(g, id, &ins, &rel, &groups) => {
+            KernelOp::ConcatInPlace { axis } if !copied.contains(&id) && aliasable(g, id, &ins, &rel, &groups) => {
                 // Move each input into its slice of the output.
                 let v = ValueId { node: id, slot: 0 };
                 let gr = rel[&v].0;
@@ -167,7 +167,7 @@ pub fn build(
                     }
                 }
             }
-            Op::ConcatInPlace { .. } => {
+            KernelOp::ConcatInPlace { .. } => {
                 copies.insert(id);
             }
             op if op.traits().in_place != InPlace::No => {

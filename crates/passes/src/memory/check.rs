@@ -16,7 +16,7 @@
 
 use super::Plan;
 use smelt_ir::traits::InPlace;
-use smelt_ir::{Graph, NodeId, Op, ValueId};
+use smelt_ir::{KernelGraph, KernelOp, NodeId, OpSet, ValueId};
 use std::collections::{HashMap, HashSet};
 
 /// Sorted intervals with adjacent ones merged.
@@ -37,7 +37,7 @@ fn overlap(a: &[(usize, usize)], b: &[(usize, usize)]) -> bool {
 }
 
 /// Checks `plan` for `g`; the error says which values collide and where.
-pub fn check(g: &Graph, plan: &Plan) -> Result<(), String> {
+pub fn check(g: &KernelGraph, plan: &Plan) -> Result<(), String> {
     let name = |v: ValueId| format!("{v} \"{}\" ({})", g.node(v.node).name, g.node(v.node).op.name());
     // 1. The schedule.
     let step: HashMap<NodeId, usize> = plan.schedule.iter().enumerate().map(|(i, &n)| (n, i)).collect();
@@ -46,16 +46,16 @@ pub fn check(g: &Graph, plan: &Plan) -> Result<(), String> {
     }
     for id in g.node_ids() {
         let op = &g.node(id).op;
-        if *op != Op::Constant && !step.contains_key(&id) {
+        if !op.is_constant() && !step.contains_key(&id) {
             return Err(format!("{id} is never scheduled"));
         }
-        if *op == Op::Constant && step.contains_key(&id) {
+        if op.is_constant() && step.contains_key(&id) {
             return Err(format!("constant {id} is scheduled"));
         }
     }
     for &id in &plan.schedule {
         for v in g.inputs_of(id) {
-            if g.node(v.node).op != Op::Constant && step[&v.node] >= step[&id] {
+            if !g.node(v.node).op.is_constant() && step[&v.node] >= step[&id] {
                 return Err(format!("{id} runs before its operand {}", name(v)));
             }
         }
@@ -64,7 +64,7 @@ pub fn check(g: &Graph, plan: &Plan) -> Result<(), String> {
     let mut constant = HashSet::new();
     for &id in &plan.schedule {
         let node = g.node(id);
-        if node.op.is_view() && g.inputs_of(id).first().is_some_and(|s| g.node(s.node).op == Op::Constant || constant.contains(s)) {
+        if node.op.is_view() && g.inputs_of(id).first().is_some_and(|s| g.node(s.node).op.is_constant() || constant.contains(s)) {
             constant.insert(ValueId { node: id, slot: 0 });
         }
     }
@@ -87,7 +87,7 @@ pub fn check(g: &Graph, plan: &Plan) -> Result<(), String> {
                 return Err(format!("view {} is not placed on its source", name(v)));
             }
         }
-        if let (Op::ConcatInPlace { axis }, false) = (&node.op, plan.copied_concats.contains(&id)) {
+        if let (KernelOp::ConcatInPlace { axis }, false) = (&node.op, plan.copied_concats.contains(&id)) {
             let axis = *axis;
             let out = ValueId { node: id, slot: 0 };
             let base = match place(out) {
@@ -117,8 +117,8 @@ pub fn check(g: &Graph, plan: &Plan) -> Result<(), String> {
     let mut writers_memo: HashMap<ValueId, Vec<ValueId>> = HashMap::new();
     // An in-place concatenation is written by its inputs' producers, unless
     // the plan copies it.
-    let aliased = |id: NodeId| matches!(g.node(id).op, Op::ConcatInPlace { .. }) && !plan.copied_concats.contains(&id);
-    fn writers(g: &Graph, v: ValueId, aliased: &dyn Fn(NodeId) -> bool, memo: &mut HashMap<ValueId, Vec<ValueId>>) -> Vec<ValueId> {
+    let aliased = |id: NodeId| matches!(g.node(id).op, KernelOp::ConcatInPlace { .. }) && !plan.copied_concats.contains(&id);
+    fn writers(g: &KernelGraph, v: ValueId, aliased: &dyn Fn(NodeId) -> bool, memo: &mut HashMap<ValueId, Vec<ValueId>>) -> Vec<ValueId> {
         if let Some(w) = memo.get(&v) {
             return w.clone();
         }
@@ -148,10 +148,10 @@ pub fn check(g: &Graph, plan: &Plan) -> Result<(), String> {
     let mut reads: Vec<(ValueId, usize)> = Vec::new();
     for &id in &plan.schedule {
         reads.extend(
-            g.inputs_of(id).into_iter().filter(|v| !constant.contains(v) && g.node(v.node).op != Op::Constant).map(|v| (v, 2 * step[&id])),
+            g.inputs_of(id).into_iter().filter(|v| !constant.contains(v) && !g.node(v.node).op.is_constant()).map(|v| (v, 2 * step[&id])),
         );
     }
-    reads.extend(g.outputs().iter().filter(|(_, v)| !constant.contains(v) && g.node(v.node).op != Op::Constant).map(|(_, v)| (*v, end)));
+    reads.extend(g.outputs().iter().filter(|(_, v)| !constant.contains(v) && !g.node(v.node).op.is_constant()).map(|(_, v)| (*v, end)));
     for &(v, t) in &reads {
         for w in writers(g, v, &aliased, &mut writers_memo) {
             let l = life.get_mut(&w).expect("every writer has a lifetime");
@@ -191,8 +191,7 @@ pub fn check(g: &Graph, plan: &Plan) -> Result<(), String> {
     for &id in &plan.schedule {
         let t = step[&id];
         let node = g.node(id);
-        let ins: Vec<ValueId> =
-            g.inputs_of(id).into_iter().filter(|v| !constant.contains(v) && g.node(v.node).op != Op::Constant).collect();
+        let ins: Vec<ValueId> = g.inputs_of(id).into_iter().filter(|v| !constant.contains(v) && !g.node(v.node).op.is_constant()).collect();
         for &u in &ins {
             check_read(u, t, &log, &when, &mut writers_memo)?;
         }
@@ -224,7 +223,7 @@ pub fn check(g: &Graph, plan: &Plan) -> Result<(), String> {
         }
     }
     for (_, v) in g.outputs() {
-        if !constant.contains(v) && g.node(v.node).op != Op::Constant {
+        if !constant.contains(v) && !g.node(v.node).op.is_constant() {
             check_read(*v, plan.schedule.len(), &log, &when, &mut writers_memo)?;
         }
     }

@@ -9,7 +9,7 @@ mod buffers;
 pub mod check;
 mod schedule;
 
-use smelt_ir::{Graph, NodeId, ValueId};
+use smelt_ir::{KernelGraph, KernelOp, NodeId, ValueId};
 use std::collections::{HashMap, HashSet};
 
 pub use buffers::Buffer;
@@ -78,19 +78,19 @@ impl Plan {
 
 /// Plans `g`: tries every schedule, keeps the one with the lowest liveness
 /// lower bound, then assigns offsets trying several orders.
-pub fn plan(g: &Graph) -> Result<Plan, smelt_ir::IrError> {
+pub fn plan(g: &KernelGraph) -> Result<Plan, smelt_ir::IrError> {
     plan_with_hint(g, None)
 }
 
 /// The node names of a plan's schedule, in order: a hint for planning a
 /// fused version of the same graph.
-pub fn schedule_names(g: &Graph, plan: &Plan) -> Vec<String> {
+pub fn schedule_names(g: &KernelGraph, plan: &Plan) -> Vec<String> {
     plan.schedule.iter().map(|&n| g.node(n).name.clone()).collect()
 }
 
 /// As [`plan`], also trying a schedule that follows `hint` (node names in
 /// order, see [`schedule_names`]).
-pub fn plan_with_hint(g: &Graph, hint: Option<&[String]>) -> Result<Plan, smelt_ir::IrError> {
+pub fn plan_with_hint(g: &KernelGraph, hint: Option<&[String]>) -> Result<Plan, smelt_ir::IrError> {
     struct Best {
         name: String,
         order: Vec<NodeId>,
@@ -106,7 +106,7 @@ pub fn plan_with_hint(g: &Graph, hint: Option<&[String]>) -> Result<Plan, smelt_
         let (peak, lb) = live.iter().copied().enumerate().max_by_key(|&(i, b)| (b, std::cmp::Reverse(i))).unwrap_or((0, 0));
         (bufs, rel, lb, peak, copies)
     };
-    let concats: Vec<NodeId> = g.node_ids().filter(|&n| matches!(g.node(n).op, smelt_ir::Op::ConcatInPlace { .. })).collect();
+    let concats: Vec<NodeId> = g.node_ids().filter(|&n| matches!(g.node(n).op, KernelOp::ConcatInPlace { .. })).collect();
     let mut best: Option<Best> = None;
     let mut candidates = Vec::new();
     for (name, order) in schedule::candidates(g, hint)? {

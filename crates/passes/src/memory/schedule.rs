@@ -3,14 +3,14 @@
 //! The planner keeps the one with the lowest simulated peak, as XLA's
 //! memory scheduler does.
 
-use smelt_ir::{Graph, IrError, NodeId, Op};
+use smelt_ir::{IrError, KernelGraph, NodeId, OpSet};
 use std::collections::{HashMap, HashSet};
 
 /// Every candidate schedule, by name. Each lists inputs first, then every
 /// other non-constant node in a topological order.
-pub fn candidates(g: &Graph, hint: Option<&[String]>) -> Result<Vec<(&'static str, Vec<NodeId>)>, IrError> {
+pub fn candidates(g: &KernelGraph, hint: Option<&[String]>) -> Result<Vec<(&'static str, Vec<NodeId>)>, IrError> {
     let topo = g.topo_order()?;
-    let keep = |id: &NodeId| !matches!(g.node(*id).op, Op::Constant | Op::Input);
+    let keep = |id: &NodeId| !(g.node(*id).op.is_constant() || g.node(*id).op.is_input());
     let inputs: Vec<NodeId> = g.inputs().to_vec();
     let with_inputs = |v: Vec<NodeId>| inputs.iter().copied().chain(v).collect::<Vec<_>>();
     let model: Vec<NodeId> = topo.iter().copied().filter(keep).collect();
@@ -30,7 +30,7 @@ pub fn candidates(g: &Graph, hint: Option<&[String]>) -> Result<Vec<(&'static st
 /// of its name in the hint, or right after its latest operand when its name
 /// is not there. So the fused graph can always follow the unfused graph's
 /// schedule, and fusion never raises the peak.
-fn hinted(g: &Graph, nodes: &[NodeId], hint: &[String]) -> Vec<NodeId> {
+fn hinted(g: &KernelGraph, nodes: &[NodeId], hint: &[String]) -> Vec<NodeId> {
     let pos: HashMap<&str, usize> = hint.iter().enumerate().rev().map(|(i, n)| (n.as_str(), i)).collect();
     let set: HashSet<NodeId> = nodes.iter().copied().collect();
     let rank: HashMap<NodeId, usize> = nodes.iter().enumerate().map(|(i, &n)| (n, i)).collect();
@@ -63,7 +63,7 @@ fn hinted(g: &Graph, nodes: &[NodeId], hint: &[String]) -> Vec<NodeId> {
 
 /// Post-order from the outputs, visiting the operand with the largest
 /// subgraph first (so its big intermediates die before the others start).
-fn depth_first(g: &Graph, nodes: &[NodeId]) -> Vec<NodeId> {
+fn depth_first(g: &KernelGraph, nodes: &[NodeId]) -> Vec<NodeId> {
     let set: HashSet<NodeId> = nodes.iter().copied().collect();
     let mut size: HashMap<NodeId, usize> = HashMap::new();
     for &n in nodes {
@@ -97,7 +97,7 @@ fn depth_first(g: &Graph, nodes: &[NodeId]) -> Vec<NodeId> {
 
 /// Greedy list scheduling: among ready nodes, run the one whose execution
 /// frees the most bytes net of what it allocates; ties by model order.
-fn list(g: &Graph, nodes: &[NodeId]) -> Vec<NodeId> {
+fn list(g: &KernelGraph, nodes: &[NodeId]) -> Vec<NodeId> {
     let set: HashSet<NodeId> = nodes.iter().copied().collect();
     let rank: HashMap<NodeId, usize> = nodes.iter().enumerate().map(|(i, &n)| (n, i)).collect();
     let mut remaining_users: HashMap<NodeId, usize> = HashMap::new();

@@ -10,19 +10,23 @@ mod pool;
 
 use crate::RuntimeError;
 use half::{bf16, f16};
-use smelt_ir::{DType, Graph, NodeId, Op, Tensor, TensorData, TensorType, ValueId};
+use smelt_ir::{DType, Graph, KernelOp, NodeId, Op, OpSet, Tensor, TensorData, TensorType, ValueId};
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
 /// Runs `g` on `inputs` (one per graph input, in order); returns one tensor
 /// per graph output.
-pub fn run(g: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>, RuntimeError> {
+pub fn run<O: Eval>(g: &Graph<O>, inputs: &[Tensor]) -> Result<Vec<Tensor>, RuntimeError> {
     run_with_progress(g, inputs, &mut |_, _| {})
 }
 
 /// As [`run`], calling `progress(done, total)` after each node.
-pub fn run_with_progress(g: &Graph, inputs: &[Tensor], progress: &mut dyn FnMut(usize, usize)) -> Result<Vec<Tensor>, RuntimeError> {
+pub fn run_with_progress<O: Eval>(
+    g: &Graph<O>,
+    inputs: &[Tensor],
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Vec<Tensor>, RuntimeError> {
     run_keeping(g, inputs, &|_| false, progress).map(|(outs, _)| outs)
 }
 
@@ -31,8 +35,8 @@ pub type Kept = HashMap<ValueId, Arc<Tensor>>;
 
 /// As [`run`], also returning every value for which `keep` says yes (to
 /// check one kernel against the reference with the reference's inputs).
-pub fn run_keeping(
-    g: &Graph,
+pub fn run_keeping<O: Eval>(
+    g: &Graph<O>,
     inputs: &[Tensor],
     keep: &dyn Fn(ValueId) -> bool,
     progress: &mut dyn FnMut(usize, usize),
@@ -70,32 +74,30 @@ pub fn run_keeping(
     }
     for (done, &id) in order.iter().enumerate() {
         let node = g.node(id);
-        match node.op {
-            Op::Input => {}
-            Op::Constant => {
-                let w = g.weight(id).ok_or_else(|| RuntimeError::MissingWeight(node.name.clone()))?;
-                vals.insert(ValueId { node: id, slot: 0 }, w.clone());
-            }
-            _ => {
-                let ins = g.inputs_of(id);
-                let args: Vec<Arc<Tensor>> = ins.iter().map(|v| vals[v].clone()).collect();
-                let outs = eval(&node.op, &args, &node.outputs)
-                    .map_err(|msg| RuntimeError::Unsupported { node: format!("{id} \"{}\" ({})", node.name, node.op.name()), msg })?;
-                for (slot, t) in outs.into_iter().enumerate() {
-                    debug_assert_eq!(t.ty(), &node.outputs[slot], "{} produced the wrong type", node.op.name());
-                    let v = ValueId { node: id, slot: slot as u32 };
-                    let t = Arc::new(t);
-                    if keep(v) {
-                        kept.insert(v, t.clone());
-                    }
-                    vals.insert(v, t);
+        if node.op.is_constant() {
+            let w = g.weight(id).ok_or_else(|| RuntimeError::MissingWeight(node.name.clone()))?;
+            vals.insert(ValueId { node: id, slot: 0 }, w.clone());
+        } else if !node.op.is_input() {
+            let ins = g.inputs_of(id);
+            let args: Vec<Arc<Tensor>> = ins.iter().map(|v| vals[v].clone()).collect();
+            let outs = node
+                .op
+                .eval(&args, &node.outputs)
+                .map_err(|msg| RuntimeError::Unsupported { node: format!("{id} \"{}\" ({})", node.name, node.op.name()), msg })?;
+            for (slot, t) in outs.into_iter().enumerate() {
+                debug_assert_eq!(t.ty(), &node.outputs[slot], "{} produced the wrong type", node.op.name());
+                let v = ValueId { node: id, slot: slot as u32 };
+                let t = Arc::new(t);
+                if keep(v) {
+                    kept.insert(v, t.clone());
                 }
-                for v in ins {
-                    let u = uses.get_mut(&v.node).expect("counted");
-                    *u -= 1;
-                    if *u == 0 {
-                        vals.retain(|k, _| k.node != v.node);
-                    }
+                vals.insert(v, t);
+            }
+            for v in ins {
+                let u = uses.get_mut(&v.node).expect("counted");
+                *u -= 1;
+                if *u == 0 {
+                    vals.retain(|k, _| k.node != v.node);
                 }
             }
         }
@@ -125,6 +127,54 @@ pub(crate) fn tensor_of(ty: &TensorType, v: Vec<f32>) -> Tensor {
     Tensor::new(ty.shape.clone(), data).expect("kernels produce the inferred element count")
 }
 
+/// Ops the reference executor evaluates: semantic ops and kernels.
+pub trait Eval: OpSet {
+    /// The outputs of the op applied to `args`, of types `out`.
+    fn eval(&self, args: &[Arc<Tensor>], out: &[TensorType]) -> Result<Vec<Tensor>, String>;
+}
+
+impl Eval for Op {
+    fn eval(&self, args: &[Arc<Tensor>], out: &[TensorType]) -> Result<Vec<Tensor>, String> {
+        eval(self, args, out)
+    }
+}
+
+impl Eval for KernelOp {
+    fn eval(&self, args: &[Arc<Tensor>], out: &[TensorType]) -> Result<Vec<Tensor>, String> {
+        let o = &out[0];
+        let float = |v: Vec<f32>| Ok(vec![tensor_of(o, v)]);
+        match self {
+            KernelOp::Op(op) => eval(op, args, out),
+            KernelOp::ConcatInPlace { axis } => Ok(vec![layout::concat(args, *axis, o)]),
+            KernelOp::FusedConv { conv: c, bias, residual, act } => {
+                let b = if *bias { Some(args[2].as_ref()) } else { None };
+                let mut y = conv::conv(c, &args[0], &args[1], b, o)?;
+                if *residual {
+                    let r = f32s(args.last().expect("arity checked"));
+                    y.iter_mut().zip(r.iter()).for_each(|(y, r)| *y += r);
+                }
+                y.iter_mut().for_each(|v| *v = act.apply(*v));
+                float(y)
+            }
+            KernelOp::FusedGemm { trans_a, trans_b, alpha, beta, act } => {
+                let mut y = matmul::gemm(args, *trans_a, *trans_b, *alpha, *beta, o);
+                y.iter_mut().for_each(|v| *v = act.apply(*v));
+                float(y)
+            }
+            KernelOp::Elementwise { expr } => float(elementwise::fused(expr, args, &o.shape)),
+            KernelOp::FusedReduction { expr, reduction } => {
+                let pre_ty = smelt_ir::infer_kernel(
+                    &KernelOp::Elementwise { expr: expr.clone() },
+                    &args.iter().map(|a| a.ty()).collect::<Vec<_>>(),
+                )?
+                .remove(0);
+                let pre = tensor_of(&pre_ty, elementwise::fused(expr, args, &pre_ty.shape));
+                eval(reduction, &[Arc::new(pre)], out)
+            }
+        }
+    }
+}
+
 fn eval(op: &Op, args: &[Arc<Tensor>], out: &[TensorType]) -> Result<Vec<Tensor>, String> {
     let o = &out[0];
     let float = |v: Vec<f32>| Ok(vec![tensor_of(o, v)]);
@@ -150,29 +200,7 @@ fn eval(op: &Op, args: &[Arc<Tensor>], out: &[TensorType]) -> Result<Vec<Tensor>
         Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze { .. } | Op::Unsqueeze { .. } | Op::Dropout | Op::Identity => {
             Ok(vec![args[0].as_ref().clone().reshaped(o.shape.clone()).expect("views keep the element count")])
         }
-        Op::Concat { axis } | Op::ConcatInPlace { axis } => Ok(vec![layout::concat(args, *axis, o)]),
-        Op::FusedConv { conv: c, bias, residual, act } => {
-            let b = if *bias { Some(args[2].as_ref()) } else { None };
-            let mut y = conv::conv(c, &args[0], &args[1], b, o)?;
-            if *residual {
-                let r = f32s(args.last().expect("arity checked"));
-                y.iter_mut().zip(r.iter()).for_each(|(y, r)| *y += r);
-            }
-            y.iter_mut().for_each(|v| *v = act.apply(*v));
-            float(y)
-        }
-        Op::FusedGemm { trans_a, trans_b, alpha, beta, act } => {
-            let mut y = matmul::gemm(args, *trans_a, *trans_b, *alpha, *beta, o);
-            y.iter_mut().for_each(|v| *v = act.apply(*v));
-            float(y)
-        }
-        Op::Elementwise { expr } => float(elementwise::fused(expr, args, &o.shape)),
-        Op::FusedReduction { expr, reduction } => {
-            let pre_ty =
-                smelt_ir::infer(&Op::Elementwise { expr: expr.clone() }, &args.iter().map(|a| a.ty()).collect::<Vec<_>>())?.remove(0);
-            let pre = tensor_of(&pre_ty, elementwise::fused(expr, args, &pre_ty.shape));
-            eval(reduction, &[Arc::new(pre)], out)
-        }
+        Op::Concat { axis } => Ok(vec![layout::concat(args, *axis, o)]),
         Op::Split { axis, .. } => Ok(layout::split(&args[0], *axis, out)),
         Op::Slice { axes, starts, steps, .. } => Ok(vec![layout::slice(&args[0], axes, starts, steps, o)]),
         Op::Transpose { perm } => Ok(vec![layout::transpose(&args[0], perm, o)]),

@@ -1,0 +1,186 @@
+//! The two levels of the IR. A [`Graph`](crate::Graph) of [`Op`]s is what a
+//! user's model means: framework-level ops, the graph that import, autodiff
+//! and verification read. A [`KernelGraph`] of [`KernelOp`]s is what the GPU
+//! runs: every node one kernel (or a view, a source, an aliased
+//! concatenation), made by fusion and read by precision, clustering, the
+//! memory planner, code generation and reports. [`Graph::lift`] turns the
+//! first into the second node for node, keeping node ids.
+//!
+//! [`OpSet`] is what the graph, the verifier and the text format need of
+//! either level.
+
+use crate::dtype::TensorType;
+use crate::fused::{Act, Expr};
+use crate::graph::Graph;
+use crate::op::{Conv, Op};
+use crate::text::{Attr, Attrs};
+use crate::traits::Traits;
+
+/// A graph at the kernel level.
+pub type KernelGraph = Graph<KernelOp>;
+
+/// What a graph node can hold: [`Op`] (semantic) or [`KernelOp`].
+pub trait OpSet: Clone + std::fmt::Debug + PartialEq + Send + Sync + 'static {
+    /// The op's name in the text format and in reports.
+    fn name(&self) -> &'static str;
+    /// Output types from input types, or what is wrong.
+    fn infer(&self, ins: &[&TensorType]) -> Result<Vec<TensorType>, String>;
+    /// The facts about the op (see [`crate::traits`]).
+    fn traits(&self) -> Traits;
+    /// The semantic op, when this is one.
+    fn semantic(&self) -> Option<&Op>;
+    /// Wraps a semantic op.
+    fn from_op(op: Op) -> Self;
+    /// Attributes in printing order (the text format).
+    fn attrs(&self) -> Vec<(&'static str, Attr)>;
+    /// The op named `name` with attributes `a` (the text format).
+    fn from_attrs(name: &str, a: Attrs) -> Result<Self, String>;
+
+    /// Whether this is a graph input.
+    fn is_input(&self) -> bool {
+        self.semantic() == Some(&Op::Input)
+    }
+    /// Whether this is a constant.
+    fn is_constant(&self) -> bool {
+        self.semantic() == Some(&Op::Constant)
+    }
+    /// Whether it only reinterprets its input's elements (a view).
+    fn is_view(&self) -> bool {
+        self.traits().kind == crate::traits::Kind::View
+    }
+    /// Whether it launches a kernel: not a source, a view or an aliased
+    /// concatenation.
+    fn is_kernel(&self) -> bool {
+        !matches!(self.traits().lowering, crate::traits::Lowering::Nothing | crate::traits::Lowering::Alias)
+    }
+}
+
+/// What the GPU runs: one kernel per node.
+#[derive(Clone, Debug, PartialEq)]
+pub enum KernelOp {
+    /// A semantic op run as its own kernel (or, for sources and views, as
+    /// nothing).
+    Op(Op),
+    /// A convolution with its epilogue applied in registers:
+    /// `act(conv(x, w) + bias + residual)`. Inputs: x, w, then bias `[M]` if
+    /// `bias`, then residual (the output's shape) if `residual`.
+    FusedConv {
+        /// The convolution.
+        conv: Conv,
+        /// Whether a bias input follows the weight.
+        bias: bool,
+        /// Whether a residual input comes last.
+        residual: bool,
+        /// The activation.
+        act: Act,
+    },
+    /// A Gemm with an activation: `act(alpha * op(a) @ op(b) + beta * c)`.
+    FusedGemm {
+        /// Transpose a.
+        trans_a: bool,
+        /// Transpose b.
+        trans_b: bool,
+        /// Product scale.
+        alpha: f32,
+        /// Bias scale.
+        beta: f32,
+        /// The activation.
+        act: Act,
+    },
+    /// One elementwise kernel computing `expr` over its broadcast inputs.
+    Elementwise {
+        /// The expression; `$i` is input i.
+        expr: Expr,
+    },
+    /// A reduction (global average pool, softmax) of a value that an
+    /// elementwise expression computes on the fly from the inputs, so the
+    /// value never reaches memory.
+    FusedReduction {
+        /// The elementwise prologue; `$i` is input i.
+        expr: Expr,
+        /// The reduction applied to its (broadcast) result.
+        reduction: Box<Op>,
+    },
+    /// A concatenation whose producers write straight into their slices of
+    /// the output: no copy kernel, and the memory planner may alias.
+    ConcatInPlace {
+        /// Concatenation axis.
+        axis: usize,
+    },
+}
+
+impl From<Op> for KernelOp {
+    fn from(op: Op) -> KernelOp {
+        KernelOp::Op(op)
+    }
+}
+
+impl OpSet for Op {
+    fn name(&self) -> &'static str {
+        Op::name(self)
+    }
+    fn infer(&self, ins: &[&TensorType]) -> Result<Vec<TensorType>, String> {
+        crate::infer::infer(self, ins)
+    }
+    fn traits(&self) -> Traits {
+        Op::traits(self)
+    }
+    fn semantic(&self) -> Option<&Op> {
+        Some(self)
+    }
+    fn from_op(op: Op) -> Op {
+        op
+    }
+    fn attrs(&self) -> Vec<(&'static str, Attr)> {
+        crate::text::attrs_of(self)
+    }
+    fn from_attrs(name: &str, a: Attrs) -> Result<Op, String> {
+        crate::text::op_from(name, a)
+    }
+}
+
+impl OpSet for KernelOp {
+    fn name(&self) -> &'static str {
+        match self {
+            KernelOp::Op(op) => op.name(),
+            KernelOp::FusedConv { .. } => "fused_conv",
+            KernelOp::FusedGemm { .. } => "fused_gemm",
+            KernelOp::Elementwise { .. } => "elementwise",
+            KernelOp::FusedReduction { .. } => "fused_reduction",
+            KernelOp::ConcatInPlace { .. } => "concat_in_place",
+        }
+    }
+    fn infer(&self, ins: &[&TensorType]) -> Result<Vec<TensorType>, String> {
+        crate::infer::infer_kernel(self, ins)
+    }
+    fn traits(&self) -> Traits {
+        KernelOp::traits(self)
+    }
+    fn semantic(&self) -> Option<&Op> {
+        match self {
+            KernelOp::Op(op) => Some(op),
+            KernelOp::FusedConv { .. }
+            | KernelOp::FusedGemm { .. }
+            | KernelOp::Elementwise { .. }
+            | KernelOp::FusedReduction { .. }
+            | KernelOp::ConcatInPlace { .. } => None,
+        }
+    }
+    fn from_op(op: Op) -> KernelOp {
+        KernelOp::Op(op)
+    }
+    fn attrs(&self) -> Vec<(&'static str, Attr)> {
+        crate::text::kernel_attrs_of(self)
+    }
+    fn from_attrs(name: &str, a: Attrs) -> Result<KernelOp, String> {
+        crate::text::kernel_op_from(name, a)
+    }
+}
+
+impl Graph<Op> {
+    /// The same graph at the kernel level, every op run as its own kernel.
+    /// Node ids, names, types, inputs, outputs and weights are kept.
+    pub fn lift(&self) -> KernelGraph {
+        self.map_ops(|op| KernelOp::Op(op.clone()))
+    }
+}
