@@ -213,7 +213,7 @@ impl Session {
         let unfused = self.compile_unfused()?;
         let unfused_plan = memory::plan(&unfused)?;
         memory::check::check(&unfused, &unfused_plan).map_err(|detail| Error::PlanCheck { which: "unfused", detail })?;
-        let hint = memory::schedule_names(&unfused, &unfused_plan);
+        let hint = memory::schedule_origins(&unfused, &unfused_plan);
         let t = Instant::now();
         let plan = memory::plan_with_hint(&compiled.graph, Some(&hint))?;
         self.timings.plan = t.elapsed().as_secs_f64();

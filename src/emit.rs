@@ -14,6 +14,7 @@ pub fn plan_json(model: &str, batch: Option<usize>, arch: &str, p: &Program) -> 
         .map(|s| {
             json!({
                 "node": s.node,
+                "origin": s.origin.iter().map(|n| n.to_string()).collect::<Vec<_>>(),
                 "kernel": s.kernel.name(),
                 "kind": s.kernel.kind(),
                 "source": format!("kernels/{}.cu", s.kernel.name()),

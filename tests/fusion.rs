@@ -58,6 +58,12 @@ fn resnet50_is_one_kernel_per_conv() {
     assert_eq!(kernels(&f, "relu") + kernels(&f, "add") + kernels(&f, "sum") + kernels(&f, "elementwise"), 0);
     let residual = f.node_ids().filter(|&n| matches!(f.node(n).op, KernelOp::FusedConv { residual: true, .. })).count();
     assert_eq!(residual, 16);
+    // Each fused conv traces back to one conv and the batch norm folded into it.
+    for n in f.node_ids().filter(|&n| matches!(f.node(n).op, KernelOp::FusedConv { .. })) {
+        let ops: Vec<&str> = f.origin(n).iter().map(|&o| g.node(o).op.name()).collect();
+        let count = |op: &str| ops.iter().filter(|&&o| o == op).count();
+        assert!(count("conv") == 1 && count("batch_norm") == 1, "{}: origin {ops:?}", f.node(n).name);
+    }
 }
 
 /// Random graphs: the fused graph computes the same numbers.
@@ -74,4 +80,46 @@ fn random_graphs_fuse_without_changing_results() {
             assert!(c.ok, "seed {seed}: {c:?}\nbefore:\n{}\nafter:\n{}", smelt_ir::text::print(&g), smelt_ir::text::print(&f));
         }
     }
+}
+
+/// Provenance survives every pass: each node of the kernel graph names the
+/// model nodes it computes, every computing node of the model (views
+/// aside) is named by some kernel-graph node, and only model nodes are named
+/// (nine light models and random graphs, at f32 and mixed-f16).
+#[test]
+fn kernels_trace_back_to_every_model_node() {
+    let mut graphs: Vec<(String, Graph)> = common::LIGHT
+        .iter()
+        .map(|n| (n.to_string(), import_file(&common::variant(n).join("model.onnx"), &ImportOptions::default()).unwrap()))
+        .collect();
+    graphs.extend((0..60).map(|s| (format!("random graph {s}"), common::random_graph(s))));
+    let mut traced = 0;
+    for (name, g) in &graphs {
+        for policy in ["f32", "mixed-f16"] {
+            let opts = smelt::Options {
+                precision: smelt_passes::precision::Options { policy: policy.parse().unwrap(), keep_f32: vec![] },
+                ..Default::default()
+            };
+            let mut s = common::session(g, opts);
+            let k = s.compile().unwrap().graph;
+            let mut covered = std::collections::HashSet::new();
+            for id in k.node_ids() {
+                for &o in k.origin(id) {
+                    assert!(g.contains(o), "{name} {policy}: {} names {o}, not a model node", k.node(id).name);
+                    covered.insert(o);
+                }
+            }
+            let missing: Vec<String> = s
+                .source
+                .node_ids()
+                // Views compute nothing: one of a graph input read only as an
+                // output has no kernel to trace to.
+                .filter(|&n| s.source.node(n).op.is_kernel() && !covered.contains(&n))
+                .map(|n| format!("{n} {} ({})", s.source.node(n).name, s.source.node(n).op.name()))
+                .collect();
+            assert!(missing.is_empty(), "{name} {policy}: model nodes no kernel traces back to: {missing:?}");
+            traced += covered.len();
+        }
+    }
+    println!("{traced} model nodes traced from their kernels");
 }

@@ -48,6 +48,9 @@ fn display<S: serde::Serializer>(t: &TensorType, s: S) -> Result<S::Ok, S::Error
 pub struct Step {
     /// The node it computes.
     pub node: String,
+    /// The model nodes it computes (ids of the semantic graph as imported,
+    /// printed `%N` as `smelt print` does).
+    pub origin: Vec<NodeId>,
     /// The kernel (its name unique in the program).
     pub kernel: Kernel,
     /// Launch geometry.
@@ -226,7 +229,7 @@ impl Program {
                 }
             }
             let launch = kernel.launch();
-            steps.push(Step { node: g.node(id).name.clone(), kernel, launch, args });
+            steps.push(Step { node: g.node(id).name.clone(), origin: g.origin(id).to_vec(), kernel, launch, args });
         }
         let io = |v: ValueId, name: String| -> Result<Io, CodegenError> {
             let ty = g.ty(v);

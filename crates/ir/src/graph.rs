@@ -58,6 +58,12 @@ pub struct Node<O = Op> {
     pub name: String,
     /// One type per output slot.
     pub outputs: Vec<TensorType>,
+    /// Provenance: the nodes of the model as imported (the semantic graph
+    /// the pipeline started from) that this node computes, sorted. Empty in
+    /// a semantic graph, where every node is its own origin; set by
+    /// `Graph::lift` and by fusion, and kept by every pass, so a kernel can
+    /// be traced to the model's nodes whatever passes rebuilt the graph.
+    pub origin: Vec<NodeId>,
 }
 
 /// An edge: output `slot` of the source feeds input `port` of the target.
@@ -100,13 +106,14 @@ impl<O: OpSet> Graph<O> {
     /// The same graph with every op mapped by `f`: node ids, names, types,
     /// edges, inputs, outputs and weights are kept.
     pub fn map_ops<P>(&self, mut f: impl FnMut(&O) -> P) -> Graph<P> {
-        let g = self.g.map(|_, n| Node { op: f(&n.op), name: n.name.clone(), outputs: n.outputs.clone() }, |_, e| *e);
+        let g =
+            self.g.map(|_, n| Node { op: f(&n.op), name: n.name.clone(), outputs: n.outputs.clone(), origin: n.origin.clone() }, |_, e| *e);
         Graph { g, inputs: self.inputs.clone(), outputs: self.outputs.clone(), weights: self.weights.clone() }
     }
 
     /// Adds a node with given output types, unchecked (the verifier checks).
     pub(crate) fn add_typed(&mut self, op: O, name: String, inputs: &[ValueId], outputs: Vec<TensorType>) -> NodeId {
-        let id = NodeId(self.g.add_node(Node { op, name, outputs }));
+        let id = NodeId(self.g.add_node(Node { op, name, outputs, origin: Vec::new() }));
         for (port, v) in inputs.iter().enumerate() {
             self.g.add_edge(v.node.0, id.0, Port { slot: v.slot, port: port as u32 });
         }
@@ -171,7 +178,7 @@ impl<O: OpSet> Graph<O> {
     /// mapped into this graph): inputs stay inputs, constants keep their data.
     pub fn copy_node_from(&mut self, other: &Graph<O>, id: NodeId, inputs: &[ValueId]) -> Result<NodeId, IrError> {
         let n = other.node(id);
-        Ok(if n.op.is_input() {
+        let new = if n.op.is_input() {
             self.add_input(n.name.clone(), n.outputs[0].clone())?.node
         } else if n.op.is_constant() {
             match other.weight(id) {
@@ -180,7 +187,16 @@ impl<O: OpSet> Graph<O> {
             }
         } else {
             self.add(n.op.clone(), n.name.clone(), inputs)?
-        })
+        };
+        self.node_mut(new).origin = n.origin.clone();
+        Ok(new)
+    }
+
+    /// Sets the provenance of node `id` (sorted, duplicates removed).
+    pub fn set_origin(&mut self, id: NodeId, mut origin: Vec<NodeId>) {
+        origin.sort();
+        origin.dedup();
+        self.node_mut(id).origin = origin;
     }
 
     /// Marks `v` as a graph output named `name`.

@@ -181,6 +181,18 @@ impl Graph<Op> {
     /// The same graph at the kernel level, every op run as its own kernel.
     /// Node ids, names, types, inputs, outputs and weights are kept.
     pub fn lift(&self) -> KernelGraph {
-        self.map_ops(|op| KernelOp::Op(op.clone()))
+        let mut k = self.map_ops(|op| KernelOp::Op(op.clone()));
+        for id in self.node_ids() {
+            k.set_origin(id, vec![id]);
+        }
+        k
+    }
+}
+
+impl KernelGraph {
+    /// The nodes of the model as imported that node `id` computes (see
+    /// [`crate::Node::origin`]); empty for constants that fusion made.
+    pub fn origin(&self, id: crate::NodeId) -> &[crate::NodeId] {
+        &self.node(id).origin
     }
 }

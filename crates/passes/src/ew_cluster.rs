@@ -66,7 +66,11 @@ pub fn run(g: &mut KernelGraph) -> Result<Stats, IrError> {
             stats.clusters += 1;
             stats.absorbed += b.count;
             let ins: Vec<ValueId> = b.leaves.iter().map(|v| map[v]).collect();
-            out.add(KernelOp::Elementwise { expr: b.expr }, node.name.clone(), &ins)?
+            // It computes its own ops and every absorbed one.
+            let origin = b.memo.keys().chain([&id]).flat_map(|&n| g.origin(n).to_vec()).collect();
+            let new = out.add(KernelOp::Elementwise { expr: b.expr }, node.name.clone(), &ins)?;
+            out.set_origin(new, origin);
+            new
         } else {
             let ins: Vec<ValueId> = g.inputs_of(id).iter().map(|v| map[v]).collect();
             out.copy_node_from(g, id, &ins)?

@@ -236,7 +236,10 @@ pub fn run(g: &mut KernelGraph, opts: &Options) -> Result<Stats, IrError> {
                             None => {
                                 stats.casts_inserted += 1;
                                 let name = format!("{}.to_{d}", g.node(v.node).name);
-                                ValueId { node: out.add(Op::Cast { to: d }, name, &[m])?, slot: 0 }
+                                // Provenance: the value it converts.
+                                let cast = out.add(Op::Cast { to: d }, name, &[m])?;
+                                out.set_origin(cast, g.origin(v.node).to_vec());
+                                ValueId { node: cast, slot: 0 }
                             }
                         };
                         converted.insert((v, d), c);
@@ -270,7 +273,9 @@ pub fn run(g: &mut KernelGraph, opts: &Options) -> Result<Stats, IrError> {
                 Some(&c) => c,
                 None => {
                     stats.casts_inserted += 1;
-                    let c = ValueId { node: out.add(Op::Cast { to: want }, format!("{name}.to_{want}"), &[m])?, slot: 0 };
+                    let cast = out.add(Op::Cast { to: want }, format!("{name}.to_{want}"), &[m])?;
+                    out.set_origin(cast, g.origin(v.node).to_vec());
+                    let c = ValueId { node: cast, slot: 0 };
                     converted.insert((*v, want), c);
                     c
                 }

@@ -47,7 +47,9 @@ pub fn run(g: &mut KernelGraph) -> Result<Stats, IrError> {
                 let expr = Expr::of_kernel(&g.node(p).op, pins.len()).expect("checked above");
                 let reduction = node.op.semantic().cloned().expect("a semantic reduction, checked above");
                 let ins: Vec<ValueId> = pins.iter().map(|v| map[v]).collect();
-                out.add(KernelOp::FusedReduction { expr, reduction: Box::new(reduction) }, node.name.clone(), &ins)?
+                let new = out.add(KernelOp::FusedReduction { expr, reduction: Box::new(reduction) }, node.name.clone(), &ins)?;
+                out.set_origin(new, [g.origin(p), g.origin(id)].concat());
+                new
             }
             None => {
                 let ins: Vec<ValueId> = g.inputs_of(id).iter().map(|v| map[v]).collect();

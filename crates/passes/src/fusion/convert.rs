@@ -15,6 +15,11 @@ pub struct Encoded {
     pub names: HashMap<Id, String>,
     /// Number of nodes that computed something in the input graph.
     pub ops_before: usize,
+    /// The class of every value of the input graph (for provenance).
+    pub classes: HashMap<ValueId, Id>,
+    /// The class of every node of the input graph (its value's, or for a
+    /// node with several outputs the class of the node itself).
+    pub node_classes: HashMap<NodeId, Id>,
 }
 
 fn attr(eg: &mut EGraph<Fl, FusionAnalysis>, e: AttrEntry) -> Id {
@@ -31,6 +36,7 @@ fn sym(eg: &mut EGraph<Fl, FusionAnalysis>, s: &str) -> Id {
 pub fn encode(g: &Graph) -> Result<Encoded, IrError> {
     let mut eg: EGraph<Fl, FusionAnalysis> = EGraph::new(FusionAnalysis::default());
     let mut ids: HashMap<ValueId, Id> = HashMap::new();
+    let mut node_classes: HashMap<NodeId, Id> = HashMap::new();
     let mut names = HashMap::new();
     let mut ops_before = 0;
     for id in g.topo_order()? {
@@ -92,15 +98,17 @@ pub fn encode(g: &Graph) -> Result<Encoded, IrError> {
                         ids.insert(ValueId { node: id, slot: slot as u32 }, out);
                         names.entry(out).or_insert_with(|| node.name.clone());
                     }
+                    node_classes.insert(id, opaque);
                     continue;
                 }
             }
         };
         ids.insert(ValueId { node: id, slot: 0 }, class);
+        node_classes.insert(id, class);
         names.entry(class).or_insert_with(|| node.name.clone());
     }
     let outputs = g.outputs().iter().map(|(n, v)| (n.clone(), ids[v])).collect();
-    Ok(Encoded { egraph: eg, outputs, names, ops_before })
+    Ok(Encoded { egraph: eg, outputs, names, ops_before, classes: ids, node_classes })
 }
 
 /// Rebuilds a graph from the extracted choice of each class.
@@ -109,6 +117,8 @@ pub fn decode(
     choice: &HashMap<Id, Fl>,
     outputs: &[(String, Id)],
     names: HashMap<Id, String>,
+    classes: &HashMap<ValueId, Id>,
+    node_classes: &HashMap<NodeId, Id>,
     original: &Graph,
 ) -> Result<KernelGraph, IrError> {
     // Classes merged during saturation: keep the name of the earliest node.
@@ -118,12 +128,31 @@ pub fn decode(
     for (id, name) in sorted {
         canon.entry(eg.find(id)).or_insert(name);
     }
-    let mut d =
-        Decoder { eg, choice, names: &canon, g: KernelGraph::new(), memo: HashMap::new(), vals: HashMap::new(), inputs: HashMap::new() };
+    // The nodes of the input graph whose value each class holds.
+    let mut members: HashMap<Id, Vec<NodeId>> = HashMap::new();
+    let mut nodes: Vec<_> = node_classes.iter().collect();
+    nodes.sort();
+    for (&n, &c) in nodes {
+        members.entry(eg.find(c)).or_default().push(n);
+    }
+    let mut d = Decoder {
+        eg,
+        choice,
+        names: &canon,
+        original,
+        classes,
+        members,
+        reads: Vec::new(),
+        g: KernelGraph::new(),
+        memo: HashMap::new(),
+        vals: HashMap::new(),
+        inputs: HashMap::new(),
+    };
     // Graph inputs first, in their original order.
     for &i in original.inputs() {
         let n = original.node(i);
         let v = d.g.add_input(n.name.clone(), n.outputs[0].clone())?;
+        d.g.set_origin(v.node, vec![i]);
         d.inputs.insert(i, v);
     }
     for (name, id) in outputs {
@@ -131,6 +160,22 @@ pub fn decode(
         d.g.add_output(name.clone(), v);
     }
     d.g.remove_dead();
+    // A model node whose value equals a value a kernel reads (an identity
+    // of a graph input) computes nothing of its own: its readers carry it.
+    let covered: std::collections::HashSet<NodeId> = d.g.node_ids().flat_map(|n| d.g.origin(n).to_vec()).collect();
+    for (&n, &c) in node_classes {
+        let op = &original.node(n).op;
+        if covered.contains(&n) || op.is_input() || op.is_constant() {
+            continue;
+        }
+        let c = eg.find(c);
+        for (k, reads) in &d.reads {
+            if d.g.contains(*k) && reads.contains(&c) {
+                let origin = [d.g.origin(*k), &[n]].concat();
+                d.g.set_origin(*k, origin);
+            }
+        }
+    }
     Ok(d.g)
 }
 
@@ -138,6 +183,11 @@ struct Decoder<'a> {
     eg: &'a EGraph<Fl, FusionAnalysis>,
     choice: &'a HashMap<Id, Fl>,
     names: &'a HashMap<Id, String>,
+    original: &'a Graph,
+    classes: &'a HashMap<ValueId, Id>,
+    members: HashMap<Id, Vec<NodeId>>,
+    /// Each node made, with the classes it reads.
+    reads: Vec<(NodeId, Vec<Id>)>,
     g: KernelGraph,
     memo: HashMap<Id, ValueId>,
     vals: HashMap<ValRef, ValueId>,
@@ -178,7 +228,32 @@ impl Decoder<'_> {
         let vs = ins.iter().map(|&c| self.value(c)).collect::<Result<Vec<_>, _>>()?;
         let name = self.names.get(&self.eg.find(id)).cloned().unwrap_or_default();
         let n = self.g.add(op, name, &vs)?;
+        let origin = self.cone(id, ins);
+        self.g.set_origin(n, origin);
+        self.reads.push((n, ins.iter().map(|&c| self.eg.find(c)).collect()));
         Ok(ValueId { node: n, slot: 0 })
+    }
+
+    /// The nodes of the input graph a node of class `id` reading classes
+    /// `ins` computes: from the input nodes whose value is in its class, back
+    /// through operands until a value it reads (or a source).
+    fn cone(&self, id: Id, ins: &[Id]) -> Vec<NodeId> {
+        let stop: std::collections::HashSet<Id> = ins.iter().map(|&c| self.eg.find(c)).collect();
+        let mut stack = self.members.get(&self.eg.find(id)).cloned().unwrap_or_default();
+        let (mut seen, mut out) = (std::collections::HashSet::new(), Vec::new());
+        while let Some(n) = stack.pop() {
+            let op = &self.original.node(n).op;
+            if !seen.insert(n) || op.is_input() || op.is_constant() {
+                continue;
+            }
+            out.push(n);
+            for v in self.original.inputs_of(n) {
+                if !stop.contains(&self.eg.find(self.classes[&v])) {
+                    stack.push(v.node);
+                }
+            }
+        }
+        out
     }
 
     fn value(&mut self, id: Id) -> Result<ValueId, IrError> {

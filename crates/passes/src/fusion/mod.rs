@@ -61,7 +61,7 @@ pub struct Stats {
 pub fn run(graph: &Graph, limits: &Limits) -> Result<(KernelGraph, Stats), PassError> {
     let t = Instant::now();
     let bug = |source| PassError::Bug { pass: "fuse", source };
-    let convert::Encoded { egraph, outputs, names, ops_before } = convert::encode(graph).map_err(bug)?;
+    let convert::Encoded { egraph, outputs, names, ops_before, classes, node_classes } = convert::encode(graph).map_err(bug)?;
     let runner = Runner::default()
         .with_egraph(egraph)
         .with_scheduler(SimpleScheduler)
@@ -83,7 +83,7 @@ pub fn run(graph: &Graph, limits: &Limits) -> Result<(KernelGraph, Stats), PassE
         }
     }
     let choice = cost::extract(&runner.egraph);
-    let fused = convert::decode(&runner.egraph, &choice, &outputs, names, graph).map_err(bug)?;
+    let fused = convert::decode(&runner.egraph, &choice, &outputs, names, &classes, &node_classes, graph).map_err(bug)?;
     stats.kernels_after = fused.node_ids().filter(|&n| fused.node(n).op.is_kernel()).count();
     stats.millis = t.elapsed().as_secs_f64() * 1e3;
     Ok((fused, stats))

@@ -82,15 +82,15 @@ pub fn plan(g: &KernelGraph) -> Result<Plan, smelt_ir::IrError> {
     plan_with_hint(g, None)
 }
 
-/// The node names of a plan's schedule, in order: a hint for planning a
-/// fused version of the same graph.
-pub fn schedule_names(g: &KernelGraph, plan: &Plan) -> Vec<String> {
-    plan.schedule.iter().map(|&n| g.node(n).name.clone()).collect()
+/// The model nodes a plan's schedule computes, in order (each node's
+/// provenance): a hint for planning a fused version of the same model.
+pub fn schedule_origins(g: &KernelGraph, plan: &Plan) -> Vec<NodeId> {
+    plan.schedule.iter().flat_map(|&n| g.origin(n).to_vec()).collect()
 }
 
-/// As [`plan`], also trying a schedule that follows `hint` (node names in
-/// order, see [`schedule_names`]).
-pub fn plan_with_hint(g: &KernelGraph, hint: Option<&[String]>) -> Result<Plan, smelt_ir::IrError> {
+/// As [`plan`], also trying a schedule that follows `hint` (model nodes in
+/// order, see [`schedule_origins`]).
+pub fn plan_with_hint(g: &KernelGraph, hint: Option<&[NodeId]>) -> Result<Plan, smelt_ir::IrError> {
     struct Best {
         name: String,
         order: Vec<NodeId>,

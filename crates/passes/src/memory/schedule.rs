@@ -8,7 +8,7 @@ use std::collections::{HashMap, HashSet};
 
 /// Every candidate schedule, by name. Each lists inputs first, then every
 /// other non-constant node in a topological order.
-pub fn candidates(g: &KernelGraph, hint: Option<&[String]>) -> Result<Vec<(&'static str, Vec<NodeId>)>, IrError> {
+pub fn candidates(g: &KernelGraph, hint: Option<&[NodeId]>) -> Result<Vec<(&'static str, Vec<NodeId>)>, IrError> {
     let topo = g.topo_order()?;
     let keep = |id: &NodeId| !(g.node(*id).op.is_constant() || g.node(*id).op.is_input());
     let inputs: Vec<NodeId> = g.inputs().to_vec();
@@ -25,19 +25,21 @@ pub fn candidates(g: &KernelGraph, hint: Option<&[String]>) -> Result<Vec<(&'sta
     Ok(out)
 }
 
-/// A topological order following `hint` (node names in a preferred order,
-/// e.g. the best schedule of the unfused graph): a node runs at the position
-/// of its name in the hint, or right after its latest operand when its name
-/// is not there. So the fused graph can always follow the unfused graph's
-/// schedule, and fusion never raises the peak.
-fn hinted(g: &KernelGraph, nodes: &[NodeId], hint: &[String]) -> Vec<NodeId> {
-    let pos: HashMap<&str, usize> = hint.iter().enumerate().rev().map(|(i, n)| (n.as_str(), i)).collect();
+/// A topological order following `hint` (model nodes, the provenance of a
+/// kernel graph's nodes, in a preferred order: the best schedule of the
+/// unfused graph): a node runs at the latest position of its origin in the
+/// hint (where its output would be complete), or right after its latest
+/// operand when none is there. Identity, not names, ties the two graphs, so
+/// the fused graph can always follow the unfused graph's schedule, and
+/// fusion never raises the peak.
+fn hinted(g: &KernelGraph, nodes: &[NodeId], hint: &[NodeId]) -> Vec<NodeId> {
+    let pos: HashMap<NodeId, usize> = hint.iter().enumerate().rev().map(|(i, &n)| (n, i)).collect();
     let set: HashSet<NodeId> = nodes.iter().copied().collect();
     let rank: HashMap<NodeId, usize> = nodes.iter().enumerate().map(|(i, &n)| (n, i)).collect();
     let mut prio: HashMap<NodeId, (usize, usize)> = HashMap::new();
     for &n in nodes {
         let after_inputs = g.inputs_of(n).iter().filter_map(|v| prio.get(&v.node)).map(|p| p.0).max().unwrap_or(0);
-        let p = pos.get(g.node(n).name.as_str()).copied().unwrap_or(after_inputs).max(after_inputs);
+        let p = g.origin(n).iter().filter_map(|o| pos.get(o)).copied().max().unwrap_or(after_inputs).max(after_inputs);
         prio.insert(n, (p, rank[&n]));
     }
     let mut missing: HashMap<NodeId, usize> = nodes
