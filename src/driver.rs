@@ -44,6 +44,19 @@ pub enum Error {
         /// What the checker found.
         detail: String,
     },
+    /// A kernel-graph node has no CUDA kernel; names the model nodes it
+    /// computes (through provenance), as imported.
+    #[error("node {node} ({op}): {detail}; it computes the model's {model}")]
+    NoKernel {
+        /// The kernel-graph node.
+        node: String,
+        /// Its op.
+        op: String,
+        /// What is missing.
+        detail: String,
+        /// The model nodes, as `"name" (op)`.
+        model: String,
+    },
     /// An option does not apply (such as `--batch` on a `.tir` file).
     #[error("{0}")]
     Usage(String),
@@ -53,7 +66,7 @@ impl Error {
     /// Whether this is smelt's fault rather than the input's.
     pub fn is_bug(&self) -> bool {
         match self {
-            Error::Model(_) | Error::Usage(_) => false,
+            Error::Model(_) | Error::Usage(_) | Error::NoKernel { .. } => false,
             Error::Pass(e) => e.is_bug(),
             Error::Codegen(e) => e.is_bug(),
             Error::PlanCheck { .. } => true,
@@ -227,7 +240,18 @@ impl Session {
     /// order, with arena and weights offsets.
     pub fn program(&mut self, compiled: &Compiled, planned: &Planned) -> Result<Program, Error> {
         let t = Instant::now();
-        let p = Program::build(&compiled.graph, &planned.plan)?;
+        let p = Program::build(&compiled.graph, &planned.plan).map_err(|e| match e {
+            CodegenError::NoKernel { node, op, detail, origin } => {
+                let names: Vec<String> = origin
+                    .iter()
+                    .filter(|&&n| self.source.contains(n))
+                    .map(|&n| format!("\"{}\" ({})", self.source.node(n).name, self.source.node(n).op.name()))
+                    .collect();
+                let model = if names.len() == 1 { format!("node {}", names[0]) } else { format!("nodes {}", names.join(", ")) };
+                Error::NoKernel { node, op, detail, model }
+            }
+            e => Error::Codegen(e),
+        })?;
         self.timings.codegen = t.elapsed().as_secs_f64();
         Ok(p)
     }

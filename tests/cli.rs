@@ -215,3 +215,26 @@ fn compile_out_writes_kernels_ptx_and_plan() {
     assert!(std::fs::read_to_string(out_dir.join("memory.svg")).unwrap().starts_with("<svg"));
     std::fs::remove_dir_all(tmp).unwrap();
 }
+
+/// An op with no CUDA kernel is refused when code is generated, naming the
+/// kernel-graph node and, through provenance, the model nodes it computes;
+/// a kernel-level op in a model file is refused with what it is.
+#[test]
+fn missing_kernels_name_the_model_nodes() {
+    let dir = std::env::temp_dir().join(format!("smelt-nokernel-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let tir = dir.join("ln.tir");
+    let src = "graph {\n  %0 \"x\" = input : f32[2,8]\n  %1 \"r\" = relu(%0) : f32[2,8]\n  %2 \"g\" = const : f32[8]\n  %3 \"encoder.ln\" = layer_norm(%1, %2) {axis=1, epsilon=1e-5} : f32[2,8]\n  output \"y\" = %3\n}\n";
+    std::fs::write(&tir, src).unwrap();
+    let (code, _, err) = run(&["compile", tir.to_str().unwrap(), "--out", dir.join("out").to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("no CUDA kernel yet") && err.contains("it computes the model's node \"encoder.ln\" (layer_norm)"), "{err}");
+    // The CPU reference executor runs it.
+    let (code, _, err) = run(&["run", tir.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    std::fs::write(&tir, src.replace("relu(%0)", "elementwise(%0) {expr=\"relu($0)\"}")).unwrap();
+    let (code, _, err) = run(&["inspect", tir.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("elementwise is a kernel-level op"), "{err}");
+    std::fs::remove_dir_all(dir).unwrap();
+}

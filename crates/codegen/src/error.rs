@@ -32,7 +32,20 @@ pub enum CodegenError {
         /// The OS error.
         source: std::io::Error,
     },
-    /// A node has no kernel.
+    /// A node of the kernel graph has no CUDA kernel (an op smelt runs only
+    /// on the CPU, or an instance code generation does not cover).
+    #[error("node {node} ({op}): {detail}")]
+    NoKernel {
+        /// The node's name.
+        node: String,
+        /// Its op.
+        op: String,
+        /// What is missing.
+        detail: String,
+        /// The model nodes it computes (its provenance).
+        origin: Vec<smelt_ir::NodeId>,
+    },
+    /// A program cannot be built or run as asked.
     #[error("node {node} ({op}): {detail}")]
     Unsupported {
         /// The node's name.
@@ -64,6 +77,7 @@ impl CodegenError {
             CodegenError::Compile { .. } | CodegenError::Nvrtc { .. } => true,
             CodegenError::NvrtcUnavailable
             | CodegenError::Cache { .. }
+            | CodegenError::NoKernel { .. }
             | CodegenError::Unsupported { .. }
             | CodegenError::Ptxas(_)
             | CodegenError::Io { .. } => false,

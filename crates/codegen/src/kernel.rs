@@ -77,7 +77,7 @@ impl Kernel {
             Lowering::Folded => "no CUDA kernel of its own: fusion folds it into the layer before it (compile with fusion on)".into(),
             Lowering::CpuOnly => "no CUDA kernel yet: it runs on the CPU reference executor only".into(),
         };
-        Err(CodegenError::Unsupported { node: node.name.clone(), op: node.op.name().to_string(), detail: why })
+        Err(CodegenError::NoKernel { node: node.name.clone(), op: node.op.name().to_string(), detail: why, origin: g.origin(id).to_vec() })
     }
 
     /// The kernel of node `id`, if there is one.
