@@ -63,7 +63,7 @@ pub fn precision_error(half: &Tensor, reference: &Tensor) -> PrecisionError {
 /// Gives every constant without data deterministic random values seeded by
 /// its name (normal, std 0.1). Returns how many were filled.
 pub fn fill_missing_weights<O: OpSet>(g: &mut Graph<O>) -> usize {
-    let missing: Vec<_> = g.node_ids().filter(|&id| g.node(id).op.is_constant() && g.weight(id).is_none()).collect();
+    let missing: Vec<_> = g.node_ids().filter(|&id| g.node(id).op.is_persistent() && g.weight(id).is_none()).collect();
     for &id in &missing {
         let node = g.node(id);
         let mut rng = Rng::from_name(&node.name);

@@ -63,7 +63,7 @@ pub struct MemoryReport {
 /// Builds the report of `plan` for `g`.
 pub fn report(g: &KernelGraph, plan: &Plan, fused: bool, checked: bool) -> MemoryReport {
     let naive: usize =
-        g.node_ids().filter(|&n| !g.node(n).op.is_constant()).flat_map(|n| g.node(n).outputs.iter().map(|t| t.bytes())).sum();
+        g.node_ids().filter(|&n| !g.node(n).op.is_persistent()).flat_map(|n| g.node(n).outputs.iter().map(|t| t.bytes())).sum();
     let peak_live = plan
         .live_at(plan.peak_step)
         .into_iter()
@@ -97,7 +97,7 @@ pub fn report(g: &KernelGraph, plan: &Plan, fused: bool, checked: bool) -> Memor
 /// Bytes per dtype of the constants (`weights`) or of every other value.
 fn by_dtype(g: &KernelGraph, weights: bool) -> std::collections::BTreeMap<String, usize> {
     let mut m = std::collections::BTreeMap::new();
-    for n in g.node_ids().filter(|&n| g.node(n).op.is_constant() == weights) {
+    for n in g.node_ids().filter(|&n| g.node(n).op.is_persistent() == weights) {
         for t in &g.node(n).outputs {
             *m.entry(t.dtype.to_string()).or_insert(0) += t.bytes();
         }

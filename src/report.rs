@@ -53,7 +53,7 @@ pub fn inspect(g: &Graph, compiled: &KernelGraph) -> Inspect {
     for id in g.node_ids() {
         let n = g.node(id);
         match n.op {
-            Op::Constant => parameters += 1,
+            Op::Constant | Op::Parameter | Op::State => parameters += 1,
             Op::Input => naive += n.outputs[0].bytes(),
             _ => {
                 ops += 1;

@@ -94,7 +94,7 @@ fn covered(op: &KernelOp) {
 /// No wildcard: a new op does not compile here until [`samples`] has one.
 fn covered_op(op: &Op) {
     match op {
-        Op::Input | Op::Constant => unreachable!("sources are not sampled"),
+        Op::Input | Op::Constant | Op::Parameter | Op::State => unreachable!("sources are not sampled"),
         Op::Conv(_)
         | Op::BatchNorm { .. }
         | Op::Unary(_)

@@ -119,7 +119,7 @@ fn value_name(g: &KernelGraph, v: ValueId) -> String {
 fn weight_root(g: &KernelGraph, mut v: ValueId) -> Option<ValueId> {
     loop {
         let n = g.node(v.node);
-        if n.op.is_constant() {
+        if n.op.is_persistent() {
             return Some(v);
         }
         if !n.op.is_view() {
@@ -177,7 +177,7 @@ impl Program {
                 let (bytes, ty) = (g.ty(v).bytes(), g.ty(v).clone());
                 // A view of a constant reads the constant's bytes.
                 let v = weight_root(g, v).unwrap_or(v);
-                if g.node(v.node).op.is_constant() {
+                if g.node(v.node).op.is_persistent() {
                     let offset = *weight_at.entry(v.node).or_insert_with(|| {
                         let at = weights_bytes;
                         let ty = g.ty(v);
@@ -256,7 +256,7 @@ impl Program {
     pub fn weights_blob(&self, g: &KernelGraph) -> Vec<u8> {
         let mut blob = vec![0u8; self.weights_bytes];
         let by_name: HashMap<&str, NodeId> =
-            g.node_ids().filter(|&n| g.node(n).op.is_constant()).map(|n| (g.node(n).name.as_str(), n)).collect();
+            g.node_ids().filter(|&n| g.node(n).op.is_persistent()).map(|n| (g.node(n).name.as_str(), n)).collect();
         for w in &self.weights {
             if let Some(t) = by_name.get(w.name.as_str()).and_then(|&n| g.weight(n)) {
                 let bytes = t.data().to_le_bytes();

@@ -160,6 +160,22 @@ impl<O: OpSet> Graph<O> {
         ValueId { node: id, slot: 0 }
     }
 
+    /// Adds a persistent value of kind `op` ([`Op::Constant`],
+    /// [`Op::Parameter`] or [`Op::State`]) named `name` (unique among
+    /// persistent values) holding `data`.
+    pub fn add_persistent(&mut self, op: Op, name: impl Into<String>, data: Arc<Tensor>) -> ValueId {
+        let name = self.unique_weight_name(name.into());
+        let id = self.add_typed(O::from_op(op), name.clone(), &[], vec![data.ty().clone()]);
+        self.weights.insert(name, data);
+        ValueId { node: id, slot: 0 }
+    }
+
+    /// Adds a persistent value of kind `op` whose data is not (yet) known.
+    pub fn add_persistent_ref(&mut self, op: Op, name: impl Into<String>, ty: TensorType) -> ValueId {
+        let id = self.add_typed(O::from_op(op), name.into(), &[], vec![ty]);
+        ValueId { node: id, slot: 0 }
+    }
+
     /// Adds a constant whose data is not (yet) known: a weight referenced by
     /// name in a text file. [`Graph::weight`] returns `None` for it.
     pub fn add_weight_ref(&mut self, name: impl Into<String>, ty: TensorType) -> ValueId {
@@ -184,6 +200,12 @@ impl<O: OpSet> Graph<O> {
             match other.weight(id) {
                 Some(w) => self.add_shared_constant(n.name.clone(), w.clone()).node,
                 None => self.add_weight_ref(n.name.clone(), n.outputs[0].clone()).node,
+            }
+        } else if n.op.is_persistent() {
+            let op = n.op.semantic().cloned().expect("persistent values are semantic ops");
+            match other.weight(id) {
+                Some(w) => self.add_persistent(op, n.name.clone(), w.clone()).node,
+                None => self.add_persistent_ref(op, n.name.clone(), n.outputs[0].clone()).node,
             }
         } else {
             self.add(n.op.clone(), n.name.clone(), inputs)?
@@ -262,10 +284,10 @@ impl<O: OpSet> Graph<O> {
         &self.outputs
     }
 
-    /// The data of constant node `id`, if known.
+    /// The data of persistent node `id` (a constant, parameter or state), if known.
     pub fn weight(&self, id: NodeId) -> Option<&Arc<Tensor>> {
         let n = self.node(id);
-        if n.op.is_constant() {
+        if n.op.is_persistent() {
             self.weights.get(&n.name)
         } else {
             None
@@ -275,7 +297,7 @@ impl<O: OpSet> Graph<O> {
     /// Sets the data of a constant node (e.g. filling the weights of a text file).
     pub fn set_weight(&mut self, id: NodeId, data: Tensor) -> Result<(), IrError> {
         let n = self.node(id);
-        if !n.op.is_constant() || n.outputs[0] != *data.ty() {
+        if !n.op.is_persistent() || n.outputs[0] != *data.ty() {
             return Err(IrError::Invalid(format!("{id} \"{}\" is not a constant of type {}", n.name, data.ty())));
         }
         self.weights.insert(n.name.clone(), Arc::new(data));
@@ -336,21 +358,21 @@ impl<O: OpSet> Graph<O> {
         let dead: Vec<_> = self.g.node_indices().filter(|n| !live.contains(n)).collect();
         for &n in &dead {
             let node = self.g.remove_node(n).expect("dead node exists");
-            if node.op.is_constant() && !self.g.node_weights().any(|m| m.op.is_constant() && m.name == node.name) {
+            if node.op.is_persistent() && !self.g.node_weights().any(|m| m.op.is_persistent() && m.name == node.name) {
                 self.weights.remove(&node.name);
             }
         }
         dead.len()
     }
 
-    /// Total bytes of constants.
+    /// Total bytes of persistent values (constants, parameters, state).
     pub fn weight_bytes(&self) -> usize {
-        self.g.node_weights().filter(|n| n.op.is_constant()).map(|n| n.outputs[0].bytes()).sum()
+        self.g.node_weights().filter(|n| n.op.is_persistent()).map(|n| n.outputs[0].bytes()).sum()
     }
 
     /// Whether every constant has data.
     pub fn has_all_weights(&self) -> bool {
-        self.g.node_indices().all(|n| !self.g[n].op.is_constant() || self.weights.contains_key(&self.g[n].name))
+        self.g.node_indices().all(|n| !self.g[n].op.is_persistent() || self.weights.contains_key(&self.g[n].name))
     }
 }
 

@@ -9,7 +9,7 @@ use crate::op::{Conv, Op, Pool};
 /// Output types of `op` applied to inputs of types `ins`.
 pub fn infer(op: &Op, ins: &[&TensorType]) -> Result<Vec<TensorType>, String> {
     let out = match op {
-        Op::Input | Op::Constant => return Err("inputs and constants carry their own type".into()),
+        Op::Input | Op::Constant | Op::Parameter | Op::State => return Err("sources carry their own type".into()),
         Op::Conv(c) => conv(c, ins, false)?,
         Op::BatchNorm { .. } => batch_norm(ins)?,
         Op::Unary(_) | Op::Clip { .. } | Op::Dropout | Op::Identity => {

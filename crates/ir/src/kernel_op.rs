@@ -40,9 +40,15 @@ pub trait OpSet: Clone + std::fmt::Debug + PartialEq + Send + Sync + 'static {
     fn is_input(&self) -> bool {
         self.semantic() == Some(&Op::Input)
     }
-    /// Whether this is a constant.
+    /// Whether this is a constant: immutable data that passes may fold.
     fn is_constant(&self) -> bool {
         self.semantic() == Some(&Op::Constant)
+    }
+    /// Whether this holds persistent data under its name: a constant, a
+    /// parameter or state. Persistent values live outside the activation
+    /// arena.
+    fn is_persistent(&self) -> bool {
+        matches!(self.semantic(), Some(Op::Constant | Op::Parameter | Op::State))
     }
     /// Whether it only reinterprets its input's elements (a view).
     fn is_view(&self) -> bool {

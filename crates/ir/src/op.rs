@@ -223,6 +223,14 @@ pub enum Op {
     /// A constant (weight); its data is in [`crate::Graph::weight`] under the
     /// node's name. No inputs.
     Constant,
+    /// A trainable parameter: persistent data (in [`crate::Graph::weight`]
+    /// under the node's name, its initial value) that a training step
+    /// updates. Never folded into other constants. No inputs.
+    Parameter,
+    /// Persistent state that is not trained but changes between steps
+    /// (batch norm running statistics, optimizer moments, accumulators):
+    /// data under the node's name, never folded. No inputs.
+    State,
     /// Convolution. Inputs: x `[N,C,*]`, w `[M,C/group,*k]`, optional bias `[M]`.
     Conv(Conv),
     /// Batch normalization at inference. Inputs: x, scale, bias, mean, var.
@@ -498,6 +506,8 @@ impl Op {
         match self {
             Op::Input => "input",
             Op::Constant => "const",
+            Op::Parameter => "param",
+            Op::State => "state",
             Op::Conv(_) => "conv",
             Op::BatchNorm { .. } => "batch_norm",
             Op::Unary(u) => u.name(),

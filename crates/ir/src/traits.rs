@@ -113,7 +113,7 @@ impl Op {
         let prologue =
             |precision, lowering| Traits { takes_prologue: lowering == L::Kernel, ..t(K::Reduction, precision, I::No, lowering) };
         match self {
-            Op::Input | Op::Constant => t(K::Source, P::Fixed, I::No, L::Nothing),
+            Op::Input | Op::Constant | Op::Parameter | Op::State => t(K::Source, P::Fixed, I::No, L::Nothing),
             Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze { .. } | Op::Unsqueeze { .. } | Op::Dropout | Op::Identity => {
                 t(K::View, P::Follows, I::No, L::Nothing)
             }

@@ -24,13 +24,13 @@ pub fn verify<O: OpSet>(g: &Graph<O>) -> Result<(), IrError> {
             }
         }
         match node.op.semantic() {
-            Some(op @ (crate::Op::Input | crate::Op::Constant)) => {
+            Some(op @ (crate::Op::Input | crate::Op::Constant | crate::Op::Parameter | crate::Op::State)) => {
                 if !ins.is_empty() || node.outputs.len() != 1 {
                     return Err(IrError::Invalid(format!("{}: must have no inputs and one output", who())));
                 }
-                if *op == crate::Op::Constant {
+                if *op != crate::Op::Input {
                     if !const_names.insert(node.name.as_str()) {
-                        return Err(IrError::Invalid(format!("{}: constant name used twice", who())));
+                        return Err(IrError::Invalid(format!("{}: the name of a persistent value used twice", who())));
                     }
                     if let Some(w) = g.weight(id) {
                         if *w.ty() != node.outputs[0] {

@@ -160,8 +160,8 @@ fn classifiers(g: &KernelGraph) -> Vec<NodeId> {
             let op = &g.node(n).op;
             if op.traits().kind == Kind::Layer {
                 found.push(n);
-            } else if !(op.is_input() || op.is_constant()) {
-                stack.extend(g.inputs_of(n).iter().filter(|v| !g.node(v.node).op.is_constant()).map(|v| v.node));
+            } else if !(op.is_input() || op.is_persistent()) {
+                stack.extend(g.inputs_of(n).iter().filter(|v| !g.node(v.node).op.is_persistent()).map(|v| v.node));
             }
         }
     }
@@ -228,7 +228,9 @@ pub fn run(g: &mut KernelGraph, opts: &Options) -> Result<Stats, IrError> {
                 Some(d) if have.is_float() && have != d && !absorbs => match converted.get(&(v, d)) {
                     Some(&c) => c,
                     None => {
-                        let c = match g.weight(v.node) {
+                        // A constant is converted once; a parameter or state
+                        // changes between steps, so it is cast where it is read.
+                        let c = match g.weight(v.node).filter(|_| g.node(v.node).op.is_constant()) {
                             Some(w) => {
                                 stats.weights_converted += 1;
                                 out.add_shared_constant(format!("{}.{d}", g.node(v.node).name), Arc::new(w.cast(d)))

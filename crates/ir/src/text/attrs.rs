@@ -103,7 +103,16 @@ pub fn attrs_of(op: &Op) -> Vec<(&'static str, Attr)> {
         }
         Op::Expand { shape } => vec![("shape", ints(shape))],
         Op::Tile { repeats } => vec![("repeats", ints(repeats))],
-        Op::Input | Op::Constant | Op::Binary(_) | Op::Sum | Op::GlobalAveragePool | Op::MatMul | Op::Dropout | Op::Identity => vec![],
+        Op::Input
+        | Op::Constant
+        | Op::Parameter
+        | Op::State
+        | Op::Binary(_)
+        | Op::Sum
+        | Op::GlobalAveragePool
+        | Op::MatMul
+        | Op::Dropout
+        | Op::Identity => vec![],
     }
 }
 
@@ -177,6 +186,8 @@ pub fn op_from(name: &str, mut a: Attrs) -> Result<Op, String> {
     let op = match name {
         "input" => Ok(Op::Input),
         "const" => Ok(Op::Constant),
+        "param" => Ok(Op::Parameter),
+        "state" => Ok(Op::State),
         "conv" => Ok(Op::Conv(a.conv()?)),
         "pad" => {
             let pads = a.usizes("pads")?;

@@ -326,10 +326,10 @@ fn parse_node<O: OpSet>(c: &mut Cursor, line: usize) -> Result<Stmt<O>, String> 
     }
     let values = if c.eat('=') { Some(c.num_list()?) } else { None };
     c.done()?;
-    if values.is_some() && !op.is_constant() {
-        return Err("only constants take values".into());
+    if values.is_some() && !op.is_persistent() {
+        return Err("only constants, parameters and state take values".into());
     }
-    if (op.is_input() || op.is_constant()) && name.is_empty() {
+    if (op.is_input() || op.is_persistent()) && name.is_empty() {
         return Err(format!("{opname} needs a name"));
     }
     Ok(Stmt { line, name, op, inputs, outputs, values })

@@ -30,7 +30,7 @@ pub fn print<O: OpSet>(g: &Graph<O>) -> String {
         }
         let tys: Vec<String> = n.outputs.iter().map(|t| t.to_string()).collect();
         write!(s, " : {}", tys.join(", ")).unwrap();
-        if n.op.is_constant() {
+        if n.op.is_persistent() {
             if let Some(w) = g.weight(id).filter(|w| w.ty().numel() <= INLINE_LIMIT) {
                 let vals: Vec<String> = match w.data() {
                     TensorData::F32(v) => v.iter().map(|x| format!("{x:?}")).collect(),

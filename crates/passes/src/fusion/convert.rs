@@ -45,8 +45,12 @@ pub fn encode(g: &Graph) -> Result<Encoded, IrError> {
         let none = sym(&mut eg, "none");
         ops_before += node.op.is_kernel() as usize;
         let class = match &node.op {
-            Op::Input | Op::Constant => {
-                let origin = if node.op == Op::Input { Origin::Input(id) } else { Origin::Constant(node.name.clone()) };
+            Op::Input | Op::Constant | Op::Parameter | Op::State => {
+                let origin = match &node.op {
+                    Op::Input => Origin::Input(id),
+                    Op::Constant => Origin::Constant(node.name.clone()),
+                    op => Origin::Persistent { name: node.name.clone(), op: op.clone() },
+                };
                 eg.analysis.vals.push(ValInfo { ty: node.outputs[0].clone(), data: g.weight(id).cloned(), origin });
                 eg.add(Fl::Val(ValRef(eg.analysis.vals.len() - 1)))
             }
@@ -165,7 +169,7 @@ pub fn decode(
     let covered: std::collections::HashSet<NodeId> = d.g.node_ids().flat_map(|n| d.g.origin(n).to_vec()).collect();
     for (&n, &c) in node_classes {
         let op = &original.node(n).op;
-        if covered.contains(&n) || op.is_input() || op.is_constant() {
+        if covered.contains(&n) || op.is_input() || op.is_persistent() {
             continue;
         }
         let c = eg.find(c);
@@ -243,7 +247,7 @@ impl Decoder<'_> {
         let (mut seen, mut out) = (std::collections::HashSet::new(), Vec::new());
         while let Some(n) = stack.pop() {
             let op = &self.original.node(n).op;
-            if !seen.insert(n) || op.is_input() || op.is_constant() {
+            if !seen.insert(n) || op.is_input() || op.is_persistent() {
                 continue;
             }
             out.push(n);
@@ -272,6 +276,8 @@ impl Decoder<'_> {
                         (Origin::Input(i), _) => self.inputs[i],
                         (Origin::Constant(name), Some(t)) => self.g.add_shared_constant(name.clone(), t.clone()),
                         (Origin::Constant(name), None) => self.g.add_weight_ref(name.clone(), info.ty.clone()),
+                        (Origin::Persistent { name, op }, Some(t)) => self.g.add_persistent(op.clone(), name.clone(), t.clone()),
+                        (Origin::Persistent { name, op }, None) => self.g.add_persistent_ref(op.clone(), name.clone(), info.ty.clone()),
                     };
                     self.vals.insert(*r, v);
                     v

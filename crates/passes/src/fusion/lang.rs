@@ -96,6 +96,14 @@ pub enum Origin {
     Input(NodeId),
     /// A constant (original or folded) with this name.
     Constant(String),
+    /// A parameter or state of the original graph (`op` says which): its
+    /// data is known but it changes between steps, so no rule folds it.
+    Persistent {
+        /// Its name.
+        name: String,
+        /// `Op::Parameter` or `Op::State`.
+        op: Op,
+    },
 }
 
 /// A leaf value: a graph input or a constant.
@@ -190,7 +198,10 @@ impl Analysis<Fl> for FusionAnalysis {
         let opt = |id: Id| if is_none(eg, id) { None } else { Some(id) };
         let ty = match n {
             Fl::Val(v) => {
-                return Data { ty: Some(eg.analysis.vals[v.0].ty.clone()), konst: eg.analysis.vals[v.0].data.as_ref().map(|_| *v) }
+                // Only a constant is constant: parameters and state change.
+                let info = &eg.analysis.vals[v.0];
+                let konst = (info.data.is_some() && matches!(info.origin, Origin::Constant(_))).then_some(*v);
+                return Data { ty: Some(info.ty.clone()), konst };
             }
             Fl::Attr(_) | Fl::Symbol(_) => None,
             Fl::Conv([c, x, w, b, _, _]) => {

@@ -95,7 +95,7 @@ fn is_none(eg: &EG, id: Id) -> bool {
 
 fn name_of(eg: &EG, r: ValRef) -> String {
     match &eg.analysis.vals[r.0].origin {
-        Origin::Constant(n) => n.clone(),
+        Origin::Constant(n) | Origin::Persistent { name: n, .. } => n.clone(),
         Origin::Input(_) => "input".into(),
     }
 }

@@ -46,16 +46,16 @@ pub fn check(g: &KernelGraph, plan: &Plan) -> Result<(), String> {
     }
     for id in g.node_ids() {
         let op = &g.node(id).op;
-        if !op.is_constant() && !step.contains_key(&id) {
+        if !op.is_persistent() && !step.contains_key(&id) {
             return Err(format!("{id} is never scheduled"));
         }
-        if op.is_constant() && step.contains_key(&id) {
+        if op.is_persistent() && step.contains_key(&id) {
             return Err(format!("constant {id} is scheduled"));
         }
     }
     for &id in &plan.schedule {
         for v in g.inputs_of(id) {
-            if !g.node(v.node).op.is_constant() && step[&v.node] >= step[&id] {
+            if !g.node(v.node).op.is_persistent() && step[&v.node] >= step[&id] {
                 return Err(format!("{id} runs before its operand {}", name(v)));
             }
         }
@@ -64,7 +64,7 @@ pub fn check(g: &KernelGraph, plan: &Plan) -> Result<(), String> {
     let mut constant = HashSet::new();
     for &id in &plan.schedule {
         let node = g.node(id);
-        if node.op.is_view() && g.inputs_of(id).first().is_some_and(|s| g.node(s.node).op.is_constant() || constant.contains(s)) {
+        if node.op.is_view() && g.inputs_of(id).first().is_some_and(|s| g.node(s.node).op.is_persistent() || constant.contains(s)) {
             constant.insert(ValueId { node: id, slot: 0 });
         }
     }
@@ -148,10 +148,10 @@ pub fn check(g: &KernelGraph, plan: &Plan) -> Result<(), String> {
     let mut reads: Vec<(ValueId, usize)> = Vec::new();
     for &id in &plan.schedule {
         reads.extend(
-            g.inputs_of(id).into_iter().filter(|v| !constant.contains(v) && !g.node(v.node).op.is_constant()).map(|v| (v, 2 * step[&id])),
+            g.inputs_of(id).into_iter().filter(|v| !constant.contains(v) && !g.node(v.node).op.is_persistent()).map(|v| (v, 2 * step[&id])),
         );
     }
-    reads.extend(g.outputs().iter().filter(|(_, v)| !constant.contains(v) && !g.node(v.node).op.is_constant()).map(|(_, v)| (*v, end)));
+    reads.extend(g.outputs().iter().filter(|(_, v)| !constant.contains(v) && !g.node(v.node).op.is_persistent()).map(|(_, v)| (*v, end)));
     for &(v, t) in &reads {
         for w in writers(g, v, &aliased, &mut writers_memo) {
             let l = life.get_mut(&w).expect("every writer has a lifetime");
@@ -191,7 +191,8 @@ pub fn check(g: &KernelGraph, plan: &Plan) -> Result<(), String> {
     for &id in &plan.schedule {
         let t = step[&id];
         let node = g.node(id);
-        let ins: Vec<ValueId> = g.inputs_of(id).into_iter().filter(|v| !constant.contains(v) && !g.node(v.node).op.is_constant()).collect();
+        let ins: Vec<ValueId> =
+            g.inputs_of(id).into_iter().filter(|v| !constant.contains(v) && !g.node(v.node).op.is_persistent()).collect();
         for &u in &ins {
             check_read(u, t, &log, &when, &mut writers_memo)?;
         }
@@ -223,7 +224,7 @@ pub fn check(g: &KernelGraph, plan: &Plan) -> Result<(), String> {
         }
     }
     for (_, v) in g.outputs() {
-        if !constant.contains(v) && !g.node(v.node).op.is_constant() {
+        if !constant.contains(v) && !g.node(v.node).op.is_persistent() {
             check_read(*v, plan.schedule.len(), &log, &when, &mut writers_memo)?;
         }
     }

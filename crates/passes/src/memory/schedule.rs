@@ -10,7 +10,7 @@ use std::collections::{HashMap, HashSet};
 /// other non-constant node in a topological order.
 pub fn candidates(g: &KernelGraph, hint: Option<&[NodeId]>) -> Result<Vec<(&'static str, Vec<NodeId>)>, IrError> {
     let topo = g.topo_order()?;
-    let keep = |id: &NodeId| !(g.node(*id).op.is_constant() || g.node(*id).op.is_input());
+    let keep = |id: &NodeId| !(g.node(*id).op.is_persistent() || g.node(*id).op.is_input());
     let inputs: Vec<NodeId> = g.inputs().to_vec();
     let with_inputs = |v: Vec<NodeId>| inputs.iter().copied().chain(v).collect::<Vec<_>>();
     let model: Vec<NodeId> = topo.iter().copied().filter(keep).collect();

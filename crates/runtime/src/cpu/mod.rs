@@ -74,7 +74,7 @@ pub fn run_keeping<O: Eval>(
     }
     for (done, &id) in order.iter().enumerate() {
         let node = g.node(id);
-        if node.op.is_constant() {
+        if node.op.is_persistent() {
             let w = g.weight(id).ok_or_else(|| RuntimeError::MissingWeight(node.name.clone()))?;
             vals.insert(ValueId { node: id, slot: 0 }, w.clone());
         } else if !node.op.is_input() {
@@ -179,7 +179,7 @@ fn eval(op: &Op, args: &[Arc<Tensor>], out: &[TensorType]) -> Result<Vec<Tensor>
     let o = &out[0];
     let float = |v: Vec<f32>| Ok(vec![tensor_of(o, v)]);
     match op {
-        Op::Input | Op::Constant => unreachable!("handled by the caller"),
+        Op::Input | Op::Constant | Op::Parameter | Op::State => unreachable!("handled by the caller"),
         Op::Conv(c) => float(conv::conv(c, &args[0], &args[1], args.get(2).map(|a| a.as_ref()), o)?),
         Op::BatchNorm { epsilon } => float(norm::batch_norm(args, *epsilon)),
         Op::Unary(u) => float(elementwise::unary(*u, &f32s(&args[0]))),
