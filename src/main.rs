@@ -154,16 +154,36 @@ pub(crate) struct RunArgs {
     /// Write each output as DIR/output_<i>.pb.
     #[arg(long, value_name = "DIR")]
     pub(crate) save_outputs: Option<PathBuf>,
-    /// Where to run: cpu (the reference executor) or cuda (generated
-    /// kernels on GPU 0, one arena of the planned size; needs an NVIDIA
-    /// driver and NVRTC or a warm kernel cache).
-    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
+    /// Where to run: cpu (the reference executor, op by op), cuda
+    /// (generated kernels on GPU 0, one arena of the planned size; needs an
+    /// NVIDIA driver and NVRTC or a warm kernel cache) or emulator (the same
+    /// program, the same generated CUDA C compiled for this CPU by the host
+    /// C++ compiler, `c++` or $SMELT_CXX: every launch, offset and
+    /// parameter as on a GPU, every memory access checked against its
+    /// argument; for debugging kernels without a GPU).
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda", "emulator"])]
     pub(crate) backend: String,
-    /// With --backend cuda: time each kernel with CUDA events and print
-    /// its share, bandwidth and FLOP rate.
+    /// With --backend cuda or emulator: check every kernel against its
+    /// description's CPU run on the same operands (read back from the
+    /// device before the launch) and list those that disagree beyond
+    /// --kernel-rtol of their output's range.
+    #[arg(long)]
+    pub(crate) check_kernels: bool,
+    /// Tolerance of --check-kernels, relative to each output's largest
+    /// magnitude (one unit in the last place of a half output is allowed
+    /// besides).
+    #[arg(long, default_value_t = 1e-5)]
+    pub(crate) kernel_rtol: f64,
+    /// With --backend cuda: synchronise after every launch, so that a
+    /// device fault names its kernel (slower; also SMELT_CUDA_SYNC=1).
+    #[arg(long)]
+    pub(crate) sync: bool,
+    /// With --backend cuda or emulator: time each kernel (CUDA events, or
+    /// the host clock) and print its share, bandwidth and FLOP rate.
     #[arg(long)]
     pub(crate) profile: bool,
-    /// With --backend cuda: timed runs after one warm-up.
+    /// With --backend cuda: timed runs after one warm-up (the emulator
+    /// runs once).
     #[arg(long, default_value_t = 20)]
     pub(crate) repeat: usize,
     /// Refuse to run when the activation arena exceeds SIZE (as `smelt plan --memory-limit`).

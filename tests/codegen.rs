@@ -57,7 +57,7 @@ fn every_kernel_of_the_light_models_matches_the_reference_and_compiles() {
         // The program end to end, as a device would run it (one arena, the
         // weights blob, every kernel's description at its offsets), against
         // onnxruntime.
-        let got = program.run_cpu(&program.weights_blob(&g), std::slice::from_ref(&input)).unwrap();
+        let got = program.run_cpu(&program.weights_blob(&g).unwrap(), std::slice::from_ref(&input)).unwrap();
         let expected = read_tensor_file(&v.join("output_0.pb")).unwrap().1;
         let c = smelt::compare(&got[0], &expected, 1e-3, 1e-4);
         assert!(c.ok, "{name}: the program's output differs from onnxruntime's: {c:?}");
@@ -336,7 +336,7 @@ fn programs_run_from_the_arena_match_the_reference() {
         let g = common::compiled(plain, true);
         let plan = smelt_passes::memory::plan(&g).unwrap();
         let program = Program::build(&g, &plan).unwrap_or_else(|e| panic!("{what}: {e}\n{}", text::print(&g)));
-        let got = program.run_cpu(&program.weights_blob(&g), inputs).unwrap();
+        let got = program.run_cpu(&program.weights_blob(&g).unwrap(), inputs).unwrap();
         let want = smelt_runtime::cpu::run(plain, inputs).unwrap();
         for (a, b) in got.iter().zip(&want) {
             let c = smelt::compare(a, b, 1e-3, 1e-4);
@@ -374,7 +374,7 @@ fn infinite_bounds_and_views_of_constants() {
     let program = Program::build(&g, &plan).unwrap();
     assert_eq!(program.steps[0].args[1].space, smelt_codegen::program::Space::Weights);
     let x = common::random_inputs(&g, 9);
-    let got = program.run_cpu(&program.weights_blob(&g), &x).unwrap();
+    let got = program.run_cpu(&program.weights_blob(&g).unwrap(), &x).unwrap();
     let want = smelt_runtime::cpu::run(&g, &x).unwrap();
     assert!(smelt::compare(&got[0], &want[0], 0.0, 0.0).ok);
     // The same through a GEMM epilogue.

@@ -30,8 +30,8 @@ fn executor(g: &KernelGraph, plan: &smelt_passes::memory::Plan, limit: Option<us
     let sources = program.sources();
     let compiled = compile_all(&Compiler::default(), &sources, 4, &|_| {}).unwrap_or_else(|e| panic!("{e}"));
     let ptx: HashMap<String, String> = sources.iter().map(|(n, _)| n.clone()).zip(compiled.into_iter().map(|c| c.ptx)).collect();
-    let blob = program.weights_blob(g);
-    CudaExecutor::new(program, &ptx, &blob, limit)
+    let blob = program.weights_blob(g).unwrap();
+    smelt_runtime::cuda::executor(program, ptx, &blob, limit, true)
 }
 
 fn main() {
@@ -83,8 +83,8 @@ fn main() {
     // The memory limit refuses before allocating.
     let (g, plan) = compiled(&common::load("zoo:resnet50", None), "f32");
     let program = Program::build(&g, &plan).unwrap();
-    let blob = program.weights_blob(&g);
-    match CudaExecutor::new(program, &HashMap::new(), &blob, Some(1 << 20)) {
+    let blob = program.weights_blob(&g).unwrap();
+    match smelt_runtime::cuda::executor(program, HashMap::new(), &blob, Some(1 << 20), false) {
         Err(smelt_runtime::RuntimeError::MemoryLimit { .. }) => println!("gpu: ok   the memory limit refuses a 5 MiB arena under 1 MiB"),
         other => {
             println!("gpu: FAIL the memory limit: {:?}", other.err());

@@ -221,7 +221,7 @@ fn onnx_gelu_matches_onnxruntime() {
         let compiled = s.compile().unwrap();
         let planned = s.plan(&compiled).unwrap();
         let program = s.program(&compiled, &planned).unwrap();
-        let got = program.run_cpu(&program.weights_blob(&compiled.graph), std::slice::from_ref(&x)).unwrap();
+        let got = program.run_cpu(&program.weights_blob(&compiled.graph).unwrap(), std::slice::from_ref(&x)).unwrap();
         let c = smelt::compare(&got[0], &want, 1e-5, 1e-6);
         assert!(c.ok, "{case}: generated kernel against onnxruntime: {c:?}");
     }

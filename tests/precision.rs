@@ -85,7 +85,7 @@ fn mixed_precision_on_the_light_models() {
                 // random-weight nets amplify a one-ulp difference, as they
                 // amplify the f16 rounding itself (the tolerance above).
                 let program = Program::build(&g, &plan).unwrap();
-                let out = program.run_cpu(&program.weights_blob(&g), std::slice::from_ref(&image)).unwrap();
+                let out = program.run_cpu(&program.weights_blob(&g).unwrap(), std::slice::from_ref(&image)).unwrap();
                 let c = smelt::precision_error(&out[0], &got[0]);
                 assert!(c.max_abs_over_range <= tol && c.argmax_agree == c.rows, "{name}: program vs reference {c:?}");
                 sources.extend(program.sources());
@@ -145,7 +145,7 @@ fn mixed_f16_block_snapshots() {
     // The kernels compute what the reference executor computes.
     let x = common::random_inputs(&m, 1);
     let want = smelt_runtime::cpu::run(&m, &x).unwrap();
-    let got = program.run_cpu(&program.weights_blob(&m), &x).unwrap();
+    let got = program.run_cpu(&program.weights_blob(&m).unwrap(), &x).unwrap();
     assert!(smelt::precision_error(&got[0], &want[0]).max_abs_over_range <= 1e-2);
 }
 
@@ -232,7 +232,7 @@ fn f32_classifiers_widen_half_inputs_on_load() {
     insta::assert_snapshot!("mixed_f16_gemm_classifier_kernels", all);
     let x = common::random_inputs(&m, 4);
     let want = smelt_runtime::cpu::run(&m, &x).unwrap();
-    let got = program.run_cpu(&program.weights_blob(&m), &x).unwrap();
+    let got = program.run_cpu(&program.weights_blob(&m).unwrap(), &x).unwrap();
     assert!(smelt::precision_error(&got[0], &want[0]).max_abs_over_range <= 1e-2);
     // SqueezeNet: its classifier is a conv that reads a half input.
     let sq = common::load(common::variant("squeezenet").join("model.onnx").to_str().unwrap(), None);
@@ -262,7 +262,7 @@ fn random_graphs_under_every_policy() {
             smelt_passes::memory::check::check(&h, &plan).unwrap_or_else(|e| panic!("seed {seed} {policy}: {e}"));
             let reference = smelt_runtime::cpu::run(&h, &x).unwrap();
             let program = Program::build(&h, &plan).unwrap_or_else(|e| panic!("seed {seed} {policy}: {e}\n{}", text::print(&h)));
-            let got = program.run_cpu(&program.weights_blob(&h), &x).unwrap();
+            let got = program.run_cpu(&program.weights_blob(&h).unwrap(), &x).unwrap();
             for ((a, r), w) in got.iter().zip(&reference).zip(&want) {
                 assert_eq!(a.ty(), w.ty(), "seed {seed} {policy}: the interface changed");
                 let e = smelt::precision_error(a, r);

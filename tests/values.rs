@@ -92,7 +92,7 @@ fn fusion_never_folds_a_parameter_and_the_numbers_hold() {
     let planned = s.plan(&compiled).unwrap();
     let program = s.program(&compiled, &planned).unwrap();
     assert!(program.weights.iter().any(|w| w.name == "conv.w") && program.weights.iter().any(|w| w.name == "b"));
-    let got = program.run_cpu(&program.weights_blob(&compiled.graph), &x).unwrap();
+    let got = program.run_cpu(&program.weights_blob(&compiled.graph).unwrap(), &x).unwrap();
     let c = smelt::compare(&got[0], &want[0], 1e-4, 1e-5);
     assert!(c.ok, "{c:?}");
 }

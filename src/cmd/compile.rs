@@ -91,7 +91,7 @@ fn codegen(o: &CompileArgs) -> Result<bool> {
         let svg = smelt::plan::svg(&title, &planned.plan, fused, (!model.no_fuse).then_some(&planned.unfused_plan));
         write(dir.join("memory.svg"), svg.as_bytes())?;
         if o.weights {
-            write(dir.join("weights.bin"), &program.weights_blob(fused))?;
+            write(dir.join("weights.bin"), &program.weights_blob(fused)?)?;
         }
         if o.ptxas_stats {
             write(dir.join("ptxas.json"), serde_json::to_string_pretty(&ptxas)?.as_bytes())?;

@@ -9,6 +9,8 @@ use smelt::{compare, dummy_input, summarize};
 use smelt_codegen::{nvrtc::Compiler, program::compile_all};
 use smelt_ir::{onnx, KernelGraph, Tensor};
 use smelt_passes::precision::Policy;
+use smelt_runtime::exec::{Device, Executor, KernelTime};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -40,11 +42,11 @@ pub fn run(a: &RunArgs) -> Result<bool> {
     let reference = if a.model.precision != Policy::F32 { Some(s.compile_f32()?) } else { None };
     let out = Outputs { inputs: &a.inputs, expects: &a.expects, rtol: a.rtol, atol: a.atol, save: a.save_outputs.clone(), json: a.json };
     let reference = reference.as_ref().map(|r| (r, a.model.precision));
-    if a.backend == "cuda" {
-        return on_cuda(&mut s, &compiled, &out, reference, a);
+    if a.backend != "cpu" {
+        return on_device(&mut s, &compiled, &out, reference, a);
     }
-    if a.profile || a.memory_limit.is_some() {
-        bail!("--profile and --memory-limit apply to --backend cuda (use `smelt plan --memory-limit` for the plan alone)");
+    if a.profile || a.memory_limit.is_some() || a.check_kernels || a.sync {
+        bail!("--profile, --memory-limit, --check-kernels and --sync apply to --backend cuda or emulator (use `smelt plan --memory-limit` for the plan alone)");
     }
     on_cpu(&compiled.graph, &out, reference)
 }
@@ -158,10 +160,13 @@ fn report(
     Ok(ok)
 }
 
-/// `smelt run --backend cuda`: plan (refusing over --memory-limit before
-/// touching the device), generate and compile the kernels, load them with
-/// the weights on the GPU, run once to warm up, then `repeat` timed runs.
-fn on_cuda(
+/// `smelt run --backend cuda|emulator`: plan (refusing over --memory-limit
+/// before touching the device), generate and compile the kernels (PTX with
+/// NVRTC, or host code with the C++ compiler), load them with the weights,
+/// then run: on a GPU once to warm up and `repeat` timed runs, on the
+/// emulator once; with --check-kernels, every kernel is checked against
+/// its description.
+fn on_device(
     s: &mut smelt::Session,
     compiled: &smelt::Compiled,
     a: &Outputs,
@@ -174,24 +179,51 @@ fn on_cuda(
         let mem = smelt::plan::report(fused, &planned.plan, !args.model.no_fuse, true);
         super::plan::enforce_limit(s, &mem, limit)?;
     }
-    if let Some(why) = smelt_runtime::cuda::unavailable() {
-        bail!("--backend cuda needs an NVIDIA GPU: {why}");
+    let cuda = args.backend == "cuda";
+    if cuda {
+        if let Some(why) = smelt_runtime::cuda::unavailable() {
+            bail!("--backend cuda needs an NVIDIA GPU: {why}");
+        }
     }
     let program = s.program(compiled, &planned).with_context(|| format!("cannot generate code for {}", args.model.model))?;
     let sources = program.sources();
-    let bar = super::bar(sources.len(), "{spinner} compiling kernels {bar:30} {pos}/{len}", false);
+    let blob = program.weights_blob(fused)?;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let kernels = compile_all(&Compiler::default(), &sources, threads, &|_| bar.inc(1)).context("kernel compilation failed")?;
-    bar.finish_and_clear();
-    let ptx: std::collections::HashMap<String, String> =
-        sources.iter().map(|(n, _)| n.clone()).zip(kernels.into_iter().map(|c| c.ptx)).collect();
-    let blob = program.weights_blob(fused);
-    let (arena, weights_bytes) = (program.arena, program.weights_bytes);
-    let mut exec = smelt_runtime::cuda::CudaExecutor::new(program, &ptx, &blob, args.memory_limit)?;
-    let (profile, repeat) = (args.profile, args.repeat.max(1));
-    let json_out = a.json;
-    report(fused, a, reference, &mut |ins| {
-        exec.run(ins, false)?; // warm-up: module JIT, first-touch costs
+    let bar = super::bar(sources.len(), "{spinner} compiling kernels {bar:30} {pos}/{len}", false);
+    if cuda {
+        let kernels = compile_all(&Compiler::default(), &sources, threads, &|_| bar.inc(1)).context("kernel compilation failed")?;
+        bar.finish_and_clear();
+        let ptx: HashMap<String, String> = sources.iter().map(|(n, _)| n.clone()).zip(kernels.into_iter().map(|c| c.ptx)).collect();
+        let exec = smelt_runtime::cuda::executor(program, ptx, &blob, args.memory_limit, args.sync)?;
+        drive(exec, fused, a, reference, args)
+    } else {
+        let exec = smelt_runtime::emu::executor(program, &blob, &|_| bar.inc(1)).context("cannot prepare the emulator")?;
+        bar.finish_and_clear();
+        drive(exec, fused, a, reference, args)
+    }
+}
+
+/// Runs a loaded program and reports (see [`on_device`]).
+fn drive<D: Device>(
+    mut exec: Executor<D>,
+    fused: &KernelGraph,
+    a: &Outputs,
+    reference: Option<(&KernelGraph, Policy)>,
+    args: &RunArgs,
+) -> Result<bool> {
+    let (arena, weights_bytes) = (exec.device_bytes().saturating_sub(exec.weights_bytes()), exec.weights_bytes());
+    let (profile, json_out, emulated) = (args.profile, a.json, args.backend == "emulator");
+    let repeat = if emulated { 1 } else { args.repeat.max(1) };
+    let mut bad_kernels = 0;
+    let ok = report(fused, a, reference, &mut |ins| {
+        let mut checks = Vec::new();
+        if args.check_kernels {
+            let (_, c) = exec.run_checked(ins, args.kernel_rtol)?;
+            checks = c;
+        }
+        if !emulated {
+            exec.run(ins, false)?; // warm-up: module JIT, first-touch costs
+        }
         let mut times = Vec::with_capacity(repeat);
         let mut last = None;
         for _ in 0..repeat {
@@ -202,28 +234,37 @@ fn on_cuda(
         let kernels = if profile { exec.run(ins, true)?.2 } else { Vec::new() };
         times.sort_by(f64::total_cmp);
         let (min, median) = (times[0], times[times.len() / 2]);
-        let dev = &exec.device;
-        if profile && !json_out {
-            let total: f64 = kernels.iter().map(|k| k.ms).sum();
-            println!("{:<56} {:>9} {:>6} {:>9} {:>10}", "kernel (profiled run, CUDA events)", "ms", "share", "GB/s", "GFLOP/s");
-            let mut sorted: Vec<_> = kernels.iter().collect();
-            sorted.sort_by(|x, y| y.ms.total_cmp(&x.ms));
-            for k in &sorted {
+        let dev = exec.device().info();
+        bad_kernels = checks.iter().filter(|c| !c.ok).count();
+        if !json_out {
+            if args.check_kernels {
+                for c in checks.iter().filter(|c| !c.ok) {
+                    println!(
+                        "kernel {} (node {}): MISMATCH with its description: max abs err {:.3e} ({:.3e} of range), {} elements outside",
+                        c.kernel, c.node, c.max_abs, c.of_range, c.mismatches
+                    );
+                }
+                let worst = checks.iter().map(|c| c.of_range).fold(0f64, f64::max);
                 println!(
-                    "{:<56} {:>9.4} {:>5.1}% {:>9.1} {:>10.1}",
-                    k.kernel,
-                    k.ms,
-                    100.0 * k.ms / total.max(1e-12),
-                    k.bytes as f64 / (k.ms * 1e6),
-                    k.flops as f64 / (k.ms * 1e6)
+                    "checked {} kernels against their descriptions: {} agree within {:e} of range (worst {worst:.3e})",
+                    checks.len(),
+                    checks.len() - bad_kernels,
+                    args.kernel_rtol
                 );
             }
-            println!("{} kernels, {total:.3} ms in kernels\n", kernels.len());
+            if profile {
+                print_profile(&kernels);
+            }
         }
-        Ok(Ran {
-            outs: last.expect("at least one run"),
-            secs: median / 1e3,
-            label: format!(
+        let label = if emulated {
+            format!(
+                "ran on the {} in {median:.3} ms (the generated CUDA C on the CPU, every access checked); arena {} + weights {}",
+                dev.name,
+                human_bytes(arena),
+                human_bytes(weights_bytes)
+            )
+        } else {
+            format!(
                 "ran on {} (compute capability {}.{}): median {median:.3} ms, min {min:.3} ms over {repeat} runs; device memory {} (arena {} + weights {})",
                 dev.name,
                 dev.compute_capability.0,
@@ -231,9 +272,34 @@ fn on_cuda(
                 human_bytes(arena + weights_bytes),
                 human_bytes(arena),
                 human_bytes(weights_bytes)
-            ),
-            extra: json!({"backend": "cuda", "device": dev, "runs": repeat, "median_ms": median, "min_ms": min,
-                          "arena_bytes": arena, "weights_bytes": weights_bytes, "device_bytes": exec.device_bytes(), "kernels": kernels}),
+            )
+        };
+        Ok(Ran {
+            outs: last.expect("at least one run"),
+            secs: median / 1e3,
+            label,
+            extra: json!({"backend": args.backend, "device": dev, "runs": repeat, "median_ms": median, "min_ms": min,
+                          "arena_bytes": arena, "weights_bytes": weights_bytes, "device_bytes": exec.device_bytes(), "kernels": kernels,
+                          "kernel_checks": if args.check_kernels { json!(checks) } else { json!(null) }}),
         })
-    })
+    })?;
+    Ok(ok && bad_kernels == 0)
+}
+
+fn print_profile(kernels: &[KernelTime]) {
+    let total: f64 = kernels.iter().map(|k| k.ms).sum();
+    println!("{:<56} {:>9} {:>6} {:>9} {:>10}", "kernel (profiled run)", "ms", "share", "GB/s", "GFLOP/s");
+    let mut sorted: Vec<_> = kernels.iter().collect();
+    sorted.sort_by(|x, y| y.ms.total_cmp(&x.ms));
+    for k in &sorted {
+        println!(
+            "{:<56} {:>9.4} {:>5.1}% {:>9.1} {:>10.1}",
+            k.kernel,
+            k.ms,
+            100.0 * k.ms / total.max(1e-12),
+            k.bytes as f64 / (k.ms * 1e6),
+            k.flops as f64 / (k.ms * 1e6)
+        );
+    }
+    println!("{} kernels, {total:.3} ms in kernels\n", kernels.len());
 }

@@ -248,13 +248,13 @@ impl Conv {
                 s += &format!("    int ox = (int)(o % {ow}ull), oy = (int)(o / {ow}ull % {oh}ull);\n");
                 s += &format!("    int co = (int)(o / {}ull % {m}ull), nb = (int)(o / {}ull);\n", oh * ow, m * oh * ow);
                 s += &format!(
-                    "    int gc = co / {mg} * {cg};\n    const {ty}* wr = w + (unsigned long long)co * {k};\n    float acc = 0.0f;\n"
+                    "    int gc = co / {mg} * {cg};\n    unsigned long long wr = (unsigned long long)co * {k};\n    float acc = 0.0f;\n"
                 );
                 s += &format!("    for (int ci = 0; ci < {cg}; ++ci) {{\n");
-                s += &format!("        const {xty}* xc = x + ((unsigned long long)nb * {c} + gc + ci) * {};\n", h * w);
+                s += &format!("        unsigned long long xc = ((unsigned long long)nb * {c} + gc + ci) * {};\n", h * w);
                 s += &format!("        #pragma unroll\n        for (int r = 0; r < {kh}; ++r) {{\n            int iy = oy * {sh} - {ph} + r * {dh};\n            if (iy < 0 || iy >= {h}) continue;\n");
                 s += &format!("            #pragma unroll\n            for (int q = 0; q < {kw}; ++q) {{\n                int ix = ox * {sw} - {pw} + q * {dw};\n                if (ix < 0 || ix >= {w}) continue;\n");
-                s += &format!("                acc += {xload}(xc[iy * {w} + ix]) * {load}(wr[(ci * {kh} + r) * {kw} + q]);\n            }}\n        }}\n    }}\n");
+                s += &format!("                acc += {xload}(x[xc + iy * {w} + ix]) * {load}(w[wr + (ci * {kh} + r) * {kw} + q]);\n            }}\n        }}\n    }}\n");
                 s += &epilogue("    ", "acc");
             }
             Algo::ImplicitGemm => {
@@ -262,12 +262,12 @@ impl Conv {
                 s += &format!("    __shared__ float as[{BK}][{}];\n    __shared__ float bs[{BK}][{BN}];\n", BM + 1);
                 s += "    const int tid = threadIdx.x, tm = tid / 16, tn = tid % 16;\n";
                 s += &format!("    const int g = blockIdx.z, m0 = blockIdx.y * {BM}, p0 = blockIdx.x * {BN};\n");
-                s += &format!("    const {ty}* wg = w + (unsigned long long)g * {mg} * {k};\n");
+                s += &format!("    const unsigned long long wg = (unsigned long long)g * {mg} * {k};\n");
                 s += "    float acc[4][4];\n    #pragma unroll\n    for (int i = 0; i < 4; ++i)\n        #pragma unroll\n        for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;\n";
                 s += &format!("    for (int k0 = 0; k0 < {k}; k0 += {BK}) {{\n");
                 s += &format!("        #pragma unroll\n        for (int i = tid; i < {}; i += {THREADS}) {{\n", BM * BK);
                 s += &format!("            int mm = i / {BK}, kk = i % {BK}, gm = m0 + mm, gk = k0 + kk;\n");
-                s += &format!("            as[kk][mm] = (gm < {mg} && gk < {k}) ? {load}(wg[(unsigned long long)gm * {k} + gk]) : 0.0f;\n        }}\n");
+                s += &format!("            as[kk][mm] = (gm < {mg} && gk < {k}) ? {load}(w[wg + (unsigned long long)gm * {k} + gk]) : 0.0f;\n        }}\n");
                 s += &format!("        #pragma unroll\n        for (int i = tid; i < {}; i += {THREADS}) {{\n", BK * BN);
                 s += &format!("            int kk = i / {BN}, pp = i % {BN}, gk = k0 + kk, gp = p0 + pp;\n            float v = 0.0f;\n");
                 s += &format!("            if (gk < {k} && gp < {p}) {{\n");

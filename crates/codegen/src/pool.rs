@@ -74,7 +74,7 @@ impl Pool {
             s += &format!("    long long o{d} = r % {}ull; r /= {}ull;\n", self.output[2 + d], self.output[2 + d]);
         }
         let plane: usize = self.input[2..].iter().product();
-        s += &format!("    const {ty}* x = in + r * {plane}ull; // r is now the (n, c) plane\n");
+        s += &format!("    unsigned long long plane = r * {plane}ull; // r is now the (n, c) plane\n");
         s += &format!(
             "    float acc = {};\n    int count = 0;\n",
             if self.average.is_some() { "0.0f" } else { "__int_as_float(0xff800000) /* -inf */" }
@@ -89,7 +89,7 @@ impl Pool {
             idx = format!("({idx}) * {} + x{d}", self.input[2 + d]);
         }
         let ind = "    ".repeat(n + 1);
-        let v = format!("{load}(x[{idx}])");
+        let v = format!("{load}(in[plane + {idx}])");
         s += &if self.average.is_some() {
             format!("{ind}acc += {v};\n{ind}++count;\n")
         } else {

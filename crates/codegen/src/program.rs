@@ -252,18 +252,29 @@ impl Program {
     }
 
     /// The weights blob of `g` (the graph the program was built from): each
-    /// constant's little-endian bytes at its offset.
-    pub fn weights_blob(&self, g: &KernelGraph) -> Vec<u8> {
+    /// constant's little-endian bytes at its offset. A constant without data
+    /// (a text model whose weights were never given) is an error, never zeros.
+    pub fn weights_blob(&self, g: &KernelGraph) -> Result<Vec<u8>, CodegenError> {
         let mut blob = vec![0u8; self.weights_bytes];
         let by_name: HashMap<&str, NodeId> =
             g.node_ids().filter(|&n| g.node(n).op.is_persistent()).map(|n| (g.node(n).name.as_str(), n)).collect();
         for w in &self.weights {
-            if let Some(t) = by_name.get(w.name.as_str()).and_then(|&n| g.weight(n)) {
-                let bytes = t.data().to_le_bytes();
-                blob[w.offset..w.offset + bytes.len()].copy_from_slice(&bytes);
+            let t = by_name.get(w.name.as_str()).and_then(|&n| g.weight(n)).ok_or_else(|| CodegenError::Unsupported {
+                node: w.name.clone(),
+                op: "constant".into(),
+                detail: "has no data: a kernel reads it, so the weights blob cannot be built (give the model its weights)".into(),
+            })?;
+            let bytes = t.data().to_le_bytes();
+            if bytes.len() != w.bytes {
+                return Err(CodegenError::Unsupported {
+                    node: w.name.clone(),
+                    op: "constant".into(),
+                    detail: format!("its data has {} bytes, its type {} {:?} needs {}", bytes.len(), w.dtype, w.shape, w.bytes),
+                });
             }
+            blob[w.offset..w.offset + bytes.len()].copy_from_slice(&bytes);
         }
-        blob
+        Ok(blob)
     }
 
     /// Executes the program on the CPU as a device would: one byte arena of

@@ -38,6 +38,33 @@ pub enum RuntimeError {
         /// The limit, in bytes.
         limit: usize,
     },
+    /// A program cannot be loaded or run as built (always a compiler bug).
+    #[error("program: {0}")]
+    Program(String),
+    /// The emulator could not compile or load a kernel (a bug: generated
+    /// code the host compiler rejects).
+    #[error("emulator, kernel {kernel}: {msg}")]
+    Emulator {
+        /// The kernel.
+        kernel: String,
+        /// What failed.
+        msg: String,
+    },
+    /// A kernel misbehaved: an access outside its argument, a misaligned
+    /// vector parameter, overlapping `__restrict__` arguments (a bug in
+    /// the generated code or the plan).
+    #[error("kernel {kernel} (node {node}): {msg}")]
+    Kernel {
+        /// The kernel.
+        kernel: String,
+        /// The node it computes.
+        node: String,
+        /// What went wrong, with thread and block.
+        msg: String,
+    },
+    /// The emulator needs a C++ compiler and none can be run.
+    #[error("no C++ compiler: {0}")]
+    NoCompiler(String),
     /// The graph is invalid (always a compiler bug after a pass).
     #[error(transparent)]
     Ir(#[from] smelt_ir::IrError),

@@ -1,0 +1,313 @@
+//! The launch path of a compiled [`Program`], written once for every
+//! device: the CUDA executor ([`crate::cuda::CudaDevice`]) and the emulator
+//! ([`crate::emu::Emulator`]) implement [`Device`], and [`Executor`] does
+//! the rest. So the code a GPU runs (the arena and weights allocations,
+//! pointers as `base + offset`, parameters packed in the kernel's order as
+//! 8-byte values, launch sizes, input and output copies) is the code CI
+//! runs on the emulator.
+
+use crate::RuntimeError;
+use smelt_codegen::program::{Program, Space, Step};
+use smelt_ir::{DType, Tensor, TensorType};
+
+/// What a device must do to run a program.
+pub trait Device {
+    /// A loaded kernel.
+    type Function: Clone;
+    /// A point in the device's timeline (an event on a GPU, an instant on the CPU).
+    type Mark;
+
+    /// What the device is, for reports.
+    fn info(&self) -> DeviceInfo;
+    /// The kernel called `name` (compiled beforehand).
+    fn function(&mut self, name: &str) -> Result<Self::Function, RuntimeError>;
+    /// Allocates the arena (zeroed) and uploads the weights; returns the
+    /// device addresses of both (the arena's aligned to [`ARENA_ALIGN`]).
+    fn alloc(&mut self, arena: usize, weights: &[u8]) -> Result<(u64, u64), RuntimeError>;
+    /// Copies `bytes` to the arena at `offset`.
+    fn write(&mut self, offset: usize, bytes: &[u8]) -> Result<(), RuntimeError>;
+    /// Copies the arena at `offset` into `out` (waiting for the launches before it).
+    fn read(&mut self, offset: usize, out: &mut [u8]) -> Result<(), RuntimeError>;
+    /// Launches `f` for `step` with `params`: one 8-byte value per kernel
+    /// parameter, in order (device addresses, then the count if any).
+    fn launch(&mut self, f: &Self::Function, step: &Step, grid: [u32; 3], block: [u32; 3], params: &[u64]) -> Result<(), RuntimeError>;
+    /// Records a point in the timeline.
+    fn mark(&mut self) -> Result<Self::Mark, RuntimeError>;
+    /// Milliseconds between two marks (waiting for the second).
+    fn elapsed_ms(&mut self, from: &Self::Mark, to: &Self::Mark) -> Result<f64, RuntimeError>;
+    /// Waits for everything launched and reports a fault, if any.
+    fn finish(&mut self) -> Result<(), RuntimeError>;
+}
+
+/// The alignment every device address of the arena and the weights has (the
+/// planner's offsets are multiples of the plan's alignment, so every
+/// argument is aligned for vector access).
+pub const ARENA_ALIGN: u64 = 256;
+
+/// The device's name, memory and compute capability.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct DeviceInfo {
+    /// e.g. `NVIDIA H200`, or `emulator (g++)`.
+    pub name: String,
+    /// Total device memory in bytes (0 where not meaningful).
+    pub total_bytes: usize,
+    /// Free device memory in bytes when the executor was created.
+    pub free_bytes: usize,
+    /// (major, minor); (0, 0) for the emulator.
+    pub compute_capability: (i32, i32),
+}
+
+/// One kernel's time in a profiled run.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct KernelTime {
+    /// The node it computes.
+    pub node: String,
+    /// The kernel.
+    pub kernel: String,
+    /// Milliseconds.
+    pub ms: f64,
+    /// Bytes its arguments span (each read or written once): a lower bound
+    /// on its memory traffic.
+    pub bytes: usize,
+    /// Floating-point operations.
+    pub flops: usize,
+}
+
+/// One kernel's output against its description's CPU run on the same
+/// operands (from [`Executor::run_checked`]).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct KernelCheck {
+    /// The node it computes.
+    pub node: String,
+    /// The kernel.
+    pub kernel: String,
+    /// Largest absolute difference.
+    pub max_abs: f64,
+    /// Largest absolute difference over the largest |expected| element.
+    pub of_range: f64,
+    /// Elements outside the tolerance.
+    pub mismatches: usize,
+    /// Whether it is within the tolerance.
+    pub ok: bool,
+}
+
+struct Launch<F> {
+    func: F,
+    grid: [u32; 3],
+    block: [u32; 3],
+}
+
+/// A program loaded on a device.
+pub struct Executor<D: Device> {
+    device: D,
+    program: Program,
+    weights: Vec<u8>,
+    launches: Vec<Launch<D::Function>>,
+    bases: (u64, u64),
+}
+
+impl<D: Device> Executor<D> {
+    /// Loads `program` with its weights blob on `device`. With
+    /// `memory_limit` (on activation memory, as `smelt plan
+    /// --memory-limit`), refuses before allocating anything when the arena
+    /// exceeds it.
+    pub fn new(mut device: D, program: Program, weights: &[u8], memory_limit: Option<usize>) -> Result<Executor<D>, RuntimeError> {
+        if let Some(limit) = memory_limit {
+            if program.arena > limit {
+                return Err(RuntimeError::MemoryLimit { need: program.arena, limit });
+            }
+        }
+        if weights.len() != program.weights_bytes {
+            return Err(RuntimeError::Program(format!(
+                "weights blob of {} bytes, the program needs {}",
+                weights.len(),
+                program.weights_bytes
+            )));
+        }
+        let mut launches = Vec::with_capacity(program.steps.len());
+        let mut loaded: std::collections::HashMap<String, D::Function> = std::collections::HashMap::new();
+        for s in &program.steps {
+            let name = s.kernel.name().to_string();
+            let func = match loaded.get(&name) {
+                Some(f) => f.clone(),
+                None => {
+                    let f = device.function(&name)?;
+                    loaded.insert(name.clone(), f.clone());
+                    f
+                }
+            };
+            let dim = |v: [usize; 3], what: &str| -> Result<[u32; 3], RuntimeError> {
+                let c = |x: usize| u32::try_from(x).map_err(|_| RuntimeError::Program(format!("kernel {name}: {what} {v:?} too large")));
+                Ok([c(v[0])?, c(v[1])?, c(v[2])?])
+            };
+            launches.push(Launch { func, grid: dim(s.launch.grid, "grid")?, block: dim(s.launch.block, "block")? });
+        }
+        let bases = device.alloc(program.arena, weights)?;
+        if bases.0 % ARENA_ALIGN != 0 || (!weights.is_empty() && bases.1 % ARENA_ALIGN != 0) {
+            return Err(RuntimeError::Program(format!(
+                "the device placed the arena at {:#x} and the weights at {:#x}: not aligned to {ARENA_ALIGN} bytes",
+                bases.0, bases.1
+            )));
+        }
+        Ok(Executor { device, program, weights: weights.to_vec(), launches, bases })
+    }
+
+    /// The device.
+    pub fn device(&self) -> &D {
+        &self.device
+    }
+
+    /// Bytes this executor allocated on the device (arena plus weights).
+    pub fn device_bytes(&self) -> usize {
+        self.program.arena.max(1) + self.program.weights_bytes
+    }
+
+    /// Bytes of the weights blob.
+    pub fn weights_bytes(&self) -> usize {
+        self.program.weights_bytes
+    }
+
+    /// The 8-byte parameters of step `i`: `base + offset` per pointer, then the count.
+    fn params(&self, i: usize) -> Vec<u64> {
+        let s = &self.program.steps[i];
+        let base = |space: &Space| if *space == Space::Arena { self.bases.0 } else { self.bases.1 };
+        s.args.iter().map(|a| base(&a.space) + a.offset as u64).chain(s.launch.count.map(|c| c as u64)).collect()
+    }
+
+    fn load_inputs(&mut self, inputs: &[Tensor]) -> Result<(), RuntimeError> {
+        let p = &self.program;
+        if inputs.len() != p.inputs.len() {
+            return Err(RuntimeError::Input {
+                index: inputs.len(),
+                name: String::new(),
+                msg: format!("{} inputs given, {} expected", inputs.len(), p.inputs.len()),
+            });
+        }
+        for (i, (io, t)) in p.inputs.iter().zip(inputs).enumerate() {
+            let bytes = t.data().to_le_bytes();
+            if bytes.len() != io.bytes || t.ty().to_string() != io.ty {
+                return Err(RuntimeError::Input { index: i, name: io.name.clone(), msg: format!("got {}, expected {}", t.ty(), io.ty) });
+            }
+            self.device.write(io.offset, &bytes)?;
+        }
+        Ok(())
+    }
+
+    fn outputs(&mut self) -> Result<Vec<Tensor>, RuntimeError> {
+        let mut outs = Vec::with_capacity(self.program.outputs.len());
+        for i in 0..self.program.outputs.len() {
+            let (io, ty) = (&self.program.outputs[i], &self.program.output_types[i]);
+            let mut host = vec![0u8; io.bytes];
+            self.device.read(io.offset, &mut host)?;
+            outs.push(tensor(ty, &host)?);
+        }
+        Ok(outs)
+    }
+
+    fn launch(&mut self, i: usize) -> Result<(), RuntimeError> {
+        let params = self.params(i);
+        let l = &self.launches[i];
+        self.device.launch(&l.func, &self.program.steps[i], l.grid, l.block, &params)
+    }
+
+    /// Runs once: inputs in, every kernel, outputs out. With `profile`, each
+    /// launch is timed (which adds a little overhead between kernels); the
+    /// total is always timed, in milliseconds.
+    pub fn run(&mut self, inputs: &[Tensor], profile: bool) -> Result<(Vec<Tensor>, f64, Vec<KernelTime>), RuntimeError> {
+        self.load_inputs(inputs)?;
+        let start = self.device.mark()?;
+        let mut times = Vec::new();
+        for i in 0..self.launches.len() {
+            let before = if profile { Some(self.device.mark()?) } else { None };
+            self.launch(i)?;
+            if let Some(before) = before {
+                let after = self.device.mark()?;
+                let ms = self.device.elapsed_ms(&before, &after)?;
+                let s = &self.program.steps[i];
+                times.push(KernelTime {
+                    node: s.node.clone(),
+                    kernel: s.kernel.name().to_string(),
+                    ms,
+                    bytes: s.args.iter().map(|a| a.bytes).sum(),
+                    flops: s.kernel.flops(),
+                });
+            }
+        }
+        let end = self.device.mark()?;
+        let total_ms = self.device.elapsed_ms(&start, &end)?;
+        let outs = self.outputs()?;
+        self.device.finish()?;
+        Ok((outs, total_ms, times))
+    }
+
+    /// Runs once and checks every kernel against its description: before
+    /// each launch its operands are read back from the device, and after it
+    /// its output is compared with [`smelt_codegen::kernel::Kernel::run_cpu`]
+    /// on those operands, within `rtol` of the output's range (plus one
+    /// unit in the last place for half outputs). Errors do not compound: each
+    /// kernel is judged on what it was given.
+    pub fn run_checked(&mut self, inputs: &[Tensor], rtol: f64) -> Result<(Vec<Tensor>, Vec<KernelCheck>), RuntimeError> {
+        self.load_inputs(inputs)?;
+        let mut checks = Vec::with_capacity(self.launches.len());
+        for i in 0..self.launches.len() {
+            let s = self.program.steps[i].clone();
+            let (out, ins) = s.args.split_last().ok_or_else(|| RuntimeError::Program(format!("kernel {} has no output", s.kernel.name())))?;
+            let mut operands = Vec::with_capacity(ins.len());
+            for a in ins {
+                let bytes = match a.space {
+                    Space::Arena => {
+                        let mut b = vec![0u8; a.bytes];
+                        self.device.read(a.offset, &mut b)?;
+                        b
+                    }
+                    Space::Weights => self.weights[a.offset..a.offset + a.bytes].to_vec(),
+                };
+                operands.push(tensor(&a.ty, &bytes)?);
+            }
+            self.launch(i)?;
+            let mut got = vec![0u8; out.bytes];
+            self.device.read(out.offset, &mut got)?;
+            let got = tensor(&out.ty, &got)?;
+            let want = s.kernel.run_cpu(&operands.iter().collect::<Vec<_>>());
+            checks.push(check(&s, &got, &want, rtol));
+        }
+        let outs = self.outputs()?;
+        self.device.finish()?;
+        Ok((outs, checks))
+    }
+}
+
+/// `got` against `want`: within `rtol` of the largest |want|, plus one unit
+/// in the last place of a half output.
+fn check(s: &Step, got: &Tensor, want: &Tensor, rtol: f64) -> KernelCheck {
+    let (g, w) = (got.to_f32_vec(), want.to_f32_vec());
+    let range = w.iter().fold(0f64, |m, x| m.max((*x as f64).abs()));
+    let ulp = |x: f64| match got.ty().dtype {
+        DType::F16 => (x.abs().max(6.1e-5)).log2().floor().exp2() * 2f64.powi(-10),
+        DType::BF16 => (x.abs().max(1.2e-38)).log2().floor().exp2() * 2f64.powi(-7),
+        _ => 0.0,
+    };
+    let (mut max_abs, mut mismatches) = (0f64, 0);
+    for (a, b) in g.iter().zip(&w) {
+        let (a, b) = (*a as f64, *b as f64);
+        let d = if a.is_nan() && b.is_nan() { 0.0 } else { (a - b).abs() };
+        let d = if d.is_nan() { f64::INFINITY } else { d };
+        max_abs = max_abs.max(d);
+        if d > rtol * range + ulp(b) {
+            mismatches += 1;
+        }
+    }
+    let mismatches = mismatches + g.len().abs_diff(w.len());
+    KernelCheck {
+        node: s.node.clone(),
+        kernel: s.kernel.name().to_string(),
+        max_abs,
+        of_range: if range > 0.0 { max_abs / range } else { max_abs },
+        mismatches,
+        ok: mismatches == 0,
+    }
+}
+
+fn tensor(ty: &TensorType, bytes: &[u8]) -> Result<Tensor, RuntimeError> {
+    Tensor::from_le_bytes(ty, bytes).ok_or_else(|| RuntimeError::Program(format!("{} bytes are not a {ty}", bytes.len())))
+}
