@@ -216,9 +216,11 @@ impl Conv {
             params.push(format!("const {ty}* __restrict__ bias"));
         }
         if self.residual {
-            params.push(format!("const {ty}* __restrict__ residual"));
+            params.push(format!("const {ty}* residual"));
         }
-        params.push(format!("{ty}* __restrict__ out"));
+        // No `__restrict__` on the residual and the output: the plan may
+        // make them the same bytes (in place).
+        params.push(format!("{ty}* out"));
         // No __launch_bounds__: with it, ptxas for sm_90 trades registers for
         // occupancy and spills the f16 variants (4 bytes at 48 registers);
         // without it none spills (measured with --ptxas-stats). Launched

@@ -100,9 +100,10 @@ impl Elementwise {
         let mut s = String::from("#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n\n");
         s += &format!("// {}: {} over {:?}\n", self.name, self.expr, self.shape);
         let params: Vec<String> =
-            self.inputs.iter().enumerate().map(|(i, (d, _))| format!("const {}* __restrict__ in{i}", ty(*d))).collect();
+            self.inputs.iter().enumerate().map(|(i, (d, _))| format!("const {}* in{i}", ty(*d))).collect();
+        // No `__restrict__`: the plan may make the output any input (in place).
         s += &format!(
-            "extern \"C\" __global__ void {}({}, {}* __restrict__ out, unsigned long long n) {{\n",
+            "extern \"C\" __global__ void {}({}, {}* out, unsigned long long n) {{\n",
             self.name,
             params.join(", "),
             ty(self.out)
@@ -129,9 +130,9 @@ impl Elementwise {
         s += &format!("__device__ __forceinline__ float value_{}({}) {{\n", self.name, args.join(", "));
         s += &expr_body(&self.expr);
         s += "}\n\n";
-        let params: Vec<String> = (0..k).map(|i| format!("const float4* __restrict__ in{i}")).collect();
+        let params: Vec<String> = (0..k).map(|i| format!("const float4* in{i}")).collect();
         s += &format!(
-            "extern \"C\" __global__ void {}({}, float4* __restrict__ out, unsigned long long n) {{\n",
+            "extern \"C\" __global__ void {}({}, float4* out, unsigned long long n) {{\n",
             self.name,
             params.join(", ")
         );
