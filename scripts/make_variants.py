@@ -17,6 +17,12 @@ Output, per model, under <out>/<name>/:
     model.onnx    the variant (same IR version / opset / topology otherwise)
     input_0.pb    TensorProto of the image input, seeded normal [1,3,224,224]
     output_0.pb   TensorProto of the graph output computed by onnxruntime
+    logits_0.pb   the logits: the input of a final Softmax (else the output),
+                  which checks every class, where most probabilities sit
+                  below any useful tolerance
+    batch_input.pb, batch_logits.pb
+                  a batch of two different seeded images and their logits
+                  (onnxruntime runs each image: the models fix batch 1)
 and finally <out>/.done once all models succeeded.
 
 Usage: make_variants.py [--data DIR] [--out DIR] [name ...]
@@ -270,6 +276,21 @@ def process(name, data_dir, out_dir):
 
     if not np.isfinite(result).all():
         sys.exit(f"error: {name}: output contains NaN/inf")
+    # The logits: the final Softmax's input made a second output.
+    logits_name = g.node[-1].input[0] if final_op == "Softmax" else out.name
+    with_logits = onnx.ModelProto()
+    with_logits.CopyFrom(variant)
+    if final_op == "Softmax":
+        with_logits.graph.output.append(onnx.helper.make_tensor_value_info(logits_name, onnx.TensorProto.FLOAT, None))
+    logits_session = session(with_logits.SerializeToString())
+    logits = logits_session.run(None, {inp.name: image})[-1]
+    second = np.random.default_rng([seed, 2]).standard_normal(shape, dtype=np.float32)
+    batch = np.concatenate([image, second])
+    batch_logits = np.concatenate([logits, logits_session.run(None, {inp.name: second})[-1]])
+    for file, array, tensor_name in [("logits_0.pb", logits, logits_name), ("batch_input.pb", batch, inp.name),
+                                     ("batch_logits.pb", batch_logits, logits_name)]:
+        with open(os.path.join(mdir, file), "wb") as f:
+            f.write(numpy_helper.from_array(array, tensor_name).SerializeToString())
     with open(os.path.join(mdir, "input_0.pb"), "wb") as f:
         f.write(numpy_helper.from_array(image, inp.name).SerializeToString())
     with open(os.path.join(mdir, "output_0.pb"), "wb") as f:

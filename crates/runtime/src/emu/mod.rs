@@ -46,7 +46,7 @@ pub struct Param {
     pub restrict: bool,
 }
 
-/// One parameter declaration: `[const ]T* [__restrict__ ]NAME` or `unsigned long long NAME`.
+/// One parameter declaration: `[const ]T* [__restrict__ ]NAME` or `T NAME`.
 fn parse_param(p: &str) -> Option<Param> {
     let p = p.trim();
     let (constant, rest) = match p.strip_prefix("const ") {
@@ -63,8 +63,9 @@ fn parse_param(p: &str) -> Option<Param> {
         let ok = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
         return (ok(&ty) && ok(name)).then(|| Param { name: name.to_string(), ty, pointer: true, constant, restrict });
     }
-    let name = rest.strip_prefix("unsigned long long ")?.trim();
-    Some(Param { name: name.to_string(), ty: "unsigned long long".into(), pointer: false, constant, restrict: false })
+    let (ty, name) = rest.rsplit_once(' ')?;
+    let ok = ty.split_whitespace().all(|w| w.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'));
+    ok.then(|| Param { name: name.to_string(), ty: ty.trim().to_string(), pointer: false, constant, restrict: false })
 }
 
 /// The kernel's source for the host compiler, and its parameters: every
@@ -85,7 +86,7 @@ pub fn translate(name: &str, source: &str) -> Result<(String, Vec<Param>), Runti
         let close = line.rfind(')').ok_or_else(|| bad(format!("signature without a closing parenthesis: {line}")))?;
         let mut ps = Vec::new();
         for p in line[open + 1..close].split(',') {
-            ps.push(parse_param(p).ok_or_else(|| bad(format!("parameter `{}` is neither a pointer nor an unsigned long long", p.trim())))?);
+            ps.push(parse_param(p).ok_or_else(|| bad(format!("cannot read parameter `{}`", p.trim())))?);
         }
         let decl: Vec<String> = ps
             .iter()
@@ -93,7 +94,7 @@ pub fn translate(name: &str, source: &str) -> Result<(String, Vec<Param>), Runti
                 if p.pointer {
                     format!("smelt_emu::Ptr<{}{}> {}", if p.constant { "const " } else { "" }, p.ty, p.name)
                 } else {
-                    format!("{} {}", p.ty, p.name)
+                    format!("{}{} {}", if p.constant { "const " } else { "" }, p.ty, p.name)
                 }
             })
             .collect();
@@ -102,6 +103,10 @@ pub fn translate(name: &str, source: &str) -> Result<(String, Vec<Param>), Runti
             let fname = line[..open].split_whitespace().last().unwrap_or("");
             if fname != name {
                 return Err(bad(format!("the source defines kernel {fname}")));
+            }
+            // The runtime passes 8-byte values: addresses and counts.
+            if let Some(p) = ps.iter().find(|p| !p.pointer && p.ty != "unsigned long long") {
+                return Err(bad(format!("kernel parameter {} is a {}: the runtime passes pointers and unsigned long long counts only", p.name, p.ty)));
             }
             params = Some(ps);
         }
@@ -133,6 +138,8 @@ pub fn translate(name: &str, source: &str) -> Result<(String, Vec<Param>), Runti
             out += &format!("    std::memcpy(&a.{}, args[{i}], 8);\n", p.name);
         }
     }
+    // A misaligned vector parameter faults on a GPU (and here): no launch.
+    out += "    if (l->errors > 0) return 1;\n";
     out += &format!("    return smelt_emu::run(l, {barriers}, body, &a);\n}}\n");
     Ok((out, params))
 }

@@ -1,0 +1,274 @@
+//! The generated CUDA C itself, run on the CPU by the emulator backend: the
+//! same program a GPU runs (launch order and sizes, parameters packed as for
+//! cudarc, pointers as offsets into one arena and one weights blob), each
+//! kernel compiled by the host C++ compiler against smelt's CUDA header.
+//!
+//! Every kernel is checked against its description's CPU run on the operands
+//! the emulator gave it (so errors do not compound), and whole programs
+//! against external oracles: onnxruntime's logits for the light models'
+//! random-weight variants, the CPU reference executor for the
+//! torchvision-style zoo models and random graphs.
+
+mod common;
+
+use smelt_ir::builder::Builder;
+use smelt_ir::{Graph, KernelGraph, Op, Tensor, ValueId};
+use smelt_runtime::exec::KernelCheck;
+use std::collections::BTreeSet;
+
+/// Tolerance of a kernel against its description, relative to the range of
+/// its output (plus one unit in the last place of a half output). The
+/// emulator compiles with no contraction, as the descriptions compute, so
+/// most kernels agree bit for bit.
+const KERNEL_RTOL: f64 = 1e-5;
+
+/// `g` with its final Softmax removed: the logits, where every class is
+/// checked (most probabilities of a 1000-way softmax are below any useful
+/// absolute tolerance).
+fn logits(mut g: Graph) -> Graph {
+    let outs: Vec<_> = g
+        .outputs()
+        .iter()
+        .map(|(name, v)| match g.node(v.node).op {
+            Op::Softmax { .. } => (name.clone(), g.inputs_of(v.node)[0]),
+            _ => (name.clone(), *v),
+        })
+        .collect();
+    g.set_outputs(outs);
+    g
+}
+
+/// What a run on the emulator gave.
+struct Emulated {
+    graph: KernelGraph,
+    outputs: Vec<Tensor>,
+    checks: Vec<KernelCheck>,
+}
+
+/// `plain` through the driver (fusion unless `no_fuse`, the precision
+/// `policy`), planned, lowered and run on the emulator with every kernel
+/// checked.
+fn emulate(plain: &Graph, no_fuse: bool, policy: &str, inputs: &[Tensor]) -> Emulated {
+    let opts = smelt::Options {
+        no_fuse,
+        precision: smelt_passes::precision::Options { policy: policy.parse().unwrap(), keep_f32: vec![] },
+        ..Default::default()
+    };
+    let mut s = common::session(plain, opts);
+    let compiled = s.compile().unwrap_or_else(|e| panic!("{e}"));
+    let planned = s.plan(&compiled).unwrap_or_else(|e| panic!("{e}"));
+    let program = s.program(&compiled, &planned).unwrap_or_else(|e| panic!("{e}"));
+    let blob = program.weights_blob(&compiled.graph).unwrap();
+    let mut exec = smelt_runtime::emu::executor(program, &blob, &|_| {}).unwrap_or_else(|e| panic!("{e}"));
+    let (outputs, checks) = exec.run_checked(inputs, KERNEL_RTOL).unwrap_or_else(|e| panic!("{e}"));
+    Emulated { graph: compiled.graph, outputs, checks }
+}
+
+/// Asserts every kernel agreed with its description.
+fn assert_kernels_agree(what: &str, e: &Emulated) {
+    let bad: Vec<String> = e
+        .checks
+        .iter()
+        .filter(|c| !c.ok)
+        .map(|c| format!("{} (node {}): max abs err {:.3e}, {:.3e} of range, {} elements", c.kernel, c.node, c.max_abs, c.of_range, c.mismatches))
+        .collect();
+    assert!(bad.is_empty(), "{what}: kernels disagree with their descriptions:\n{}", bad.join("\n"));
+}
+
+/// Largest `|got - want|` over `rtol * |want| + atol_of_range * max|want|`:
+/// at most 1 where `got` is within tolerance everywhere.
+fn excess(got: &Tensor, want: &Tensor, rtol: f64, atol_of_range: f64) -> f64 {
+    let (g, w) = (got.to_f32_vec(), want.to_f32_vec());
+    assert_eq!(g.len(), w.len(), "output sizes differ: {} against {}", got.ty(), want.ty());
+    let range = w.iter().fold(0f64, |m, x| m.max((*x as f64).abs()));
+    g.iter().zip(&w).map(|(a, b)| ((*a as f64) - (*b as f64)).abs() / (rtol * (*b as f64).abs() + atol_of_range * range)).fold(0f64, f64::max)
+}
+
+/// Reads a variant's tensor file.
+fn tensor(name: &str, file: &str) -> Tensor {
+    smelt_ir::onnx::read_tensor_file(&common::variant(name).join(file)).unwrap_or_else(|e| panic!("{name}/{file}: {e}")).1
+}
+
+/// The nine light models' random-weight variants: fused and unfused in f32
+/// against onnxruntime's logits (within 1e-3 relative, plus 1e-5 of the
+/// logits' range for the elements near zero), and under mixed-f16 against
+/// the CPU reference executor of the same graph and against onnxruntime
+/// (error budget 5% of the logits' range, and the same arg-max).
+#[test]
+fn light_variants_match_onnxruntime_logits() {
+    let mut kinds = BTreeSet::new();
+    println!("{:<14} {:<10} {:>8} {:>12} {:>12}", "model", "config", "kernels", "vs ort", "vs cpu ref");
+    for name in common::LIGHT {
+        let plain = logits(common::load(common::variant(name).join("model.onnx").to_str().unwrap(), None));
+        let x = tensor(name, "input_0.pb");
+        let want = tensor(name, "logits_0.pb");
+        for (config, no_fuse, policy) in [("fused", false, "f32"), ("unfused", true, "f32"), ("mixed-f16", false, "mixed-f16")] {
+            let what = format!("{name} {config}");
+            let e = emulate(&plain, no_fuse, policy, std::slice::from_ref(&x));
+            assert_kernels_agree(&what, &e);
+            kinds.extend(e.checks.iter().map(|c| c.kernel.split('_').next().unwrap_or("").to_string() + if c.kernel.ends_with("_v4") { "_v4" } else { "" }));
+            let got = &e.outputs[0];
+            let (vs_ort, vs_cpu) = if policy == "f32" {
+                let x = excess(got, &want, 1e-3, 1e-5);
+                assert!(x <= 1.0, "{what}: logits differ from onnxruntime's beyond rtol 1e-3 + 1e-5 of range ({x:.2} times the tolerance)");
+                (format!("{x:.3} tol"), String::new())
+            } else {
+                let reference = smelt_runtime::cpu::run(&e.graph, std::slice::from_ref(&x)).unwrap();
+                let r = smelt::precision_error(got, &reference[0]);
+                assert!(r.max_abs_over_range <= 1e-3, "{what}: {:.2e} of range from the CPU reference executor of the same graph", r.max_abs_over_range);
+                let o = smelt::precision_error(got, &want);
+                assert!(o.max_abs_over_range <= 5e-2, "{what}: {:.2e} of range from onnxruntime's f32 logits", o.max_abs_over_range);
+                assert_eq!(o.argmax_agree, o.rows, "{what}: arg-max differs from onnxruntime's");
+                (format!("{:.2e} rng", o.max_abs_over_range), format!("{:.2e} rng", r.max_abs_over_range))
+            };
+            println!("{name:<14} {config:<10} {:>8} {vs_ort:>12} {vs_cpu:>12}", e.checks.len());
+        }
+    }
+    // The runs covered every kind of kernel the light models have.
+    for k in ["conv", "gemm", "maxpool", "avgpool", "lrn", "concat2", "softmax"] {
+        assert!(kinds.iter().any(|x| x.starts_with(k)), "no {k} kernel ran: {kinds:?}");
+    }
+    assert!(kinds.contains("ew_v4") && kinds.contains("ew"), "both elementwise paths (float4 and scalar) should run: {kinds:?}");
+}
+
+/// A batch of two different images (a kernel that mixed up rows would
+/// pass with identical ones) against onnxruntime's logits of each.
+#[test]
+fn batches_of_different_images_match_onnxruntime() {
+    for name in ["squeezenet", "resnet50", "inception_v1", "bvlc_alexnet"] {
+        let plain = logits(common::load(common::variant(name).join("model.onnx").to_str().unwrap(), Some(2)));
+        let x = tensor(name, "batch_input.pb");
+        let want = tensor(name, "batch_logits.pb");
+        let e = emulate(&plain, false, "f32", std::slice::from_ref(&x));
+        assert_kernels_agree(name, &e);
+        let got = e.outputs[0].to_f32_vec();
+        let half = got.len() / 2;
+        assert!(got[..half] != got[half..], "{name}: both rows are equal: the batch proves nothing");
+        let x = excess(&e.outputs[0], &want, 1e-3, 1e-5);
+        assert!(x <= 1.0, "{name} batch 2: logits differ from onnxruntime's ({x:.2} times the tolerance)");
+    }
+}
+
+/// The torchvision-style zoo models (MobileNet v2: depthwise and grouped
+/// convs, clip, global pooling; ResNet-50 at batch 2), in f32 and in the
+/// reduced policies, against the CPU reference executor.
+#[test]
+fn zoo_models_match_the_reference_executor() {
+    for (spec, batch, policy) in [
+        ("zoo:mobilenet_v2", 1, "f32"),
+        ("zoo:mobilenet_v2", 1, "mixed-bf16"),
+        ("zoo:mobilenet_v2", 1, "f16"),
+        ("zoo:resnet50", 2, "f32"),
+        ("zoo:resnet50", 1, "mixed-f16"),
+    ] {
+        let what = format!("{spec} batch {batch} {policy}");
+        let mut plain = common::load(spec, Some(batch));
+        smelt::fill_missing_weights(&mut plain);
+        let plain = logits(plain);
+        let x = common::random_inputs(&plain, 7);
+        let e = emulate(&plain, false, policy, &x);
+        assert_kernels_agree(&what, &e);
+        let want = smelt_runtime::cpu::run(&e.graph, &x).unwrap();
+        let r = smelt::precision_error(&e.outputs[0], &want[0]);
+        assert!(r.max_abs_over_range <= 1e-3, "{what}: {:.2e} of range from the CPU reference executor", r.max_abs_over_range);
+    }
+}
+
+/// Random graphs (convs with batch norm and residuals, pools, broadcasting
+/// elementwise ops, concat, flatten, softmax) under every policy, fused and
+/// not, against the CPU reference executor.
+#[test]
+fn random_graphs_match_the_reference_executor() {
+    let policies = ["f32", "mixed-f16", "mixed-bf16", "f16", "bf16"];
+    for seed in 0..40u64 {
+        let g = common::random_graph(seed);
+        let x = common::random_inputs(&g, seed);
+        let policy = policies[seed as usize % policies.len()];
+        for no_fuse in [false, true] {
+            let what = format!("random graph {seed} ({policy}, {})", if no_fuse { "unfused" } else { "fused" });
+            let e = emulate(&g, no_fuse, policy, &x);
+            assert_kernels_agree(&what, &e);
+            let want = smelt_runtime::cpu::run(&e.graph, &x).unwrap();
+            for (got, want) in e.outputs.iter().zip(&want) {
+                let r = smelt::precision_error(got, want);
+                assert!(r.max_abs_over_range <= 1e-3, "{what}: {:.2e} of range from the CPU reference executor", r.max_abs_over_range);
+            }
+        }
+    }
+}
+
+/// A graph of one input of `shape`, `op` of it (after a relu with `relu_first`).
+fn chain(
+    shape: &[usize],
+    op: impl Fn(&mut Builder, ValueId) -> Result<ValueId, smelt_ir::IrError>,
+    relu_first: bool,
+) -> Graph {
+    let mut b = Builder::new(1);
+    let mut x = b.input("x", shape).unwrap();
+    if relu_first {
+        x = b.relu(x).unwrap();
+    }
+    let y = op(&mut b, x).unwrap();
+    b.finish("y", y).unwrap()
+}
+
+/// A program of `g` (fused, f32) ready for the emulator, with its blob.
+fn program_of(g: &Graph) -> (smelt_codegen::Program, Vec<u8>) {
+    let mut s = common::session(g, smelt::Options::default());
+    let c = s.compile().unwrap();
+    let planned = s.plan(&c).unwrap();
+    let program = s.program(&c, &planned).unwrap();
+    let blob = program.weights_blob(&c.graph).unwrap();
+    (program, blob)
+}
+
+fn emulator_error(program: smelt_codegen::Program, blob: &[u8], inputs: &[Tensor]) -> String {
+    let mut exec = smelt_runtime::emu::executor(program, blob, &|_| {}).unwrap();
+    match exec.run(inputs, false) {
+        Ok(_) => panic!("the emulator accepted a broken program"),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// An access outside an argument's planned extent is an error naming the
+/// kernel, the parameter, the index, the thread and the block.
+#[test]
+fn out_of_bounds_access_names_kernel_thread_and_block() {
+    let g = chain(&[1, 1, 3, 5], |b, x| b.op(Op::Unary(smelt_ir::UnaryOp::Sigmoid), &[x]), true);
+    let (mut program, blob) = program_of(&g);
+    let x = common::random_inputs(&g, 1);
+    let step = &mut program.steps[0];
+    let out = step.args.last_mut().unwrap();
+    out.bytes -= 4; // the plan now gives the output one element less
+    let msg = emulator_error(program, &blob, &x);
+    assert!(msg.contains("outside its argument") && msg.contains("thread (14,0,0) of block (0,0,0)") && msg.contains("out["), "{msg}");
+}
+
+/// `__restrict__` on a parameter whose argument overlaps a written one is
+/// refused before the launch.
+#[test]
+fn overlapping_restrict_arguments_are_refused() {
+    let g = chain(&[1, 4, 6, 6], |b, x| b.max_pool(x, 2, 2, 0), false);
+    let (mut program, blob) = program_of(&g);
+    let x = common::random_inputs(&g, 1);
+    let step = &mut program.steps[0];
+    let (src, dst) = (step.args[0].offset, step.args[1].offset);
+    step.args[1].offset = src;
+    assert_ne!(src, dst);
+    let msg = emulator_error(program, &blob, &x);
+    assert!(msg.contains("overlap in memory") && msg.contains("__restrict__"), "{msg}");
+}
+
+/// A float4 parameter off a 16-byte boundary is an error (a GPU faults).
+#[test]
+fn misaligned_vector_parameters_are_refused() {
+    let g = chain(&[1, 4, 8, 8], |b, x| b.relu(x), false);
+    let (mut program, blob) = program_of(&g);
+    let x = common::random_inputs(&g, 1);
+    let step = &mut program.steps[0];
+    assert!(step.kernel.name().ends_with("_v4"), "{}", step.kernel.name());
+    step.args[1].offset += 4;
+    step.args[1].bytes -= 16;
+    let msg = emulator_error(program, &blob, &x);
+    assert!(msg.contains("not aligned to 16 bytes"), "{msg}");
+}
