@@ -4,7 +4,7 @@
 //! renders to CUDA C ([`Elementwise::cuda`]) and runs on the CPU
 //! ([`Elementwise::run_cpu`]), so CI checks the numbers of every kernel.
 
-use smelt_ir::{BinaryOp, DType, Expr, ExprNode, KernelGraph, NodeId, Op, Tensor, UnaryOp};
+use smelt_ir::{BinaryOp, DType, Expr, ExprNode, KernelGraph, KernelOp, NodeId, Op, Tensor, UnaryOp};
 
 /// An elementwise kernel.
 #[derive(Clone, Debug, PartialEq)]
@@ -46,6 +46,9 @@ impl Elementwise {
         if ins.iter().any(|v| !g.ty(*v).dtype.is_float()) {
             return None;
         }
+        if let KernelOp::Op(Op::BatchNorm { epsilon }) = node.op {
+            return Elementwise::batch_norm(g, id, epsilon);
+        }
         let expr = Expr::of_kernel(&node.op, ins.len())?;
         let out = &node.outputs[0];
         if !out.dtype.is_float() {
@@ -68,6 +71,39 @@ impl Elementwise {
         let name = format!("ew_{}_{}{suffix}", ops.join("_"), shape_tag(&out.shape));
         let inputs = ins.iter().map(|v| (g.ty(*v).dtype, strides(&g.ty(*v).shape, &out.shape))).collect();
         Some(Elementwise { name, expr, shape: out.shape.clone(), inputs, out: out.dtype, vector: false })
+    }
+
+    /// Inference batch norm as its own kernel (when fusion does not fold it):
+    /// `x * scale + shift` with `scale = s / sqrt(var + eps)` and `shift =
+    /// b - mean * scale` per channel (axis 1), in the reference executor's
+    /// order of operations.
+    fn batch_norm(g: &KernelGraph, id: NodeId, epsilon: f32) -> Option<Elementwise> {
+        let ins = g.inputs_of(id);
+        let out = &g.node(id).outputs[0];
+        if ins.len() != 5 || out.shape.len() < 2 || !out.dtype.is_float() {
+            return None;
+        }
+        let mut e = Expr::default();
+        let [x, s, b, m, v] = [0, 1, 2, 3, 4].map(|i| e.push(ExprNode::Input(i)));
+        let eps = e.push(ExprNode::Const(epsilon));
+        let var = e.push(ExprNode::Binary(BinaryOp::Add, v, eps));
+        let root = e.push(ExprNode::Unary(UnaryOp::Sqrt, var));
+        let scale = e.push(ExprNode::Binary(BinaryOp::Div, s, root));
+        let ms = e.push(ExprNode::Binary(BinaryOp::Mul, m, scale));
+        let shift = e.push(ExprNode::Binary(BinaryOp::Sub, b, ms));
+        let xs = e.push(ExprNode::Binary(BinaryOp::Mul, x, scale));
+        e.push(ExprNode::Binary(BinaryOp::Add, xs, shift));
+        let per_channel: Vec<usize> = (0..out.shape.len()).map(|d| usize::from(d == 1)).collect();
+        let mut inputs = vec![(g.ty(ins[0]).dtype, strides(&g.ty(ins[0]).shape, &out.shape))];
+        for p in &ins[1..] {
+            if g.ty(*p).numel() != out.shape[1] {
+                return None;
+            }
+            inputs.push((g.ty(*p).dtype, per_channel.clone()));
+        }
+        let suffix = if out.dtype == DType::F32 { String::new() } else { format!("_{}", out.dtype) };
+        let name = format!("bn_{}{suffix}", shape_tag(&out.shape));
+        Some(Elementwise { name, expr: e, shape: out.shape.clone(), inputs, out: out.dtype, vector: false })
     }
 
     /// Number of output elements.

@@ -119,7 +119,7 @@ impl Op {
             }
             Op::Conv(_) | Op::Gemm { .. } => layer(L::Kernel),
             Op::MatMul => Traits { widens_first_operand: false, ..layer(L::CpuOnly) },
-            Op::BatchNorm { .. } => t(K::Normalization, P::Sensitive, I::Any, L::Folded),
+            Op::BatchNorm { .. } => t(K::Normalization, P::Sensitive, I::Any, L::Kernel),
             Op::LayerNorm { .. } => t(K::Normalization, P::Sensitive, I::No, L::CpuOnly),
             Op::Lrn { .. } => t(K::Normalization, P::Half, I::No, L::Kernel),
             Op::Unary(_) | Op::Binary(_) | Op::Clip { .. } | Op::Sum => t(K::Elementwise, P::Half, I::Any, L::Kernel),
