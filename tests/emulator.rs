@@ -92,8 +92,8 @@ fn tensor(name: &str, file: &str) -> Tensor {
 /// The nine light models' random-weight variants: fused and unfused in f32
 /// against onnxruntime's logits (within 1e-3 relative, plus 1e-4 of the
 /// logits' range for the elements near zero), and under mixed-f16 against
-/// the CPU reference executor of the same graph and against onnxruntime
-/// (error budget 5% of the logits' range, and the same arg-max).
+/// the CPU reference executor of the same graph (1% of the logits' range)
+/// and against onnxruntime (5% of the range, and the same arg-max).
 #[test]
 fn light_variants_match_onnxruntime_logits() {
     let mut kinds = BTreeSet::new();
@@ -115,7 +115,10 @@ fn light_variants_match_onnxruntime_logits() {
             } else {
                 let reference = smelt_runtime::cpu::run(&e.graph, std::slice::from_ref(&x)).unwrap();
                 let r = smelt::precision_error(got, &reference[0]);
-                assert!(r.max_abs_over_range <= 1e-3, "{what}: {:.2e} of range from the CPU reference executor of the same graph", r.max_abs_over_range);
+                // Half roundings that fall the other way (the reference
+                // executor sums convolutions in another order) compound
+                // over a deep net.
+                assert!(r.max_abs_over_range <= 1e-2, "{what}: {:.2e} of range from the CPU reference executor of the same graph", r.max_abs_over_range);
                 let o = smelt::precision_error(got, &want);
                 assert!(o.max_abs_over_range <= 5e-2, "{what}: {:.2e} of range from onnxruntime's f32 logits", o.max_abs_over_range);
                 assert_eq!(o.argmax_agree, o.rows, "{what}: arg-max differs from onnxruntime's");
@@ -125,7 +128,7 @@ fn light_variants_match_onnxruntime_logits() {
         }
     }
     // The runs covered every kind of kernel the light models have.
-    for k in ["conv", "gemm", "maxpool", "avgpool", "lrn", "concat2", "softmax"] {
+    for k in ["conv", "gemm", "maxpool", "avgpool", "gap", "lrn", "concat2", "transpose", "bn"] {
         assert!(kinds.iter().any(|x| x.starts_with(k)), "no {k} kernel ran: {kinds:?}");
     }
     assert!(kinds.contains("ew_v4") && kinds.contains("ew"), "both elementwise paths (float4 and scalar) should run: {kinds:?}");
@@ -185,9 +188,7 @@ fn random_graphs_match_the_reference_executor() {
         let g = common::random_graph(seed);
         let x = common::random_inputs(&g, seed);
         let policy = policies[seed as usize % policies.len()];
-        // Batch norm has a kernel only folded into its neighbours.
-        let has_bn = g.node_ids().any(|n| matches!(g.node(n).op, Op::BatchNorm { .. }));
-        for no_fuse in [false, true].into_iter().filter(|&u| !u || !has_bn) {
+        for no_fuse in [false, true] {
             let what = format!("random graph {seed} ({policy}, {})", if no_fuse { "unfused" } else { "fused" });
             let e = emulate(&g, no_fuse, policy, &x);
             assert_kernels_agree(&what, &e);
