@@ -10,7 +10,11 @@
    torch.compile: median latency and peak device memory
    (torch.cuda.max_memory_allocated; for smelt the arena plus the weights,
    its only device allocations).
-Prints one Markdown table per part.
+Prints one Markdown table per part and exits 1 on any mismatch or error.
+
+--quick (about three minutes): the nine variants at f32 only, and ResNet-50
+at batch 32 only. --list-compiles prints every (model, precision, batch)
+the check runs, for `gpu-check.sh --prepare` to compile in advance.
 """
 import argparse
 import json
@@ -23,6 +27,35 @@ import time
 MODELS = ["bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet", "squeezenet", "vgg19", "zfnet512"]
 
 
+FAILURES = []
+
+
+def shipped(a, m):
+    return os.path.join(a.data, "light", f"light_{m}.onnx")
+
+
+def variant(a, m):
+    return os.path.join(a.variants, m, "model.onnx")
+
+
+def precisions(a):
+    return ["f32"] if a.quick else ["f32", "mixed-f16"]
+
+
+def speed_batches(a):
+    return [32] if a.quick else [1, 32]
+
+
+def compiles(a):
+    """Every (model, precision, batch) a run of the check compiles (quick or not)."""
+    out = [(variant(a, "resnet50"), "f32", 1)]  # the probe
+    for m in MODELS:
+        out.append((shipped(a, m), "f32", 1))
+        out += [(variant(a, m), p, 1) for p in ["f32", "mixed-f16"]]
+    out += [(variant(a, "resnet50"), p, b) for b in [1, 32] for p in ["f32", "mixed-f16"]]
+    return out
+
+
 def smelt(exe, args, timeout=240):
     t = time.time()
     try:
@@ -30,7 +63,9 @@ def smelt(exe, args, timeout=240):
     except subprocess.TimeoutExpired:
         return None, f"timed out after {timeout} s"
     if out.returncode not in (0, 1):
-        return None, out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"
+        why = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"
+        FAILURES.append(f"smelt {' '.join(args[:2])}: {why}")
+        return None, why
     try:
         return json.loads(out.stdout), f"{time.time() - t:.1f} s"
     except json.JSONDecodeError:
@@ -43,6 +78,8 @@ def cmp_cell(v, what):
     o = v["outputs"][0]
     c = o.get("comparison") or {}
     state = "ok" if v["ok"] else "MISMATCH"
+    if not v["ok"]:
+        FAILURES.append(f"{what}: mismatch")
     return f"{state} (max abs {c.get('max_abs', float('nan')):.1e})"
 
 
@@ -52,13 +89,12 @@ def correctness(a):
     print("|---|---|---|---|---|---|---|")
     tmp = tempfile.mkdtemp()
     for m in MODELS:
-        shipped = os.path.join(a.data, "light", f"light_{m}.onnx")
         expect = os.path.join(a.data, "light", f"light_{m}_output_0.pb")
         var = os.path.join(a.variants, m)
-        for p in ["f32", "mixed-f16"]:
+        for p in precisions(a):
             tol = ["--rtol", "1e-3", "--atol", "1e-4"] if p == "f32" else ["--rtol", "5e-2", "--atol", "1e-2"]
             # onnxruntime's and the shipped outputs are f32: compared at f32 only.
-            s, why_s = (smelt(a.smelt, ["run", shipped, "--backend", "cuda", "--expect", expect, "--json", "--repeat", "5", *tol])
+            s, why_s = (smelt(a.smelt, ["run", shipped(a, m), "--backend", "cuda", "--expect", expect, "--json", "--repeat", "5", *tol])
                         if p == "f32" else (None, "-"))
             cpu_dir = os.path.join(tmp, f"{m}_{p}")
             smelt(a.smelt, ["run", os.path.join(var, "model.onnx"), "--input", os.path.join(var, "input_0.pb"), "--precision", p, "--save-outputs", cpu_dir, "--json"])
@@ -139,8 +175,8 @@ def speed(a):
     print("| engine | batch | median ms | peak device MiB | of which weights MiB | activations and workspace MiB | setup s |")
     print("|---|---|---|---|---|---|---|")
     model = os.path.join(a.variants, "resnet50", "model.onnx")
-    for batch in [1, 32]:
-        for p in ["f32", "mixed-f16"]:
+    for batch in speed_batches(a):
+        for p in precisions(a):
             v, why = smelt(a.smelt, ["run", model, "--batch", str(batch), "--backend", "cuda", "--precision", p, "--json", "--repeat", "50"])
             if v is None:
                 print(f"| smelt {p} | {batch} | error: {why} | | | | |", flush=True)
@@ -152,7 +188,7 @@ def speed(a):
     except Exception as e:
         print(f"| PyTorch | - | not available: {e} | | | | |")
         return
-    for batch in [1, 32]:
+    for batch in speed_batches(a):
         for mode in ["eager", "torch.compile"]:
             try:
                 ms, peak, weights, prep = bench_torch(torch, batch, mode)
@@ -168,9 +204,18 @@ def main():
     ap.add_argument("--data", required=True)
     ap.add_argument("--variants", required=True)
     ap.add_argument("--skip-correctness", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="f32 only, ResNet-50 at batch 32 only (about three minutes)")
+    ap.add_argument("--list-compiles", action="store_true", help="print MODEL PRECISION BATCH per line for --prepare, then exit")
     a = ap.parse_args()
+    if a.list_compiles:
+        for m, p, b in compiles(a):
+            print(m, p, b)
+        return
     t = time.time()
-    probe = subprocess.run([a.smelt, "run", "zoo:resnet50", "--backend", "cuda", "--repeat", "1"], capture_output=True, text=True)
+    # First contact: one run that synchronises after every launch, so a
+    # device fault names its kernel.
+    probe = subprocess.run([a.smelt, "run", variant(a, "resnet50"), "--backend", "cuda", "--repeat", "1", "--sync"],
+                           capture_output=True, text=True)
     if probe.returncode != 0:
         sys.exit(f"gpu-check: smelt cannot use the GPU: {probe.stderr.strip()}")
     print(probe.stdout.strip().splitlines()[0] if probe.stdout.strip() else "", file=sys.stderr)
@@ -178,6 +223,9 @@ def main():
         correctness(a)
     speed(a)
     print(f"\ngpu-check finished in {time.time() - t:.0f} s", file=sys.stderr)
+    if FAILURES:
+        print(f"gpu-check: {len(FAILURES)} failures:", *FAILURES, sep="\n  ", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ use std::path::PathBuf;
     version,
     about,
     long_about,
-    after_help = "Examples:\n  smelt inspect model.onnx --batch 8\n  smelt compile model.onnx --dump-ir fuse\n  smelt compile model.onnx --batch 8 --out build/ --ptxas-stats\n  smelt plan model.onnx --batch 8 --svg memory.svg --memory-limit 6GiB\n  smelt plan model.onnx --batch 8 --precision mixed-f16\n  smelt run model.onnx --backend cuda --profile\n  smelt run model.onnx --input input_0.pb --expect output_0.pb\n  smelt print zoo:mobilenet_v2 > mobilenet.tir\n  smelt run mobilenet.tir --json"
+    after_help = "Examples:\n  smelt inspect model.onnx --batch 8\n  smelt compile model.onnx --dump-ir fuse\n  smelt compile model.onnx --batch 8 --out build/ --ptxas-stats\n  smelt plan model.onnx --batch 8 --svg memory.svg --memory-limit 6GiB\n  smelt plan model.onnx --batch 8 --precision mixed-f16\n  smelt run model.onnx --backend cuda --profile\n  smelt run model.onnx --backend emulator --check-kernels\n  smelt run model.onnx --input input_0.pb --expect output_0.pb\n  smelt print zoo:mobilenet_v2 > mobilenet.tir\n  smelt run mobilenet.tir --json"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -174,6 +174,11 @@ pub(crate) struct RunArgs {
     /// besides).
     #[arg(long, default_value_t = 1e-5)]
     pub(crate) kernel_rtol: f64,
+    /// Under a reduced --precision with --backend cuda or emulator, also run
+    /// the f32 graph on the CPU reference executor and report the error
+    /// against it (always done with --backend cpu).
+    #[arg(long)]
+    pub(crate) against_f32: bool,
     /// With --backend cuda: synchronise after every launch, so that a
     /// device fault names its kernel (slower; also SMELT_CUDA_SYNC=1).
     #[arg(long)]

@@ -178,14 +178,14 @@ fn zoo_models_match_the_reference_executor() {
     }
 }
 
-/// Random graphs (convs with batch norm and residuals, pools, broadcasting
-/// elementwise ops, concat, flatten, softmax) under every policy, fused and
-/// not, against the CPU reference executor.
+/// Random graphs of every kernel kind (see `common::random_kernel_graph`)
+/// with several outputs, and the older random graphs (residual blocks),
+/// under every policy, fused and not, against the CPU reference executor.
 #[test]
 fn random_graphs_match_the_reference_executor() {
     let policies = ["f32", "mixed-f16", "mixed-bf16", "f16", "bf16"];
-    for seed in 0..40u64 {
-        let g = common::random_graph(seed);
+    let graphs = (0..60u64).map(|s| (s, common::random_kernel_graph(s))).chain((0..20u64).map(|s| (s, common::random_graph(s))));
+    for (seed, g) in graphs {
         let x = common::random_inputs(&g, seed);
         let policy = policies[seed as usize % policies.len()];
         for no_fuse in [false, true] {
@@ -193,6 +193,7 @@ fn random_graphs_match_the_reference_executor() {
             let e = emulate(&g, no_fuse, policy, &x);
             assert_kernels_agree(&what, &e);
             let want = smelt_runtime::cpu::run(&e.graph, &x).unwrap();
+            assert_eq!(e.outputs.len(), want.len());
             for (got, want) in e.outputs.iter().zip(&want) {
                 let r = smelt::precision_error(got, want);
                 assert!(r.max_abs_over_range <= 1e-3, "{what}: {:.2e} of range from the CPU reference executor", r.max_abs_over_range);

@@ -34,10 +34,33 @@ fn executor(g: &KernelGraph, plan: &smelt_passes::memory::Plan, limit: Option<us
     smelt_runtime::cuda::executor(program, ptx, &blob, limit, true)
 }
 
+/// Rows of `t` (over its last non-unit axis) whose two largest values are
+/// within `tol` of the largest magnitude: an arg-max there is a coin flip.
+fn near_ties(t: &smelt_ir::Tensor, tol: f64) -> usize {
+    let v = t.to_f32_vec();
+    let len = t.shape().iter().rev().find(|&&d| d > 1).copied().unwrap_or(1);
+    let range = v.iter().fold(0f64, |m, x| m.max(x.abs() as f64));
+    let rows = v.len() / len.max(1);
+    (0..rows)
+        .filter(|&r| {
+            // The axis is followed by unit dimensions only: rows are contiguous.
+            let mut row: Vec<f64> = v[r * len..(r + 1) * len].iter().map(|&x| x as f64).collect();
+            row.sort_by(|a, b| b.total_cmp(a));
+            row.len() > 1 && row[0] - row[1] <= tol * range
+        })
+        .count()
+}
+
 fn main() {
-    if let Some(why) = smelt_runtime::cuda::unavailable() {
-        println!("gpu: SKIP all GPU tests: {why}");
+    // No driver library: nothing to test here. A driver that is present
+    // but cannot run anything is a failure, not a skip.
+    if !smelt_codegen::cuda_driver_available() {
+        println!("gpu: SKIP all GPU tests: no CUDA driver (libcuda.so.1 not found)");
         return;
+    }
+    if let Some(why) = smelt_runtime::cuda::unavailable() {
+        eprintln!("gpu: FAIL a CUDA driver is present but no GPU can be used: {why}");
+        std::process::exit(1);
     }
     let mut failures = 0;
     let mut check = |what: String, plain: &Graph, policy: &str, inputs: &[smelt_ir::Tensor], tol: f64| {
@@ -47,7 +70,10 @@ fn main() {
         for round in 0..2 {
             let (got, ms, _) = exec.run(inputs, round == 1).unwrap_or_else(|e| panic!("{what}: {e}"));
             let e = smelt::precision_error(&got[0], &want[0]);
-            let ok = e.max_abs_over_range <= tol && e.argmax_agree == e.rows;
+            // NVRTC contracts multiply-adds and the CPU does not: a row whose
+            // two best classes are within the tolerance may swap them.
+            let ties = near_ties(&want[0], tol);
+            let ok = e.max_abs_over_range <= tol && e.argmax_agree + ties >= e.rows;
             println!(
                 "gpu: {} {what}: {ms:.3} ms, max abs err {:.2e} ({:.1e} of range), arg-max {}/{}",
                 if ok { "ok  " } else { "FAIL" },

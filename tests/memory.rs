@@ -89,3 +89,54 @@ fn checker_rejects_corrupted_plans() {
     small.arena /= 2;
     assert!(check(&g, &small).is_err());
 }
+
+/// One corruption per rule of the checker, each rejected with its own
+/// message: a view placed off its source, a shifted slice of an in-place
+/// concatenation, a value off its element alignment, a buffer off the plan's
+/// alignment, and a kernel whose output is placed over an operand it reads.
+#[test]
+fn checker_names_each_kind_of_corruption() {
+    use smelt_ir::builder::Builder;
+    use smelt_ir::{KernelOp, Op, OpSet};
+    let mut b = Builder::new(3);
+    let x = b.input("x", &[1, 4, 6, 6]).unwrap();
+    let a = b.conv(x, 8, 3, 1, 1).unwrap();
+    let c = b.conv(x, 8, 1, 1, 0).unwrap();
+    let cat = b.op(Op::Concat { axis: 1 }, &[a, c]).unwrap();
+    let s = b.op(Op::Unary(smelt_ir::UnaryOp::Sigmoid), &[cat]).unwrap();
+    let f = b.op(Op::Flatten { axis: 1 }, &[s]).unwrap();
+    let y = b.linear(f, 10).unwrap();
+    let g = compiled(&b.finish("y", y).unwrap(), true);
+    let good = planned(&g, "corruption test graph");
+    check(&g, &good).unwrap();
+    let node = |pred: &dyn Fn(&KernelOp) -> bool| g.node_ids().find(|&n| pred(&g.node(n).op)).expect("the graph has such a node");
+    let value = |n| smelt_ir::ValueId { node: n, slot: 0 };
+    let shifted = |v: smelt_ir::ValueId, by: usize| {
+        let mut bad = good.clone();
+        bad.placements.get_mut(&v).unwrap().intervals.iter_mut().for_each(|iv| *iv = (iv.0 + by, iv.1 + by));
+        bad.arena += by;
+        bad
+    };
+    let expect = |bad: &Plan, what: &str| {
+        let e = check(&g, bad).expect_err(what);
+        assert!(e.contains(what), "expected \"{what}\", got: {e}");
+    };
+    let view = node(&|op| op.is_view());
+    expect(&shifted(value(view), 256), "is not placed on its source");
+    let concat = node(&|op| matches!(op, KernelOp::ConcatInPlace { .. }));
+    assert!(!good.copied_concats.contains(&concat), "the concatenation should be in place");
+    expect(&shifted(g.inputs_of(concat)[1], 4), "is not placed on its slice of");
+    let sigmoid = g.inputs_of(view)[0];
+    expect(&shifted(sigmoid, 2), "not a multiple of its element size");
+    let mut off = good.clone();
+    off.buffers[0].offset += 16;
+    expect(&off, "not a multiple of 256");
+    // The GEMM's output over its (flattened) operand, which it reads.
+    let gemm = node(&|op| matches!(op, KernelOp::Op(Op::Gemm { .. }) | KernelOp::FusedGemm { .. }));
+    let mut over = good.clone();
+    let at = over.placements[&sigmoid].intervals[0].0;
+    let bytes = g.ty(value(gemm)).bytes();
+    over.placements.get_mut(&value(gemm)).unwrap().intervals = vec![(at, at + bytes)];
+    let e = check(&g, &over).expect_err("an output over its operand");
+    assert!(e.contains("overwrites its operand") || e.contains("live at the same time and overlap"), "{e}");
+}

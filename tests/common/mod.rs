@@ -159,3 +159,76 @@ pub fn compiled(g: &Graph, fuse: bool) -> smelt_ir::KernelGraph {
 pub fn load(spec: &str, batch: Option<usize>) -> Graph {
     smelt::Session::open(spec, smelt::Options { batch, ..Default::default() }).unwrap_or_else(|e| panic!("{spec}: {e}")).source
 }
+
+/// A random graph of every op kind that has a kernel: grouped, dilated and
+/// strided convs with batch norm and residuals, max, average and global
+/// pooling, LRN, transpose, reshape, flatten, concat, GEMM, softmax and
+/// broadcasting elementwise ops; with two or three outputs (one an
+/// intermediate value, so a kernel's output is read by the caller and by
+/// later kernels).
+pub fn random_kernel_graph(seed: u64) -> Graph {
+    use smelt_ir::{Conv, Pool};
+    let mut r = Rng::new(seed ^ 0x5eed);
+    let mut b = Builder::new(seed);
+    let c = 2 + r.below(5);
+    let x = b.input("x", &[1 + r.below(2), c, 5 + r.below(6), 5 + r.below(6)]).unwrap();
+    let mut vals: Vec<ValueId> = vec![x];
+    for _ in 0..4 + r.below(10) {
+        let v = vals[r.below(vals.len())];
+        let ty = b.ty(v).clone();
+        let s = &ty.shape;
+        let four = s.len() == 4;
+        let out = match r.below(14) {
+            0 if four && s[1] % 2 == 0 => {
+                let g = if r.below(2) == 0 { s[1] } else { 2 };
+                b.conv_g(v, s[1] * (1 + r.below(2)), 3, 1 + r.below(2), 1, g)
+            }
+            1 if four => {
+                let w = b.weight(format!("dil{}", r.next_u64()), &[2 + r.below(10), s[1], 3, 3], |r| 0.3 * r.normal());
+                b.op(Op::Conv(Conv { strides: vec![1; 2], pads: vec![2; 4], dilations: vec![2; 2], group: 1 }), &[v, w])
+            }
+            2 if four => b.conv(v, 8 + r.below(70), 1 + 2 * r.below(2), 1 + r.below(2), r.below(2)),
+            3 if four => b.batch_norm(v, 1.0),
+            4 if four && s[2] >= 3 && s[3] >= 3 => {
+                let pool = Pool { kernel: vec![3, 2], strides: vec![1 + r.below(2); 2], pads: vec![1, 0, 1, 1], ceil_mode: false };
+                b.op(Op::AveragePool { pool, count_include_pad: r.below(2) == 0 }, &[v])
+            }
+            5 if four => b.op(Op::GlobalAveragePool, &[v]),
+            6 if four => b.op(Op::Lrn { size: 3, alpha: 1e-3, beta: 0.75, bias: 1.0 }, &[v]),
+            7 if four => b.op(Op::Transpose { perm: vec![0, 1, 3, 2] }, &[v]).and_then(|t| b.relu(t)),
+            8 => {
+                let w = vals.iter().copied().find(|&w| w != v && b.ty(w).shape == ty.shape);
+                match w {
+                    Some(w) => b.op(Op::Concat { axis: 1 }, &[v, w]),
+                    None => b.op(Op::Unary(UnaryOp::Tanh), &[v]),
+                }
+            }
+            9 => b.op(Op::Flatten { axis: 1 }, &[v]).and_then(|f| b.linear(f, 3 + r.below(20))).and_then(|y| b.relu(y)),
+            10 => {
+                let k = if four { b.weight(format!("k{}", r.next_u64()), &[s[1], 1, 1], |r| r.normal()) } else { v };
+                b.op(Op::Binary([BinaryOp::Add, BinaryOp::Mul, BinaryOp::Max][r.below(3)]), &[v, k])
+            }
+            11 if four => {
+                let n: usize = s.iter().product();
+                b.op(Op::Reshape { shape: vec![s[0], n / s[0]] }, &[v]).and_then(|y| b.softmax(y))
+            }
+            12 if four => b.max_pool(v, 2, 1 + r.below(2), r.below(2)),
+            _ => b.op(Op::Unary([UnaryOp::Sigmoid, UnaryOp::Gelu, UnaryOp::LeakyRelu(0.1)][r.below(3)]), &[v]),
+        };
+        if let Ok(o) = out {
+            vals.push(o);
+        }
+    }
+    let last = *vals.last().unwrap();
+    let mut g = b.finish("y", last).unwrap();
+    // One or two more outputs: computed values other than the last.
+    let mut outs = g.outputs().to_vec();
+    for i in 0..1 + r.below(2) {
+        let v = vals[1 + r.below(vals.len() - 1)];
+        if v != last && !outs.iter().any(|(_, o)| *o == v) && vals.len() > 2 {
+            outs.push((format!("extra{i}"), v));
+        }
+    }
+    g.set_outputs(outs);
+    g
+}

@@ -54,6 +54,25 @@ pub fn nvrtc_available() -> bool {
     unsafe { cudarc::nvrtc::sys::is_culib_present() }
 }
 
+/// The loaded NVRTC's version, e.g. (12, 9), if NVRTC can be loaded.
+pub fn nvrtc_version() -> Option<(i32, i32)> {
+    if !nvrtc_available() {
+        return None;
+    }
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: the library is present; the call writes two ints.
+    let r = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    (r == cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS).then_some((major, minor))
+}
+
+/// The CUDA release that made a PTX text, from its header comment
+/// (`// Cuda compilation tools, release 12.9, V12.9.86`).
+pub fn ptx_release(ptx: &str) -> Option<(i32, i32)> {
+    let line = ptx.lines().take(12).find_map(|l| l.split("compilation tools, release ").nth(1))?;
+    let (major, minor) = line.split(',').next()?.trim().split_once('.')?;
+    Some((major.parse().ok()?, minor.parse().ok()?))
+}
+
 /// Whether the CUDA driver library can be loaded.
 pub fn cuda_driver_available() -> bool {
     // SAFETY: as above.

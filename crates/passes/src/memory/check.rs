@@ -68,7 +68,12 @@ pub fn check(g: &KernelGraph, plan: &Plan) -> Result<(), String> {
             constant.insert(ValueId { node: id, slot: 0 });
         }
     }
-    // 2. Placements.
+    // 2. Placements. Buffers start on the plan's alignment (vector loads
+    // and stores need 16 bytes; a device allocation gives 256).
+    if let Some(b) = plan.buffers.iter().find(|b| b.offset % super::ALIGN != 0) {
+        return Err(format!("buffer {} (\"{}\") is at byte {}, not a multiple of {}", b.id, b.name, b.offset, super::ALIGN));
+    }
+    // Placements.
     let place = |v: ValueId| plan.placements.get(&v).map(|p| p.intervals.as_slice());
     for &id in &plan.schedule {
         let node = g.node(id);
@@ -82,6 +87,11 @@ pub fn check(g: &KernelGraph, plan: &Plan) -> Result<(), String> {
             let total: usize = iv.iter().map(|(s, e)| e - s).sum();
             if total != g.ty(v).bytes() || iv.iter().any(|&(s, e)| s > e || e > plan.arena) {
                 return Err(format!("{} is placed at {iv:?}: wrong size or outside the arena of {} bytes", name(v), plan.arena));
+            }
+            // Kernels address elements: every piece starts on an element.
+            let elem = g.ty(v).dtype.size().max(1);
+            if let Some((s, _)) = iv.iter().find(|(s, _)| s % elem != 0) {
+                return Err(format!("{} is placed at byte {s}, not a multiple of its element size {elem}", name(v)));
             }
             if node.op.is_view() && Some(iv) != place(ins[0]) {
                 return Err(format!("view {} is not placed on its source", name(v)));
