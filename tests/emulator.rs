@@ -70,7 +70,9 @@ fn assert_kernels_agree(what: &str, e: &Emulated) {
         .checks
         .iter()
         .filter(|c| !c.ok)
-        .map(|c| format!("{} (node {}): max abs err {:.3e}, {:.3e} of range, {} elements", c.kernel, c.node, c.max_abs, c.of_range, c.mismatches))
+        .map(|c| {
+            format!("{} (node {}): max abs err {:.3e}, {:.3e} of range, {} elements", c.kernel, c.node, c.max_abs, c.of_range, c.mismatches)
+        })
         .collect();
     assert!(bad.is_empty(), "{what}: kernels disagree with their descriptions:\n{}", bad.join("\n"));
 }
@@ -81,7 +83,10 @@ fn excess(got: &Tensor, want: &Tensor, rtol: f64, atol_of_range: f64) -> f64 {
     let (g, w) = (got.to_f32_vec(), want.to_f32_vec());
     assert_eq!(g.len(), w.len(), "output sizes differ: {} against {}", got.ty(), want.ty());
     let range = w.iter().fold(0f64, |m, x| m.max((*x as f64).abs()));
-    g.iter().zip(&w).map(|(a, b)| ((*a as f64) - (*b as f64)).abs() / (rtol * (*b as f64).abs() + atol_of_range * range)).fold(0f64, f64::max)
+    g.iter()
+        .zip(&w)
+        .map(|(a, b)| ((*a as f64) - (*b as f64)).abs() / (rtol * (*b as f64).abs() + atol_of_range * range))
+        .fold(0f64, f64::max)
 }
 
 /// Reads a variant's tensor file.
@@ -106,7 +111,11 @@ fn light_variants_match_onnxruntime_logits() {
             let what = format!("{name} {config}");
             let e = emulate(&plain, no_fuse, policy, std::slice::from_ref(&x));
             assert_kernels_agree(&what, &e);
-            kinds.extend(e.checks.iter().map(|c| c.kernel.split('_').next().unwrap_or("").to_string() + if c.kernel.ends_with("_v4") { "_v4" } else { "" }));
+            kinds.extend(
+                e.checks
+                    .iter()
+                    .map(|c| c.kernel.split('_').next().unwrap_or("").to_string() + if c.kernel.ends_with("_v4") { "_v4" } else { "" }),
+            );
             let got = &e.outputs[0];
             let (vs_ort, vs_cpu) = if policy == "f32" {
                 let x = excess(got, &want, 1e-3, 1e-4);
@@ -118,7 +127,11 @@ fn light_variants_match_onnxruntime_logits() {
                 // Half roundings that fall the other way (the reference
                 // executor sums convolutions in another order) compound
                 // over a deep net.
-                assert!(r.max_abs_over_range <= 1e-2, "{what}: {:.2e} of range from the CPU reference executor of the same graph", r.max_abs_over_range);
+                assert!(
+                    r.max_abs_over_range <= 1e-2,
+                    "{what}: {:.2e} of range from the CPU reference executor of the same graph",
+                    r.max_abs_over_range
+                );
                 let o = smelt::precision_error(got, &want);
                 assert!(o.max_abs_over_range <= 5e-2, "{what}: {:.2e} of range from onnxruntime's f32 logits", o.max_abs_over_range);
                 assert_eq!(o.argmax_agree, o.rows, "{what}: arg-max differs from onnxruntime's");
@@ -194,20 +207,20 @@ fn random_graphs_match_the_reference_executor() {
             assert_kernels_agree(&what, &e);
             let want = smelt_runtime::cpu::run(&e.graph, &x).unwrap();
             assert_eq!(e.outputs.len(), want.len());
+            // Fused kernels keep f32 in registers where the reference
+            // executor rounds after every op: under a half policy, a few
+            // units in the last place (as tests/precision.rs allows).
+            let budget = if policy == "f32" { 1e-4 } else { 2e-2 };
             for (got, want) in e.outputs.iter().zip(&want) {
                 let r = smelt::precision_error(got, want);
-                assert!(r.max_abs_over_range <= 1e-3, "{what}: {:.2e} of range from the CPU reference executor", r.max_abs_over_range);
+                assert!(r.max_abs_over_range <= budget, "{what}: {:.2e} of range from the CPU reference executor", r.max_abs_over_range);
             }
         }
     }
 }
 
 /// A graph of one input of `shape`, `op` of it (after a relu with `relu_first`).
-fn chain(
-    shape: &[usize],
-    op: impl Fn(&mut Builder, ValueId) -> Result<ValueId, smelt_ir::IrError>,
-    relu_first: bool,
-) -> Graph {
+fn chain(shape: &[usize], op: impl Fn(&mut Builder, ValueId) -> Result<ValueId, smelt_ir::IrError>, relu_first: bool) -> Graph {
     let mut b = Builder::new(1);
     let mut x = b.input("x", shape).unwrap();
     if relu_first {

@@ -48,6 +48,10 @@ fn random_graph_plans_check() {
         let g = common::random_graph(seed);
         planned(&g.lift(), &format!("seed {seed}"));
         planned(&compiled(&g, true), &format!("seed {seed} fused"));
+        // Every kernel kind, several outputs.
+        let g = common::random_kernel_graph(seed);
+        planned(&g.lift(), &format!("kernel-kind seed {seed}"));
+        planned(&compiled(&g, true), &format!("kernel-kind seed {seed} fused"));
     }
 }
 

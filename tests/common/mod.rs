@@ -179,7 +179,7 @@ pub fn random_kernel_graph(seed: u64) -> Graph {
         let s = &ty.shape;
         let four = s.len() == 4;
         let out = match r.below(14) {
-            0 if four && s[1] % 2 == 0 => {
+            0 if four && s[1].is_multiple_of(2) => {
                 let g = if r.below(2) == 0 { s[1] } else { 2 };
                 b.conv_g(v, s[1] * (1 + r.below(2)), 3, 1 + r.below(2), 1, g)
             }

@@ -135,15 +135,10 @@ impl Elementwise {
         let ty = |d: DType| crate::c_type(d).0;
         let mut s = String::from("#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n\n");
         s += &format!("// {}: {} over {:?}\n", self.name, self.expr, self.shape);
-        let params: Vec<String> =
-            self.inputs.iter().enumerate().map(|(i, (d, _))| format!("const {}* in{i}", ty(*d))).collect();
+        let params: Vec<String> = self.inputs.iter().enumerate().map(|(i, (d, _))| format!("const {}* in{i}", ty(*d))).collect();
         // No `__restrict__`: the plan may make the output any input (in place).
-        s += &format!(
-            "extern \"C\" __global__ void {}({}, {}* out, unsigned long long n) {{\n",
-            self.name,
-            params.join(", "),
-            ty(self.out)
-        );
+        s +=
+            &format!("extern \"C\" __global__ void {}({}, {}* out, unsigned long long n) {{\n", self.name, params.join(", "), ty(self.out));
         s += "    unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;\n    if (i >= n) return;\n";
         s += &expr_c(&self.expr, &self.shape, &self.inputs, "i").replace("    return ", "    float result = ");
         let last = "result".to_string();
@@ -167,11 +162,7 @@ impl Elementwise {
         s += &expr_body(&self.expr);
         s += "}\n\n";
         let params: Vec<String> = (0..k).map(|i| format!("const float4* in{i}")).collect();
-        s += &format!(
-            "extern \"C\" __global__ void {}({}, float4* out, unsigned long long n) {{\n",
-            self.name,
-            params.join(", ")
-        );
+        s += &format!("extern \"C\" __global__ void {}({}, float4* out, unsigned long long n) {{\n", self.name, params.join(", "));
         s += "    unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;\n    if (i * 4 >= n) return;\n";
         for i in 0..k {
             s += &format!("    float4 v{i} = in{i}[i];\n");

@@ -144,7 +144,9 @@ impl Device for CudaDevice {
         // the signature.
         unsafe { b.launch(cfg) }.map_err(|e| RuntimeError::Cuda(format!("launching {name} (node {}): {e}", step.node)))?;
         if self.sync {
-            self.stream.synchronize().map_err(|e| RuntimeError::Cuda(format!("kernel {name} (node {}) failed on the device: {e}", step.node)))?;
+            self.stream
+                .synchronize()
+                .map_err(|e| RuntimeError::Cuda(format!("kernel {name} (node {}) failed on the device: {e}", step.node)))?;
         }
         Ok(())
     }

@@ -251,7 +251,8 @@ impl<D: Device> Executor<D> {
         let mut checks = Vec::with_capacity(self.launches.len());
         for i in 0..self.launches.len() {
             let s = self.program.steps[i].clone();
-            let (out, ins) = s.args.split_last().ok_or_else(|| RuntimeError::Program(format!("kernel {} has no output", s.kernel.name())))?;
+            let (out, ins) =
+                s.args.split_last().ok_or_else(|| RuntimeError::Program(format!("kernel {} has no output", s.kernel.name())))?;
             let mut operands = Vec::with_capacity(ins.len());
             for a in ins {
                 let bytes = match a.space {

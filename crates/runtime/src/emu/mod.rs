@@ -106,7 +106,10 @@ pub fn translate(name: &str, source: &str) -> Result<(String, Vec<Param>), Runti
             }
             // The runtime passes 8-byte values: addresses and counts.
             if let Some(p) = ps.iter().find(|p| !p.pointer && p.ty != "unsigned long long") {
-                return Err(bad(format!("kernel parameter {} is a {}: the runtime passes pointers and unsigned long long counts only", p.name, p.ty)));
+                return Err(bad(format!(
+                    "kernel parameter {} is a {}: the runtime passes pointers and unsigned long long counts only",
+                    p.name, p.ty
+                )));
             }
             params = Some(ps);
         }
@@ -152,7 +155,9 @@ fn compiler() -> String {
 /// The compiler's identity (its `--version` first line), part of the cache key.
 fn compiler_version(cxx: &str) -> Result<String, RuntimeError> {
     let out = std::process::Command::new(cxx).arg("--version").output().map_err(|e| {
-        RuntimeError::NoCompiler(format!("cannot run `{cxx}` ({e}): the emulator compiles kernels with a C++ compiler (install g++, or set SMELT_CXX)"))
+        RuntimeError::NoCompiler(format!(
+            "cannot run `{cxx}` ({e}): the emulator compiles kernels with a C++ compiler (install g++, or set SMELT_CXX)"
+        ))
     })?;
     Ok(String::from_utf8_lossy(&out.stdout).lines().next().unwrap_or("").to_string())
 }
