@@ -57,6 +57,17 @@ if [[ -d $site/nvidia/cuda_nvrtc/lib ]] && ls "$site"/nvidia/cuda_nvrtc/lib/libn
     export LD_LIBRARY_PATH="$site/nvidia/cuda_nvrtc/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 [[ -d $site/nvidia/cuda_runtime/include ]] && export SMELT_CUDA_INCLUDE="$site/nvidia/cuda_runtime/include"
+# No NVRTC 12 but the CUDA 13 wheels (PyTorch's): their libnvrtc.so.13 under
+# nvidia/cu13/lib, linked as libnvrtc.so (a name smelt's loader tries), with
+# their headers (NVRTC has no built-in cuda_fp16.h). Only kernels missing
+# from the carried cache need it.
+if [[ -z ${SMELT_CUDA_INCLUDE:-} ]] && ls "$site"/nvidia/cu13/lib/libnvrtc.so.13* >/dev/null 2>&1; then
+    mkdir -p "$W/lib"
+    ln -sfn "$(ls "$site"/nvidia/cu13/lib/libnvrtc.so.13* | head -1)" "$W/lib/libnvrtc.so"
+    export LD_LIBRARY_PATH="$PWD/$W/lib:$site/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    export SMELT_CUDA_INCLUDE="$site/nvidia/cu13/include"
+    echo "gpu-check: NVRTC 13 from $site/nvidia/cu13" >&2
+fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >&2 || true
 data=$(python3 -c 'import onnx, os; print(os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data"))')
 mkdir -p .testdata && ln -sfn "$data" .testdata/onnx-data

@@ -238,3 +238,27 @@ fn missing_kernels_name_the_model_nodes() {
     assert!(err.contains("elementwise is a kernel-level op"), "{err}");
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// `--backend emulator` runs the generated CUDA C; `--check-kernels`
+/// reports every kernel against its description, in the JSON too; the
+/// device-only flags are refused on the CPU backend.
+#[test]
+fn run_on_the_emulator_checks_kernels() {
+    let v = common::variant("squeezenet");
+    let (input, expect) = (v.join("input_0.pb"), v.join("output_0.pb"));
+    let model = v.join("model.onnx");
+    let args = ["run", model.to_str().unwrap(), "--input", input.to_str().unwrap(), "--expect", expect.to_str().unwrap()];
+    let (code, out, err) = run(&[&args[..], &["--backend", "emulator", "--check-kernels", "--json"]].concat());
+    assert_eq!(code, 0, "{out}{err}");
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(j["backend"], "emulator");
+    let checks = j["kernel_checks"].as_array().unwrap();
+    assert!(checks.len() > 20 && checks.iter().all(|c| c["ok"] == true), "{checks:?}");
+    assert_eq!(j["outputs"][0]["comparison"]["ok"], true);
+    let (code, out, _) = run(&[&args[..], &["--backend", "emulator", "--profile"]].concat());
+    assert_eq!(code, 0);
+    assert!(out.contains("ran on the emulator") && out.contains("kernels,") && out.contains("expected: OK"), "{out}");
+    let (code, _, err) = run(&[&args[..], &["--check-kernels"]].concat());
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("apply to --backend cuda or emulator"), "{err}");
+}

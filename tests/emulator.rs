@@ -96,18 +96,21 @@ fn tensor(name: &str, file: &str) -> Tensor {
 
 /// The nine light models' random-weight variants: fused and unfused in f32
 /// against onnxruntime's logits (within 1e-3 relative, plus 1e-4 of the
-/// logits' range for the elements near zero), and under mixed-f16 against
-/// the CPU reference executor of the same graph (1% of the logits' range)
-/// and against onnxruntime (5% of the range, and the same arg-max).
+/// logits' range for the elements near zero), and under mixed-f16 and
+/// mixed-bf16 against the CPU reference executor of the same graph (1% of
+/// the logits' range in f16, 3% in bf16) and against onnxruntime (5% of the range in f16, 20%
+/// in bf16, and the same arg-max).
 #[test]
 fn light_variants_match_onnxruntime_logits() {
     let mut kinds = BTreeSet::new();
-    println!("{:<14} {:<10} {:>8} {:>12} {:>12}", "model", "config", "kernels", "vs ort", "vs cpu ref");
+    println!("{:<14} {:<10} {:>8} {:>14} {:>12} {:>12}", "model", "config", "kernels", "worst kernel", "vs ort", "vs cpu ref");
     for name in common::LIGHT {
         let plain = logits(common::load(common::variant(name).join("model.onnx").to_str().unwrap(), None));
         let x = tensor(name, "input_0.pb");
         let want = tensor(name, "logits_0.pb");
-        for (config, no_fuse, policy) in [("fused", false, "f32"), ("unfused", true, "f32"), ("mixed-f16", false, "mixed-f16")] {
+        for (config, no_fuse, policy) in
+            [("fused", false, "f32"), ("unfused", true, "f32"), ("mixed-f16", false, "mixed-f16"), ("mixed-bf16", false, "mixed-bf16")]
+        {
             let what = format!("{name} {config}");
             let e = emulate(&plain, no_fuse, policy, std::slice::from_ref(&x));
             assert_kernels_agree(&what, &e);
@@ -127,17 +130,20 @@ fn light_variants_match_onnxruntime_logits() {
                 // Half roundings that fall the other way (the reference
                 // executor sums convolutions in another order) compound
                 // over a deep net.
+                let near = if policy == "mixed-f16" { 1e-2 } else { 3e-2 };
                 assert!(
-                    r.max_abs_over_range <= 1e-2,
+                    r.max_abs_over_range <= near,
                     "{what}: {:.2e} of range from the CPU reference executor of the same graph",
                     r.max_abs_over_range
                 );
                 let o = smelt::precision_error(got, &want);
-                assert!(o.max_abs_over_range <= 5e-2, "{what}: {:.2e} of range from onnxruntime's f32 logits", o.max_abs_over_range);
+                let budget = if policy == "mixed-f16" { 5e-2 } else { 2e-1 };
+                assert!(o.max_abs_over_range <= budget, "{what}: {:.2e} of range from onnxruntime's f32 logits", o.max_abs_over_range);
                 assert_eq!(o.argmax_agree, o.rows, "{what}: arg-max differs from onnxruntime's");
                 (format!("{:.2e} rng", o.max_abs_over_range), format!("{:.2e} rng", r.max_abs_over_range))
             };
-            println!("{name:<14} {config:<10} {:>8} {vs_ort:>12} {vs_cpu:>12}", e.checks.len());
+            let worst = e.checks.iter().map(|c| c.of_range).fold(0f64, f64::max);
+            println!("{name:<14} {config:<10} {:>8} {worst:>14.2e} {vs_ort:>12} {vs_cpu:>12}", e.checks.len());
         }
     }
     // The runs covered every kind of kernel the light models have.

@@ -50,12 +50,14 @@ impl Compiler {
         // them out of the key, so a cache filled here serves a GPU machine.
         let keyed: Vec<String> = options.iter().filter(|o| !o.starts_with("--include-path=")).cloned().collect();
         let key = Cache::key(source, &keyed);
-        // PTX made by another NVRTC than the one loaded is compiled again
-        // (a newer NVRTC's PTX does not load on an older driver); with no
-        // NVRTC at all, the cached PTX is all there is.
+        // PTX made by a newer NVRTC than the one loaded is compiled again
+        // (a newer NVRTC's PTX does not load on an older driver, and an
+        // older NVRTC is loaded to match one); with no NVRTC at all, the
+        // cached PTX is all there is.
         let nvrtc = crate::nvrtc_version();
         if let Some(ptx) = self.cache.as_ref().and_then(|c| c.get(&key, source)) {
-            if nvrtc.is_none() || crate::ptx_release(&ptx) == nvrtc {
+            let made_by = crate::ptx_release(&ptx);
+            if nvrtc.is_none() || made_by.is_some_and(|m| Some(m) <= nvrtc) {
                 return Ok(Compiled { ptx, cached: true });
             }
         }
