@@ -296,3 +296,126 @@ fn misaligned_vector_parameters_are_refused() {
     let msg = emulator_error(program, &blob, &x);
     assert!(msg.contains("not aligned to 16 bytes"), "{msg}");
 }
+
+/// Compiles a hand-written kernel for the emulator.
+fn hand_written(name: &str, source: &str) -> smelt_runtime::emu::EmuKernel {
+    smelt_runtime::emu::EmuCompiler::new().unwrap().compile(name, source).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn f32s(b: &[u8]) -> Vec<f32> {
+    b.chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+}
+
+/// Warp operations with CUDA's semantics: a tree reduction with
+/// `__shfl_down_sync` per warp, a butterfly with `__shfl_xor_sync`, a
+/// broadcast with `__shfl_sync`, and `__ballot_sync`, over three warps.
+#[test]
+fn warp_shuffles_and_votes() {
+    use smelt_runtime::emu::{launch_raw, RawArg};
+    let src = r#"
+extern "C" __global__ void warps(const float* __restrict__ x, float* __restrict__ out, unsigned long long n) {
+    unsigned int t = threadIdx.x, lane = t % 32, w = t / 32;
+    float v = t < n ? x[t] : 0.0f;
+    float sum = v;
+    for (int d = 16; d > 0; d /= 2) sum += __shfl_down_sync(0xffffffffu, sum, d);
+    float all = v;
+    for (int m = 1; m < 32; m *= 2) all += __shfl_xor_sync(0xffffffffu, all, m);
+    float first = __shfl_sync(0xffffffffu, v, 0);
+    unsigned int positive = __ballot_sync(0xffffffffu, v > 0.0f);
+    out[t * 4 + 0] = lane == 0 ? sum : 0.0f;
+    out[t * 4 + 1] = all;
+    out[t * 4 + 2] = first;
+    out[t * 4 + 3] = (float)__popc(positive);
+    (void)w;
+}
+"#;
+    let k = hand_written("warps", src);
+    let (n, threads) = (80usize, 96usize); // three warps; the third's last 16 lanes read no input
+    let x: Vec<f32> = (0..n).map(|i| ((i * 37 % 11) as f32) - 5.0).collect();
+    let mut xb = f32_bytes(&x);
+    let mut out = vec![0u8; threads * 16];
+    let args = &mut [RawArg::Buffer(&mut xb), RawArg::Buffer(&mut out), RawArg::Count(n as u64)];
+    launch_raw(&k, [1, 1, 1], [threads as u32, 1, 1], args).unwrap_or_else(|e| panic!("{e}"));
+    let out = f32s(&out);
+    for w in 0..threads / 32 {
+        let lanes: Vec<f32> = (w * 32..w * 32 + 32).map(|i| x.get(i).copied().unwrap_or(0.0)).collect();
+        let total: f32 = lanes.iter().sum();
+        assert_eq!(out[w * 32 * 4], total, "warp {w}: shfl_down sum");
+        for l in 0..32 {
+            let t = w * 32 + l;
+            assert_eq!(out[t * 4 + 1], total, "lane {t}: xor butterfly");
+            assert_eq!(out[t * 4 + 2], lanes[0], "lane {t}: broadcast");
+            assert_eq!(out[t * 4 + 3], lanes.iter().filter(|&&v| v > 0.0).count() as f32, "lane {t}: ballot");
+        }
+    }
+}
+
+/// A 16x16x16 tensor-core product through `nvcuda::wmma` (half inputs, f32
+/// accumulation, B column-major, C loaded and D stored row-major) equals
+/// the product computed here.
+#[test]
+fn wmma_fragments_multiply_tiles() {
+    use smelt_runtime::emu::{launch_raw, RawArg};
+    let src = r#"
+#include <mma.h>
+using namespace nvcuda;
+extern "C" __global__ void tile(const __half* __restrict__ a, const __half* __restrict__ b, const float* __restrict__ c, float* __restrict__ d) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+    wmma::load_matrix_sync(fa, a, 16);
+    wmma::load_matrix_sync(fb, b, 16);
+    wmma::load_matrix_sync(acc, c, 16, wmma::mem_row_major);
+    wmma::mma_sync(acc, fa, fb, acc);
+    for (int i = 0; i < acc.num_elements; ++i) acc.x[i] = 2.0f * acc.x[i];
+    wmma::store_matrix_sync(d, acc, 16, wmma::mem_row_major);
+}
+"#;
+    let k = hand_written("tile", src);
+    let half = |v: f32| half::f16::from_f32(v);
+    let a: Vec<half::f16> = (0..256).map(|i| half(((i * 7 % 13) as f32 - 6.0) / 8.0)).collect();
+    let b: Vec<half::f16> = (0..256).map(|i| half(((i * 5 % 9) as f32 - 4.0) / 4.0)).collect(); // column-major
+    let c: Vec<f32> = (0..256).map(|i| (i % 7) as f32 * 0.25).collect();
+    let mut ab: Vec<u8> = a.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let mut bb: Vec<u8> = b.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let mut cb = f32_bytes(&c);
+    let mut d = vec![0u8; 1024];
+    launch_raw(
+        &k,
+        [1, 1, 1],
+        [32, 1, 1],
+        &mut [RawArg::Buffer(&mut ab), RawArg::Buffer(&mut bb), RawArg::Buffer(&mut cb), RawArg::Buffer(&mut d)],
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let d = f32s(&d);
+    for i in 0..16 {
+        for j in 0..16 {
+            let mut acc = c[i * 16 + j];
+            for kk in 0..16 {
+                acc += a[i * 16 + kk].to_f32() * b[j * 16 + kk].to_f32();
+            }
+            assert_eq!(d[i * 16 + j], 2.0 * acc, "d[{i}][{j}]");
+        }
+    }
+}
+
+/// Threads of a warp at different barriers (half at `__syncthreads`, half
+/// at `__syncwarp`) are reported as a deadlock, not a hang.
+#[test]
+fn divergent_barriers_are_reported() {
+    use smelt_runtime::emu::{launch_raw, RawArg};
+    let src = r#"
+extern "C" __global__ void diverge(float* __restrict__ out) {
+    if (threadIdx.x < 16) __syncthreads(); else __syncwarp();
+    out[threadIdx.x] = 1.0f;
+}
+"#;
+    let k = hand_written("diverge", src);
+    let mut out = vec![0u8; 128];
+    let e = launch_raw(&k, [1, 1, 1], [32, 1, 1], &mut [RawArg::Buffer(&mut out)]).expect_err("a divergent barrier");
+    assert!(e.to_string().contains("deadlocks"), "{e}");
+}

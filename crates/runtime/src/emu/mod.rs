@@ -115,7 +115,8 @@ pub fn translate(name: &str, source: &str) -> Result<(String, Vec<Param>), Runti
         }
     }
     let params = params.ok_or_else(|| bad("no __global__ function in the source".into()))?;
-    let barriers = source.contains("__syncthreads");
+    // Barriers and warp operations need each thread on its own fiber.
+    let barriers = ["__syncthreads", "_sync(", "__syncwarp", "__activemask"].iter().any(|c| source.contains(c));
     out += "\nnamespace {\nstruct Args {\n";
     for p in &params {
         if p.pointer {
@@ -235,17 +236,19 @@ impl EmuCompiler {
         let cpp = self.dir.join(format!("{key}.cpp"));
         let cached = std::fs::read_to_string(&cpp).is_ok_and(|s| s == unit) && lib.exists();
         if !cached {
+            let tag = format!("tmp{}_{:?}", std::process::id(), std::thread::current().id()).replace(['(', ')'], "");
             let inc = self.dir.join("include");
             std::fs::create_dir_all(&inc).map_err(io(&inc))?;
-            for (file, text) in [("smelt_emu.h", HEADER), ("cuda_fp16.h", "#pragma once\n"), ("cuda_bf16.h", "#pragma once\n")] {
+            for (file, text) in
+                [("smelt_emu.h", HEADER), ("cuda_fp16.h", "#pragma once\n"), ("cuda_bf16.h", "#pragma once\n"), ("mma.h", "#pragma once\n")]
+            {
                 let path = inc.join(file);
                 if std::fs::read_to_string(&path).ok().as_deref() != Some(text) {
-                    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+                    let tmp = path.with_extension(&tag);
                     std::fs::write(&tmp, text).map_err(io(&tmp))?;
                     std::fs::rename(&tmp, &path).map_err(io(&path))?;
                 }
             }
-            let tag = format!("tmp{}_{:?}", std::process::id(), std::thread::current().id()).replace(['(', ')'], "");
             let src_tmp = self.dir.join(format!("{key}.{tag}.cpp"));
             let lib_tmp = self.dir.join(format!("{key}.{tag}.so"));
             std::fs::write(&src_tmp, &unit).map_err(io(&src_tmp))?;
@@ -303,6 +306,92 @@ impl EmuCompiler {
         results.sort_by_key(|(i, _)| *i);
         results.into_iter().map(|(i, r)| r.map(|k| (kernels[i].0.clone(), Arc::new(k)))).collect()
     }
+}
+
+/// Runs a launch of `f` over `workers` threads (blocks in contiguous ranges;
+/// small launches on one): the message of the first faulty access, if any.
+fn execute(f: &EmuKernel, grid: [u32; 3], block: [u32; 3], params: &[u64], extents: &[Extent], workers: usize) -> Result<(), String> {
+    let blocks = grid.iter().map(|&d| d as u64).product::<u64>();
+    let threads = block.iter().map(|&d| d as u64).product::<u64>();
+    if threads == 0 || threads > 1024 || blocks == 0 {
+        return Err(format!("launch of grid {grid:?} and block {block:?}: CUDA allows 1 to 1024 threads per block"));
+    }
+    if params.len() != f.params.len() || extents.len() != f.params.len() {
+        return Err(format!("launched with {} parameters, the kernel takes {}", params.len(), f.params.len()));
+    }
+    let workers = if blocks * threads < 1 << 14 { 1 } else { workers.min(blocks as usize).max(1) };
+    let per = blocks.div_ceil(workers as u64);
+    let results: Vec<(c_int, u64, String)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..workers as u64)
+            .map(|w| {
+                s.spawn(move || {
+                    let mut values: Vec<u64> = params.to_vec();
+                    let mut ptrs: Vec<*mut c_void> = values.iter_mut().map(|v| v as *mut u64 as *mut c_void).collect();
+                    let mut error = vec![0u8; 1024];
+                    let mut l = Launch {
+                        grid,
+                        block,
+                        block_begin: (w * per).min(blocks),
+                        block_end: ((w + 1) * per).min(blocks),
+                        extents: extents.as_ptr(),
+                        nparams: extents.len() as u64,
+                        error: error.as_mut_ptr() as *mut c_char,
+                        error_cap: error.len() as u64,
+                        errors: 0,
+                    };
+                    // SAFETY: the launcher reads one 8-byte value per
+                    // parameter through `ptrs` and the extents, and accesses
+                    // memory only inside the extents (checked), which the
+                    // caller owns for the duration of the launch.
+                    let rc = unsafe { (f.entry)(ptrs.as_mut_ptr(), &mut l) };
+                    let len = error.iter().position(|&b| b == 0).unwrap_or(error.len());
+                    (rc, l.errors, String::from_utf8_lossy(&error[..len]).into_owned())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or((1, 0, "a worker thread panicked".into()))).collect()
+    });
+    let errors: u64 = results.iter().map(|r| r.1).sum();
+    if let Some((_, _, msg)) = results.iter().find(|r| r.0 != 0 || r.1 > 0) {
+        let more = if errors > 1 { format!(" ({errors} faulty accesses in all)") } else { String::new() };
+        return Err(format!("{msg}{more}"));
+    }
+    Ok(())
+}
+
+/// An argument of [`launch_raw`].
+pub enum RawArg<'a> {
+    /// A buffer a pointer parameter addresses (its whole extent).
+    Buffer(&'a mut [u8]),
+    /// An `unsigned long long` value.
+    Count(u64),
+}
+
+/// Launches a kernel on host buffers, outside any program: for testing
+/// hand-written CUDA C (warp operations, tensor-core fragments) on the
+/// emulator. Each buffer's address must suit the parameter's alignment.
+pub fn launch_raw(kernel: &EmuKernel, grid: [u32; 3], block: [u32; 3], args: &mut [RawArg]) -> Result<(), RuntimeError> {
+    let mut params = Vec::with_capacity(args.len());
+    let mut extents = Vec::with_capacity(args.len());
+    for a in args.iter_mut() {
+        match a {
+            RawArg::Buffer(b) => {
+                let lo = b.as_mut_ptr() as u64;
+                params.push(lo);
+                extents.push(Extent { lo, hi: lo + b.len() as u64 });
+            }
+            RawArg::Count(c) => {
+                params.push(*c);
+                extents.push(Extent { lo: 0, hi: 0 });
+            }
+        }
+    }
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    execute(kernel, grid, block, &params, &extents, threads).map_err(|msg| RuntimeError::Kernel {
+        kernel: kernel.name.clone(),
+        node: "-".into(),
+        msg,
+    })
 }
 
 /// Host memory aligned to [`crate::exec::ARENA_ALIGN`].
@@ -432,51 +521,7 @@ impl Device for Emulator {
                 }
             }
         }
-        let blocks = grid.iter().map(|&d| d as u64).product::<u64>();
-        let threads = block.iter().map(|&d| d as u64).product::<u64>();
-        if threads == 0 || threads > 1024 || blocks == 0 {
-            return Err(fail(format!("launch of grid {grid:?} and block {block:?}: CUDA allows 1 to 1024 threads per block")));
-        }
-        // Blocks in contiguous ranges over the worker threads; small launches on one.
-        let workers = if blocks * threads < 1 << 14 { 1 } else { self.threads.min(blocks as usize).max(1) };
-        let per = blocks.div_ceil(workers as u64);
-        let results: Vec<(c_int, u64, String)> = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..workers as u64)
-                .map(|w| {
-                    let extents = &extents;
-                    s.spawn(move || {
-                        let mut values: Vec<u64> = params.to_vec();
-                        let mut ptrs: Vec<*mut c_void> = values.iter_mut().map(|v| v as *mut u64 as *mut c_void).collect();
-                        let mut error = vec![0u8; 1024];
-                        let mut l = Launch {
-                            grid,
-                            block,
-                            block_begin: (w * per).min(blocks),
-                            block_end: ((w + 1) * per).min(blocks),
-                            extents: extents.as_ptr(),
-                            nparams: extents.len() as u64,
-                            error: error.as_mut_ptr() as *mut c_char,
-                            error_cap: error.len() as u64,
-                            errors: 0,
-                        };
-                        // SAFETY: the launcher reads one 8-byte value per
-                        // parameter through `ptrs` and the extents, and
-                        // accesses memory only inside the extents (checked),
-                        // which lie in the arena and weights this emulator owns.
-                        let rc = unsafe { (f.entry)(ptrs.as_mut_ptr(), &mut l) };
-                        let len = error.iter().position(|&b| b == 0).unwrap_or(error.len());
-                        (rc, l.errors, String::from_utf8_lossy(&error[..len]).into_owned())
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap_or((1, 0, "a worker thread panicked".into()))).collect()
-        });
-        let errors: u64 = results.iter().map(|r| r.1).sum();
-        if let Some((_, _, msg)) = results.iter().find(|r| r.0 != 0 || r.1 > 0) {
-            let more = if errors > 1 { format!(" ({errors} faulty accesses in all)") } else { String::new() };
-            return Err(fail(format!("{msg}{more}")));
-        }
-        Ok(())
+        execute(f, grid, block, params, &extents, self.threads).map_err(fail)
     }
 
     fn mark(&mut self) -> Result<Instant, RuntimeError> {

@@ -47,6 +47,8 @@ inline unsigned long long min(unsigned long long a, unsigned long long b) { retu
 inline float __int_as_float(int x) { float f; std::memcpy(&f, &x, 4); return f; }
 inline float __int_as_float(unsigned int x) { float f; std::memcpy(&f, &x, 4); return f; }
 inline int __float_as_int(float f) { int x; std::memcpy(&x, &f, 4); return x; }
+inline int __popc(unsigned int x) { return __builtin_popcount(x); }
+inline int __ffs(int x) { return __builtin_ffs(x); }
 
 struct __half { unsigned short x; };
 inline __half __float2half(float f) {
@@ -201,9 +203,11 @@ __asm__(
 
 constexpr unsigned long long kStack = 64 * 1024;
 
+enum State : unsigned char { kReady, kAtBlockBarrier, kAtWarpBarrier, kDone };
+
 struct Fiber {
     void* sp;
-    bool done;
+    State state;
     unsigned int tid;
 };
 
@@ -215,6 +219,7 @@ struct Block {
     void (*body)(void*);
     void* data;
     char* stacks;
+    unsigned long long exchange[32][32];  // per warp, per lane: a collective's operand
 };
 
 thread_local Block* block;
@@ -226,7 +231,7 @@ inline uint3 thread_of(unsigned int t, const Launch* l) {
 extern "C" inline void smelt_emu_fiber_main(Fiber* f) {
     Block* b = block;
     b->body(b->data);
-    f->done = true;
+    f->state = kDone;
     void* dead;
     smelt_emu_switch(&dead, b->scheduler_sp);
     __builtin_unreachable();
@@ -248,48 +253,210 @@ inline void init_fiber(Fiber* f, char* stack_top) {
     sp[7] = nullptr;                           // rbp
     sp[8] = (void*)&smelt_emu_fiber_start;     // return address
     f->sp = sp;
-    f->done = false;
+    f->state = kReady;
+}
+
+// Yields the running thread to its block's scheduler, waiting at a block
+// barrier or at its warp's.
+inline void wait(State at) {
+    Block* b = block;
+    if (b == nullptr) return;  // a block of one thread
+    Fiber* f = b->running;
+    f->state = at;
+    smelt_emu_switch(&f->sp, b->scheduler_sp);
+}
+
+// The running thread's lane and warp, and the mask of its warp's live lanes.
+inline unsigned int lane() { return block ? block->running->tid % 32 : 0; }
+inline unsigned int warp() { return block ? block->running->tid / 32 : 0; }
+inline unsigned int live_lanes() {
+    Block* b = block;
+    if (b == nullptr) return 1u;
+    unsigned int w = warp(), mask = 0;
+    for (unsigned int l = 0; l < 32 && w * 32 + l < b->count; ++l) {
+        if (b->fibers[w * 32 + l].state != kDone) mask |= 1u << l;
+    }
+    return mask;
+}
+
+// A warp collective: every live lane deposits `v`, all wait, each reads
+// the lane `src(lane)` chose (its own value when out of range), all wait
+// again (so the slots can be reused).
+template <class T, class F>
+T exchange(T v, F src) {
+    static_assert(sizeof(T) <= 8, "warp exchange of at most 8 bytes");
+    Block* b = block;
+    if (b == nullptr) return v;
+    unsigned int w = warp(), l = lane();
+    unsigned long long bits = 0;
+    std::memcpy(&bits, &v, sizeof(T));
+    b->exchange[w][l] = bits;
+    wait(kAtWarpBarrier);
+    int from = src((int)l);
+    T r = v;
+    if (from >= 0 && from < 32 && w * 32 + from < b->count) std::memcpy(&r, &b->exchange[w][from], sizeof(T));
+    wait(kAtWarpBarrier);
+    return r;
 }
 
 }  // namespace smelt_emu
 
-// The barrier: yield to the block's scheduler until every live thread of
-// the block has arrived.
-inline void __syncthreads() {
-    smelt_emu::Block* b = smelt_emu::block;
-    if (b == nullptr) return;  // a block of one thread
-    smelt_emu::Fiber* f = b->running;
-    smelt_emu::smelt_emu_switch(&f->sp, b->scheduler_sp);
+// The block barrier: yield until every live thread of the block arrived.
+inline void __syncthreads() { smelt_emu::wait(smelt_emu::kAtBlockBarrier); }
+inline void __syncwarp(unsigned int mask = 0xffffffffu) { (void)mask; smelt_emu::wait(smelt_emu::kAtWarpBarrier); }
+inline unsigned int __activemask() { return smelt_emu::live_lanes(); }
+
+// Shuffles within segments of `width` lanes, as CUDA defines them.
+template <class T>
+T __shfl_sync(unsigned int, T v, int src, int width = 32) {
+    return smelt_emu::exchange(v, [=](int l) { return (l & ~(width - 1)) + (src & (width - 1)); });
 }
+template <class T>
+T __shfl_down_sync(unsigned int, T v, unsigned int d, int width = 32) {
+    return smelt_emu::exchange(v, [=](int l) { return (l % width) + (int)d < width ? l + (int)d : l; });
+}
+template <class T>
+T __shfl_up_sync(unsigned int, T v, unsigned int d, int width = 32) {
+    return smelt_emu::exchange(v, [=](int l) { return (l % width) >= (int)d ? l - (int)d : l; });
+}
+template <class T>
+T __shfl_xor_sync(unsigned int, T v, int m, int width = 32) {
+    return smelt_emu::exchange(v, [=](int l) { return ((l ^ m) & ~(width - 1)) == (l & ~(width - 1)) ? (l ^ m) : l; });
+}
+inline unsigned int __ballot_sync(unsigned int mask, int pred) {
+    smelt_emu::Block* b = smelt_emu::block;
+    if (b == nullptr) return pred ? 1u : 0u;
+    unsigned int w = smelt_emu::warp();
+    b->exchange[w][smelt_emu::lane()] = pred != 0;
+    smelt_emu::wait(smelt_emu::kAtWarpBarrier);
+    unsigned int live = smelt_emu::live_lanes(), r = 0;
+    for (unsigned int l = 0; l < 32; ++l) {
+        if ((live & mask & (1u << l)) && b->exchange[w][l]) r |= 1u << l;
+    }
+    smelt_emu::wait(smelt_emu::kAtWarpBarrier);
+    return r;
+}
+inline int __any_sync(unsigned int mask, int pred) { return __ballot_sync(mask, pred) != 0; }
+inline int __all_sync(unsigned int mask, int pred) {
+    return __ballot_sync(mask, pred) == (mask & smelt_emu::live_lanes());
+}
+
+// Tensor-core fragments (nvcuda::wmma), executed per warp: every lane holds
+// the whole tile (row-major), loads and stores all of it, and computes the
+// whole product with f32 accumulation in ascending k; each operation is a
+// warp collective (all live lanes arrive before any goes on).
+namespace nvcuda {
+namespace wmma {
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+struct row_major {};
+struct col_major {};
+enum layout_t { mem_row_major, mem_col_major };
+
+template <class Use, int M, int N, int K> struct shape_of;
+template <int M, int N, int K> struct shape_of<matrix_a, M, N, K> { static const int rows = M, cols = K; };
+template <int M, int N, int K> struct shape_of<matrix_b, M, N, K> { static const int rows = K, cols = N; };
+template <int M, int N, int K> struct shape_of<accumulator, M, N, K> { static const int rows = M, cols = N; };
+
+template <class Use, int M, int N, int K, class T, class Layout = void>
+struct fragment {
+    static const int rows = shape_of<Use, M, N, K>::rows, cols = shape_of<Use, M, N, K>::cols;
+    static const int num_elements = rows * cols;
+    T x[rows * cols];
+};
+
+inline float to_f(float v) { return v; }
+inline float to_f(__half v) { return __half2float(v); }
+inline float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <class T> T from_f(float v);
+template <> inline float from_f<float>(float v) { return v; }
+template <> inline __half from_f<__half>(float v) { return __float2half(v); }
+template <> inline __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16(v); }
+
+template <class Use, int M, int N, int K, class T, class L, class V>
+void fill_fragment(fragment<Use, M, N, K, T, L>& f, V v) {
+    for (int i = 0; i < f.num_elements; ++i) f.x[i] = (T)v;
+}
+template <class F, class P>
+void load_tile(F& f, P p, unsigned int ldm, bool col) {
+    __syncwarp();
+    for (int r = 0; r < F::rows; ++r)
+        for (int c = 0; c < F::cols; ++c) f.x[r * F::cols + c] = col ? p[(unsigned long long)c * ldm + r] : p[(unsigned long long)r * ldm + c];
+    __syncwarp();
+}
+template <class Use, int M, int N, int K, class T, class P>
+void load_matrix_sync(fragment<Use, M, N, K, T, row_major>& f, P p, unsigned int ldm) { load_tile(f, p, ldm, false); }
+template <class Use, int M, int N, int K, class T, class P>
+void load_matrix_sync(fragment<Use, M, N, K, T, col_major>& f, P p, unsigned int ldm) { load_tile(f, p, ldm, true); }
+template <int M, int N, int K, class T, class P>
+void load_matrix_sync(fragment<accumulator, M, N, K, T, void>& f, P p, unsigned int ldm, layout_t l) {
+    load_tile(f, p, ldm, l == mem_col_major);
+}
+template <int M, int N, int K, class T, class P>
+void store_matrix_sync(P p, const fragment<accumulator, M, N, K, T, void>& f, unsigned int ldm, layout_t l) {
+    __syncwarp();
+    for (int r = 0; r < M; ++r)
+        for (int c = 0; c < N; ++c) {
+            unsigned long long at = l == mem_col_major ? (unsigned long long)c * ldm + r : (unsigned long long)r * ldm + c;
+            p[at] = f.x[r * N + c];
+        }
+    __syncwarp();
+}
+template <int M, int N, int K, class TA, class LA, class TB, class LB, class TC, class TD>
+void mma_sync(fragment<accumulator, M, N, K, TD, void>& d, const fragment<matrix_a, M, N, K, TA, LA>& a,
+              const fragment<matrix_b, M, N, K, TB, LB>& b, const fragment<accumulator, M, N, K, TC, void>& c) {
+    __syncwarp();
+    TD out[M * N];
+    for (int i = 0; i < M; ++i)
+        for (int j = 0; j < N; ++j) {
+            float acc = to_f(c.x[i * N + j]);
+            for (int k = 0; k < K; ++k) acc += to_f(a.x[i * K + k]) * to_f(b.x[k * N + j]);
+            out[i * N + j] = from_f<TD>(acc);
+        }
+    for (int i = 0; i < M * N; ++i) d.x[i] = out[i];
+    __syncwarp();
+}
+}  // namespace wmma
+}  // namespace nvcuda
 
 namespace smelt_emu {
 
 // Runs blocks [l->block_begin, l->block_end) of a launch: `body(data)` once
 // per thread, with threadIdx, blockIdx, blockDim and gridDim set. With
-// `barriers`, each thread is a fiber and `__syncthreads` is a barrier.
-inline int run(Launch* l, bool barriers, void (*body)(void*), void* data) {
+// `collectives`, each thread is a fiber: `__syncthreads` waits for every
+// live thread of the block, a warp operation for every live lane of the
+// warp; threads waiting at different barriers forever are an error.
+inline int run(Launch* l, bool collectives, void (*body)(void*), void* data) {
     current = l;
     gridDim = dim3{l->grid[0], l->grid[1], l->grid[2]};
     blockDim = dim3{l->block[0], l->block[1], l->block[2]};
     unsigned int threads = l->block[0] * l->block[1] * l->block[2];
-    Block b{};
-    if (barriers && threads > 1) {
-        b.count = threads;
-        b.fibers = (Fiber*)std::calloc(threads, sizeof(Fiber));
-        b.stacks = (char*)std::malloc(kStack * threads);
-        if (b.fibers == nullptr || b.stacks == nullptr) {
-            std::free(b.fibers);
-            std::free(b.stacks);
+    Block* b = nullptr;
+    if (collectives && threads > 1) {
+        b = (Block*)std::calloc(1, sizeof(Block));
+        if (b != nullptr) {
+            b->count = threads;
+            b->fibers = (Fiber*)std::calloc(threads, sizeof(Fiber));
+            b->stacks = (char*)std::malloc(kStack * threads);
+        }
+        if (b == nullptr || b->fibers == nullptr || b->stacks == nullptr) {
+            if (b != nullptr) {
+                std::free(b->fibers);
+                std::free(b->stacks);
+                std::free(b);
+            }
             std::snprintf(l->error, l->error_cap, "out of memory for %u fiber stacks", threads);
             return 1;
         }
-        b.body = body;
-        b.data = data;
+        b->body = body;
+        b->data = data;
     }
-    for (unsigned long long lin = l->block_begin; lin < l->block_end; ++lin) {
+    int rc = 0;
+    for (unsigned long long lin = l->block_begin; lin < l->block_end && rc == 0; ++lin) {
         blockIdx = uint3{(unsigned int)(lin % l->grid[0]), (unsigned int)(lin / l->grid[0] % l->grid[1]),
                          (unsigned int)(lin / ((unsigned long long)l->grid[0] * l->grid[1]))};
-        if (b.count == 0) {
+        if (b == nullptr) {
             for (unsigned int t = 0; t < threads; ++t) {
                 threadIdx = thread_of(t, l);
                 body(data);
@@ -297,26 +464,64 @@ inline int run(Launch* l, bool barriers, void (*body)(void*), void* data) {
             continue;
         }
         for (unsigned int t = 0; t < threads; ++t) {
-            b.fibers[t].tid = t;
-            init_fiber(&b.fibers[t], b.stacks + kStack * (t + 1));
+            b->fibers[t].tid = t;
+            init_fiber(&b->fibers[t], b->stacks + kStack * (t + 1));
         }
-        block = &b;
+        block = b;
         unsigned int live = threads;
         while (live > 0) {
             for (unsigned int t = 0; t < threads; ++t) {
-                Fiber* f = &b.fibers[t];
-                if (f->done) continue;
-                b.running = f;
+                Fiber* f = &b->fibers[t];
+                if (f->state != kReady) continue;
+                b->running = f;
                 threadIdx = thread_of(t, l);
-                smelt_emu_switch(&b.scheduler_sp, f->sp);
-                if (f->done) --live;
+                smelt_emu_switch(&b->scheduler_sp, f->sp);
+                if (f->state == kDone) --live;
             }
+            if (live == 0) break;
+            // Release each warp whose live lanes all wait at a warp
+            // operation; else the block, if every live thread waits at
+            // __syncthreads; else nobody can go on.
+            bool released = false;
+            for (unsigned int w = 0; w * 32 < threads; ++w) {
+                unsigned int waiting = 0, alive = 0;
+                for (unsigned int t = w * 32; t < threads && t < w * 32 + 32; ++t) {
+                    alive += b->fibers[t].state != kDone;
+                    waiting += b->fibers[t].state == kAtWarpBarrier;
+                }
+                if (waiting > 0 && waiting == alive) {
+                    for (unsigned int t = w * 32; t < threads && t < w * 32 + 32; ++t)
+                        if (b->fibers[t].state == kAtWarpBarrier) b->fibers[t].state = kReady;
+                    released = true;
+                }
+            }
+            if (released) continue;
+            unsigned int at_block = 0, at_warp = 0;
+            for (unsigned int t = 0; t < threads; ++t) {
+                at_block += b->fibers[t].state == kAtBlockBarrier;
+                at_warp += b->fibers[t].state == kAtWarpBarrier;
+            }
+            if (at_block == live) {
+                for (unsigned int t = 0; t < threads; ++t)
+                    if (b->fibers[t].state == kAtBlockBarrier) b->fibers[t].state = kReady;
+                continue;
+            }
+            l->errors++;
+            std::snprintf(l->error, l->error_cap,
+                          "block (%u,%u,%u) deadlocks: %u threads wait at __syncthreads while %u wait at a warp operation "
+                          "that some lane of their warp never reaches (divergent barrier)",
+                          blockIdx.x, blockIdx.y, blockIdx.z, at_block, at_warp);
+            rc = 1;
+            break;
         }
         block = nullptr;
     }
-    std::free(b.fibers);
-    std::free(b.stacks);
-    return 0;
+    if (b != nullptr) {
+        std::free(b->fibers);
+        std::free(b->stacks);
+        std::free(b);
+    }
+    return rc;
 }
 
 }  // namespace smelt_emu
