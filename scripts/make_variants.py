@@ -20,9 +20,9 @@ Output, per model, under <out>/<name>/:
     logits_0.pb   the logits: the input of a final Softmax (else the output),
                   which checks every class, where most probabilities sit
                   below any useful tolerance
-    batch_input.pb, batch_logits.pb
-                  a batch of two different seeded images and their logits
-                  (onnxruntime runs each image: the models fix batch 1)
+    batch_input.pb, batch_logits.pb, batch_output.pb
+                  a batch of two different seeded images, their logits and
+                  outputs (onnxruntime runs each image: the models fix batch 1)
 and finally <out>/.done once all models succeeded.
 
 Usage: make_variants.py [--data DIR] [--out DIR] [name ...]
@@ -286,9 +286,12 @@ def process(name, data_dir, out_dir):
     logits = logits_session.run(None, {inp.name: image})[-1]
     second = np.random.default_rng([seed, 2]).standard_normal(shape, dtype=np.float32)
     batch = np.concatenate([image, second])
-    batch_logits = np.concatenate([logits, logits_session.run(None, {inp.name: second})[-1]])
+    both = logits_session.run(None, {inp.name: second})
+    batch_logits = np.concatenate([logits, both[-1]])
+    batch_output = np.concatenate([result, both[0]])
     for file, array, tensor_name in [("logits_0.pb", logits, logits_name), ("batch_input.pb", batch, inp.name),
-                                     ("batch_logits.pb", batch_logits, logits_name)]:
+                                     ("batch_logits.pb", batch_logits, logits_name),
+                                     ("batch_output.pb", batch_output, out.name)]:
         with open(os.path.join(mdir, file), "wb") as f:
             f.write(numpy_helper.from_array(array, tensor_name).SerializeToString())
     with open(os.path.join(mdir, "input_0.pb"), "wb") as f:

@@ -22,22 +22,6 @@ use std::collections::BTreeSet;
 /// most kernels agree bit for bit.
 const KERNEL_RTOL: f64 = 1e-5;
 
-/// `g` with its final Softmax removed: the logits, where every class is
-/// checked (most probabilities of a 1000-way softmax are below any useful
-/// absolute tolerance).
-fn logits(mut g: Graph) -> Graph {
-    let outs: Vec<_> = g
-        .outputs()
-        .iter()
-        .map(|(name, v)| match g.node(v.node).op {
-            Op::Softmax { .. } => (name.clone(), g.inputs_of(v.node)[0]),
-            _ => (name.clone(), *v),
-        })
-        .collect();
-    g.set_outputs(outs);
-    g
-}
-
 /// What a run on the emulator gave.
 struct Emulated {
     graph: KernelGraph,
@@ -77,18 +61,6 @@ fn assert_kernels_agree(what: &str, e: &Emulated) {
     assert!(bad.is_empty(), "{what}: kernels disagree with their descriptions:\n{}", bad.join("\n"));
 }
 
-/// Largest `|got - want|` over `rtol * |want| + atol_of_range * max|want|`:
-/// at most 1 where `got` is within tolerance everywhere.
-fn excess(got: &Tensor, want: &Tensor, rtol: f64, atol_of_range: f64) -> f64 {
-    let (g, w) = (got.to_f32_vec(), want.to_f32_vec());
-    assert_eq!(g.len(), w.len(), "output sizes differ: {} against {}", got.ty(), want.ty());
-    let range = w.iter().fold(0f64, |m, x| m.max((*x as f64).abs()));
-    g.iter()
-        .zip(&w)
-        .map(|(a, b)| ((*a as f64) - (*b as f64)).abs() / (rtol * (*b as f64).abs() + atol_of_range * range))
-        .fold(0f64, f64::max)
-}
-
 /// Reads a variant's tensor file.
 fn tensor(name: &str, file: &str) -> Tensor {
     smelt_ir::onnx::read_tensor_file(&common::variant(name).join(file)).unwrap_or_else(|e| panic!("{name}/{file}: {e}")).1
@@ -105,7 +77,7 @@ fn light_variants_match_onnxruntime_logits() {
     let mut kinds = BTreeSet::new();
     println!("{:<14} {:<10} {:>8} {:>14} {:>12} {:>12}", "model", "config", "kernels", "worst kernel", "vs ort", "vs cpu ref");
     for name in common::LIGHT {
-        let plain = logits(common::load(common::variant(name).join("model.onnx").to_str().unwrap(), None));
+        let plain = common::logits(common::load(common::variant(name).join("model.onnx").to_str().unwrap(), None));
         let x = tensor(name, "input_0.pb");
         let want = tensor(name, "logits_0.pb");
         for (config, no_fuse, policy) in
@@ -121,7 +93,7 @@ fn light_variants_match_onnxruntime_logits() {
             );
             let got = &e.outputs[0];
             let (vs_ort, vs_cpu) = if policy == "f32" {
-                let x = excess(got, &want, 1e-3, 1e-4);
+                let x = common::excess(got, &want, 1e-3, 1e-4);
                 assert!(x <= 1.0, "{what}: logits differ from onnxruntime's beyond rtol 1e-3 + 1e-4 of range ({x:.2} times the tolerance)");
                 (format!("{x:.3} tol"), String::new())
             } else {
@@ -158,7 +130,7 @@ fn light_variants_match_onnxruntime_logits() {
 #[test]
 fn batches_of_different_images_match_onnxruntime() {
     for name in ["squeezenet", "resnet50", "inception_v1", "bvlc_alexnet"] {
-        let plain = logits(common::load(common::variant(name).join("model.onnx").to_str().unwrap(), Some(2)));
+        let plain = common::logits(common::load(common::variant(name).join("model.onnx").to_str().unwrap(), Some(2)));
         let x = tensor(name, "batch_input.pb");
         let want = tensor(name, "batch_logits.pb");
         let e = emulate(&plain, false, "f32", std::slice::from_ref(&x));
@@ -166,7 +138,7 @@ fn batches_of_different_images_match_onnxruntime() {
         let got = e.outputs[0].to_f32_vec();
         let half = got.len() / 2;
         assert!(got[..half] != got[half..], "{name}: both rows are equal: the batch proves nothing");
-        let x = excess(&e.outputs[0], &want, 1e-3, 1e-4);
+        let x = common::excess(&e.outputs[0], &want, 1e-3, 1e-4);
         println!("{name} batch 2: {x:.3} of the tolerance");
         assert!(x <= 1.0, "{name} batch 2: logits differ from onnxruntime's ({x:.2} times the tolerance)");
     }
@@ -187,7 +159,7 @@ fn zoo_models_match_the_reference_executor() {
         let what = format!("{spec} batch {batch} {policy}");
         let mut plain = common::load(spec, Some(batch));
         smelt::fill_missing_weights(&mut plain);
-        let plain = logits(plain);
+        let plain = common::logits(plain);
         let x = common::random_inputs(&plain, 7);
         let e = emulate(&plain, false, policy, &x);
         assert_kernels_agree(&what, &e);

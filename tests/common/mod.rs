@@ -232,3 +232,31 @@ pub fn random_kernel_graph(seed: u64) -> Graph {
     g.set_outputs(outs);
     g
 }
+
+/// `g` with its final Softmax removed: the logits, where every class is
+/// checked (most probabilities of a 1000-way softmax are below any useful
+/// absolute tolerance).
+pub fn logits(mut g: Graph) -> Graph {
+    let outs: Vec<_> = g
+        .outputs()
+        .iter()
+        .map(|(name, v)| match g.node(v.node).op {
+            Op::Softmax { .. } => (name.clone(), g.inputs_of(v.node)[0]),
+            _ => (name.clone(), *v),
+        })
+        .collect();
+    g.set_outputs(outs);
+    g
+}
+
+/// Largest `|got - want|` over `rtol * |want| + atol_of_range * max|want|`:
+/// at most 1 where `got` is within tolerance everywhere.
+pub fn excess(got: &Tensor, want: &Tensor, rtol: f64, atol_of_range: f64) -> f64 {
+    let (g, w) = (got.to_f32_vec(), want.to_f32_vec());
+    assert_eq!(g.len(), w.len(), "output sizes differ: {} against {}", got.ty(), want.ty());
+    let range = w.iter().fold(0f64, |m, x| m.max((*x as f64).abs()));
+    g.iter()
+        .zip(&w)
+        .map(|(a, b)| ((*a as f64) - (*b as f64)).abs() / (rtol * (*b as f64).abs() + atol_of_range * range))
+        .fold(0f64, f64::max)
+}

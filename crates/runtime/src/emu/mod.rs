@@ -211,6 +211,7 @@ pub struct EmuCompiler {
     cxx: String,
     version: String,
     dir: PathBuf,
+    includes: Arc<std::sync::OnceLock<Result<PathBuf, String>>>,
 }
 
 impl EmuCompiler {
@@ -218,7 +219,52 @@ impl EmuCompiler {
     pub fn new() -> Result<EmuCompiler, RuntimeError> {
         let cxx = compiler();
         let version = compiler_version(&cxx)?;
-        Ok(EmuCompiler { cxx, version, dir: Cache::default_dir().join("emu") })
+        Ok(EmuCompiler { cxx, version, dir: Cache::default_dir().join("emu"), includes: Arc::default() })
+    }
+
+    /// The folder of smelt's CUDA headers for the host compiler (one per
+    /// header version, made once), with the main header precompiled when
+    /// the compiler can (it halves the time of a small kernel).
+    fn includes(&self) -> Result<PathBuf, String> {
+        self.includes
+            .get_or_init(|| {
+                let inc = self.dir.join(format!("include-{}", Cache::key(HEADER, &[self.version.clone()])));
+                let tag = format!("tmp{}", std::process::id());
+                let write = |file: &str, text: &str| -> Result<(), String> {
+                    let path = inc.join(file);
+                    if std::fs::read_to_string(&path).ok().as_deref() != Some(text) {
+                        let tmp = path.with_extension(&tag);
+                        std::fs::write(&tmp, text).map_err(|e| format!("{}: {e}", tmp.display()))?;
+                        std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))?;
+                    }
+                    Ok(())
+                };
+                std::fs::create_dir_all(&inc).map_err(|e| format!("{}: {e}", inc.display()))?;
+                write("smelt_emu.h", HEADER)?;
+                for stub in ["cuda_fp16.h", "cuda_bf16.h", "mma.h"] {
+                    write(stub, "#pragma once\n")?;
+                }
+                let pch = inc.join("smelt_emu.h.gch");
+                if !pch.exists() {
+                    let tmp = inc.join(format!("smelt_emu.h.gch.{tag}"));
+                    let flags = FLAGS.iter().filter(|f| **f != "-shared");
+                    let made = std::process::Command::new(&self.cxx)
+                        .args(flags)
+                        .args(["-x", "c++-header", "-o"])
+                        .arg(&tmp)
+                        .arg(inc.join("smelt_emu.h"))
+                        .output()
+                        .is_ok_and(|o| o.status.success());
+                    // Without a precompiled header, kernels compile from the text.
+                    if made {
+                        let _ = std::fs::rename(&tmp, &pch);
+                    } else {
+                        let _ = std::fs::remove_file(&tmp);
+                    }
+                }
+                Ok(inc)
+            })
+            .clone()
     }
 
     /// Compiles (or finds in the cache) and loads kernel `name`.
@@ -237,18 +283,7 @@ impl EmuCompiler {
         let cached = std::fs::read_to_string(&cpp).is_ok_and(|s| s == unit) && lib.exists();
         if !cached {
             let tag = format!("tmp{}_{:?}", std::process::id(), std::thread::current().id()).replace(['(', ')'], "");
-            let inc = self.dir.join("include");
-            std::fs::create_dir_all(&inc).map_err(io(&inc))?;
-            for (file, text) in
-                [("smelt_emu.h", HEADER), ("cuda_fp16.h", "#pragma once\n"), ("cuda_bf16.h", "#pragma once\n"), ("mma.h", "#pragma once\n")]
-            {
-                let path = inc.join(file);
-                if std::fs::read_to_string(&path).ok().as_deref() != Some(text) {
-                    let tmp = path.with_extension(&tag);
-                    std::fs::write(&tmp, text).map_err(io(&tmp))?;
-                    std::fs::rename(&tmp, &path).map_err(io(&path))?;
-                }
-            }
+            let inc = self.includes().map_err(|msg| RuntimeError::Emulator { kernel: name.to_string(), msg })?;
             let src_tmp = self.dir.join(format!("{key}.{tag}.cpp"));
             let lib_tmp = self.dir.join(format!("{key}.{tag}.so"));
             std::fs::write(&src_tmp, &unit).map_err(io(&src_tmp))?;
