@@ -74,9 +74,6 @@ impl Kernel {
                     g.inputs_of(id).iter().map(|v| g.ty(*v).to_string()).collect::<Vec<_>>().join(", ")
                 ),
             },
-            Lowering::Folded => {
-                "no CUDA kernel of its own: fusion folds it into the layer before it, or into a scale and shift, when its parameters are constants (and fusion is on)".into()
-            }
             Lowering::CpuOnly => "no CUDA kernel yet: it runs on the CPU reference executor only".into(),
         };
         Err(CodegenError::NoKernel { node: node.name.clone(), op: node.op.name().to_string(), detail: why, origin: g.origin(id).to_vec() })

@@ -70,9 +70,6 @@ pub enum Lowering {
     /// Nothing runs when the planner aliases it (its producers wrote into
     /// place); a copy kernel otherwise.
     Alias,
-    /// Not lowered by itself: fusion folds it into a neighbour (batch norm
-    /// into the convolution before it). Left alone, it has no kernel.
-    Folded,
     /// No CUDA kernel yet: runs on the CPU reference executor only.
     CpuOnly,
 }

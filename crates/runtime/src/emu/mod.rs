@@ -228,7 +228,7 @@ impl EmuCompiler {
     fn includes(&self) -> Result<PathBuf, String> {
         self.includes
             .get_or_init(|| {
-                let inc = self.dir.join(format!("include-{}", Cache::key(HEADER, &[self.version.clone()])));
+                let inc = self.dir.join(format!("include-{}", Cache::key(HEADER, std::slice::from_ref(&self.version))));
                 let tag = format!("tmp{}", std::process::id());
                 let write = |file: &str, text: &str| -> Result<(), String> {
                     let path = inc.join(file);
