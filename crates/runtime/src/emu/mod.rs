@@ -226,8 +226,12 @@ impl EmuCompiler {
     /// header version, made once), with the main header precompiled when
     /// the compiler can (it halves the time of a small kernel).
     fn includes(&self) -> Result<PathBuf, String> {
+        // One thread of this process at a time writes the folder (other
+        // processes write under other temporary names, then rename).
+        static WRITING: std::sync::Mutex<()> = std::sync::Mutex::new(());
         self.includes
             .get_or_init(|| {
+                let _one = WRITING.lock().unwrap_or_else(|e| e.into_inner());
                 let inc = self.dir.join(format!("include-{}", Cache::key(HEADER, std::slice::from_ref(&self.version))));
                 let tag = format!("tmp{}", std::process::id());
                 let write = |file: &str, text: &str| -> Result<(), String> {
