@@ -237,6 +237,7 @@ fn out_of_bounds_access_names_kernel_thread_and_block() {
     let out = step.args.last_mut().unwrap();
     out.bytes -= 4; // the plan now gives the output one element less
     let msg = emulator_error(program, &blob, &x);
+    println!("{msg}");
     assert!(msg.contains("outside its argument") && msg.contains("thread (14,0,0) of block (0,0,0)") && msg.contains("out["), "{msg}");
 }
 
