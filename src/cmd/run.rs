@@ -214,7 +214,7 @@ fn drive<D: Device>(
     reference: Option<(&KernelGraph, Policy)>,
     args: &RunArgs,
 ) -> Result<bool> {
-    let (arena, weights_bytes) = (exec.device_bytes().saturating_sub(exec.weights_bytes()), exec.weights_bytes());
+    let (arena, weights_bytes) = (exec.program().arena, exec.program().weights_bytes);
     let (profile, json_out, emulated) = (args.profile, a.json, args.backend == "emulator");
     let repeat = if emulated { 1 } else { args.repeat.max(1) };
     let mut bad_kernels = 0;

@@ -329,6 +329,24 @@ impl Program {
     }
 }
 
+/// `f` of every item on `threads` threads (at least one), each taking the
+/// next item left; results in input order.
+pub fn parallel_map<T: Sync, R: Send>(items: &[T], threads: usize, f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results: Vec<std::sync::Mutex<Option<R>>> = items.iter().map(|_| std::sync::Mutex::new(None)).collect();
+    std::thread::scope(|s| {
+        for _ in 0..threads.clamp(1, items.len().max(1)) {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(item) = items.get(i) else { break };
+                let r = f(item);
+                *results[i].lock().expect("no panics while holding the lock") = Some(r);
+            });
+        }
+    });
+    results.into_iter().map(|m| m.into_inner().expect("no panics while holding the lock").expect("every item was mapped")).collect()
+}
+
 /// Compiles `(name, source)` pairs on `threads` threads (at least one),
 /// calling `progress(name)` after each. Results are in input order; the
 /// first failure is returned.
@@ -338,19 +356,11 @@ pub fn compile_all(
     threads: usize,
     progress: &(dyn Fn(&str) + Sync),
 ) -> Result<Vec<Compiled>, CodegenError> {
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let results: Vec<std::sync::Mutex<Option<Result<Compiled, CodegenError>>>> =
-        kernels.iter().map(|_| std::sync::Mutex::new(None)).collect();
-    std::thread::scope(|s| {
-        for _ in 0..threads.clamp(1, kernels.len().max(1)) {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some((name, src)) = kernels.get(i) else { break };
-                let r = compiler.compile(name, src);
-                progress(name);
-                *results[i].lock().expect("no panics while holding the lock") = Some(r);
-            });
-        }
-    });
-    results.into_iter().map(|m| m.into_inner().expect("no panics while holding the lock").expect("every kernel was compiled")).collect()
+    parallel_map(kernels, threads, |(name, src)| {
+        let r = compiler.compile(name, src);
+        progress(name);
+        r
+    })
+    .into_iter()
+    .collect()
 }

@@ -12,7 +12,7 @@
 use crate::exec::{Device, DeviceInfo, Executor};
 use crate::RuntimeError;
 use cudarc::driver::{sys, CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
-use smelt_codegen::program::{Program, Step};
+use smelt_codegen::program::{Program, Space, Step};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -125,9 +125,10 @@ impl Device for CudaDevice {
         self.stream.memcpy_htod(bytes, &mut dst).map_err(driver("copying an input"))
     }
 
-    fn read(&mut self, offset: usize, out: &mut [u8]) -> Result<(), RuntimeError> {
-        let arena = self.arena.as_ref().ok_or_else(|| RuntimeError::Program("read before alloc".into()))?;
-        self.stream.memcpy_dtoh(&arena.slice(offset..offset + out.len()), out).map_err(driver("copying an output"))?;
+    fn read(&mut self, space: Space, offset: usize, out: &mut [u8]) -> Result<(), RuntimeError> {
+        let buffer = if space == Space::Arena { &self.arena } else { &self.weights };
+        let buffer = buffer.as_ref().ok_or_else(|| RuntimeError::Program("read before alloc".into()))?;
+        self.stream.memcpy_dtoh(&buffer.slice(offset..offset + out.len()), out).map_err(driver("copying an output"))?;
         self.stream.synchronize().map_err(driver("copying an output"))
     }
 

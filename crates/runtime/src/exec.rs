@@ -26,8 +26,9 @@ pub trait Device {
     fn alloc(&mut self, arena: usize, weights: &[u8]) -> Result<(u64, u64), RuntimeError>;
     /// Copies `bytes` to the arena at `offset`.
     fn write(&mut self, offset: usize, bytes: &[u8]) -> Result<(), RuntimeError>;
-    /// Copies the arena at `offset` into `out` (waiting for the launches before it).
-    fn read(&mut self, offset: usize, out: &mut [u8]) -> Result<(), RuntimeError>;
+    /// Copies the arena's or the weights' bytes at `offset` into `out`
+    /// (waiting for the launches before it).
+    fn read(&mut self, space: Space, offset: usize, out: &mut [u8]) -> Result<(), RuntimeError>;
     /// Launches `f` for `step` with `params`: one 8-byte value per kernel
     /// parameter, in order (device addresses, then the count if any).
     fn launch(&mut self, f: &Self::Function, step: &Step, grid: [u32; 3], block: [u32; 3], params: &[u64]) -> Result<(), RuntimeError>;
@@ -101,7 +102,6 @@ struct Launch<F> {
 pub struct Executor<D: Device> {
     device: D,
     program: Program,
-    weights: Vec<u8>,
     launches: Vec<Launch<D::Function>>,
     bases: (u64, u64),
 }
@@ -149,7 +149,7 @@ impl<D: Device> Executor<D> {
                 bases.0, bases.1
             )));
         }
-        Ok(Executor { device, program, weights: weights.to_vec(), launches, bases })
+        Ok(Executor { device, program, launches, bases })
     }
 
     /// The device.
@@ -157,14 +157,14 @@ impl<D: Device> Executor<D> {
         &self.device
     }
 
+    /// The program it runs.
+    pub fn program(&self) -> &Program {
+        &self.program
+    }
+
     /// Bytes this executor allocated on the device (arena plus weights).
     pub fn device_bytes(&self) -> usize {
         self.program.arena.max(1) + self.program.weights_bytes
-    }
-
-    /// Bytes of the weights blob.
-    pub fn weights_bytes(&self) -> usize {
-        self.program.weights_bytes
     }
 
     /// The 8-byte parameters of step `i`: `base + offset` per pointer, then the count.
@@ -198,7 +198,7 @@ impl<D: Device> Executor<D> {
         for i in 0..self.program.outputs.len() {
             let (io, ty) = (&self.program.outputs[i], &self.program.output_types[i]);
             let mut host = vec![0u8; io.bytes];
-            self.device.read(io.offset, &mut host)?;
+            self.device.read(Space::Arena, io.offset, &mut host)?;
             outs.push(tensor(ty, &host)?);
         }
         Ok(outs)
@@ -255,19 +255,13 @@ impl<D: Device> Executor<D> {
                 s.args.split_last().ok_or_else(|| RuntimeError::Program(format!("kernel {} has no output", s.kernel.name())))?;
             let mut operands = Vec::with_capacity(ins.len());
             for a in ins {
-                let bytes = match a.space {
-                    Space::Arena => {
-                        let mut b = vec![0u8; a.bytes];
-                        self.device.read(a.offset, &mut b)?;
-                        b
-                    }
-                    Space::Weights => self.weights[a.offset..a.offset + a.bytes].to_vec(),
-                };
+                let mut bytes = vec![0u8; a.bytes];
+                self.device.read(a.space.clone(), a.offset, &mut bytes)?;
                 operands.push(tensor(&a.ty, &bytes)?);
             }
             self.launch(i)?;
             let mut got = vec![0u8; out.bytes];
-            self.device.read(out.offset, &mut got)?;
+            self.device.read(Space::Arena, out.offset, &mut got)?;
             let got = tensor(&out.ty, &got)?;
             let want = s.kernel.run_cpu(&operands.iter().collect::<Vec<_>>());
             checks.push(check(&s, &got, &want, rtol));

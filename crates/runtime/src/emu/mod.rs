@@ -328,22 +328,12 @@ impl EmuCompiler {
         threads: usize,
         progress: &(dyn Fn(&str) + Sync),
     ) -> Result<HashMap<String, Arc<EmuKernel>>, RuntimeError> {
-        let next = std::sync::atomic::AtomicUsize::new(0);
-        let results = std::sync::Mutex::new(Vec::new());
-        std::thread::scope(|s| {
-            for _ in 0..threads.clamp(1, kernels.len().max(1)) {
-                s.spawn(|| loop {
-                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let Some((name, src)) = kernels.get(i) else { break };
-                    let r = self.compile(name, src);
-                    progress(name);
-                    results.lock().unwrap_or_else(|e| e.into_inner()).push((i, r));
-                });
-            }
+        let compiled = smelt_codegen::program::parallel_map(kernels, threads, |(name, src)| {
+            let r = self.compile(name, src);
+            progress(name);
+            r.map(|k| (name.clone(), Arc::new(k)))
         });
-        let mut results = results.into_inner().unwrap_or_else(|e| e.into_inner());
-        results.sort_by_key(|(i, _)| *i);
-        results.into_iter().map(|(i, r)| r.map(|k| (kernels[i].0.clone(), Arc::new(k)))).collect()
+        compiled.into_iter().collect()
     }
 }
 
@@ -521,17 +511,15 @@ impl Device for Emulator {
         Ok(())
     }
 
-    fn read(&mut self, offset: usize, out: &mut [u8]) -> Result<(), RuntimeError> {
-        let a = self.arena.as_mut().ok_or_else(|| RuntimeError::Program("read before alloc".into()))?;
-        out.copy_from_slice(&a.bytes()[offset..offset + out.len()]);
+    fn read(&mut self, space: Space, offset: usize, out: &mut [u8]) -> Result<(), RuntimeError> {
+        let buffer = if space == Space::Arena { &mut self.arena } else { &mut self.weights };
+        let b = buffer.as_mut().ok_or_else(|| RuntimeError::Program("read before alloc".into()))?;
+        out.copy_from_slice(&b.bytes()[offset..offset + out.len()]);
         Ok(())
     }
 
     fn launch(&mut self, f: &Arc<EmuKernel>, step: &Step, grid: [u32; 3], block: [u32; 3], params: &[u64]) -> Result<(), RuntimeError> {
         let fail = |msg: String| RuntimeError::Kernel { kernel: f.name.clone(), node: step.node.clone(), msg };
-        if params.len() != f.params.len() {
-            return Err(fail(format!("launched with {} parameters, the kernel takes {}", params.len(), f.params.len())));
-        }
         // Extents: each pointer parameter's argument, as planned.
         let mut extents = Vec::with_capacity(params.len());
         let mut args = step.args.iter();
