@@ -17,7 +17,7 @@
 //! ```
 
 use smelt_codegen::{CodegenError, Program};
-use smelt_ir::{onnx, text, zoo, Graph, IrError, KernelGraph};
+use smelt_ir::{onnx, text, zoo, Graph, IrError, KernelGraph, OpSet};
 use smelt_passes::memory::{self, Plan};
 use smelt_passes::{pipeline, precision, PassError};
 use std::path::Path;
@@ -139,7 +139,7 @@ pub struct Session {
     /// user's model means, before any pass.
     pub source: Graph,
     /// Constants of a text file that had no data and were filled with
-    /// deterministic random values.
+    /// deterministic random values ([`Session::fill_weights`]).
     pub filled_weights: usize,
     /// Time spent so far.
     pub timings: Timings,
@@ -153,7 +153,6 @@ impl Session {
         if options.batch == Some(0) {
             return Err(Error::Usage("--batch must be at least 1".into()));
         }
-        let mut filled_weights = 0;
         let graph = if let Some(name) = spec.strip_prefix("zoo:") {
             zoo::get(name, options.batch.unwrap_or(1))?
         } else {
@@ -163,17 +162,34 @@ impl Session {
                     return Err(Error::Usage("--batch does not apply to a .tir file: its shapes are fixed".into()));
                 }
                 let src = std::fs::read_to_string(path).map_err(|source| IrError::Io { path: spec.to_string(), source })?;
-                let mut g = text::parse(&src)?;
-                filled_weights = crate::fill_missing_weights(&mut g);
-                g
+                text::parse(&src)?
             } else {
                 onnx::import_file(path, &onnx::ImportOptions { batch: options.batch })?
             }
         };
         let mut s = Session::from_graph(spec, graph, options)?;
-        s.filled_weights = filled_weights;
         s.timings.import = t.elapsed().as_secs_f64();
         Ok(s)
+    }
+
+    /// Gives the constants of a text file that have no data deterministic
+    /// random values, for the commands that need values (`run`, `compile
+    /// --out`); the others never allocate them. Refuses, before allocating,
+    /// constants larger than the host memory available. Returns how many
+    /// were filled.
+    pub fn fill_weights(&mut self) -> Result<usize, Error> {
+        let need: usize = self
+            .source
+            .node_ids()
+            .filter(|&id| self.source.node(id).op.is_persistent() && self.source.weight(id).is_none())
+            .map(|id| self.source.node(id).outputs[0].bytes())
+            .fold(0, usize::saturating_add);
+        if need > 0 {
+            smelt_runtime::check_host_memory("filling the constants that have no data", need).map_err(|e| Error::Usage(e.to_string()))?;
+        }
+        let n = crate::fill_missing_weights(&mut self.source);
+        self.filled_weights += n;
+        Ok(n)
     }
 
     /// A session over a graph built in memory (the builder, tests).

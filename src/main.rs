@@ -249,13 +249,18 @@ impl ModelArgs {
     /// Opens the model (import and verify).
     pub(crate) fn session(&self) -> Result<smelt::Session> {
         let s = smelt::Session::open(&self.model, self.options()).with_context(|| format!("cannot load {}", self.model))?;
-        if s.filled_weights > 0 {
-            eprintln!(
-                "note: {} constants of {} had no data and were filled with deterministic random values",
-                s.filled_weights, self.model
-            );
-        }
         cmd::log_time("load", s.timings.import);
+        Ok(s)
+    }
+
+    /// Opens the model for a command that needs the weights' values: a
+    /// text file's constants without data get deterministic random ones.
+    pub(crate) fn session_with_values(&self) -> Result<smelt::Session> {
+        let mut s = self.session()?;
+        let n = s.fill_weights().with_context(|| format!("cannot load {}", self.model))?;
+        if n > 0 {
+            eprintln!("note: {n} constants of {} had no data and were filled with deterministic random values", self.model);
+        }
         Ok(s)
     }
 }

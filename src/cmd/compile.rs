@@ -41,7 +41,7 @@ pub fn run(a: &CompileArgs) -> Result<bool> {
 /// `smelt compile --out DIR` / `--ptxas-stats`: lower, compile, write.
 fn codegen(o: &CompileArgs) -> Result<bool> {
     let model = &o.model;
-    let mut s = model.session()?;
+    let mut s = if o.out.is_some() { model.session_with_values()? } else { model.session()? };
     let compiled = s.compile()?;
     let planned = s.plan(&compiled)?;
     let program = s.program(&compiled, &planned).with_context(|| format!("cannot generate code for {}", model.model))?;

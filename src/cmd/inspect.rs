@@ -6,7 +6,7 @@ use smelt::report::{human_bytes, inspect, Inspect};
 
 /// `smelt` alone: inspect, plan and run the default model.
 pub fn default(model: &ModelArgs) -> Result<bool> {
-    let mut s = model.session()?;
+    let mut s = model.session_with_values()?;
     let compiled = s.compile()?;
     println!("smelt: {} (built-in, deterministic random weights)\n", model.model);
     print_inspect(&inspect(&s.source, &compiled.graph), &compiled.stats);

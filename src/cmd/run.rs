@@ -35,7 +35,7 @@ struct Ran {
 
 /// `smelt run`.
 pub fn run(a: &RunArgs) -> Result<bool> {
-    let mut s = a.model.session()?;
+    let mut s = a.model.session_with_values()?;
     let compiled = s.compile().with_context(|| format!("cannot compile {}", a.model.model))?;
     super::log_time("compile", s.timings.passes);
     // Under a reduced precision, also run in f32 and report the error.
@@ -68,6 +68,14 @@ fn read_inputs(g: &KernelGraph, files: &[PathBuf]) -> Result<Vec<Tensor>> {
 /// reports; with `reference` (the f32 graph and the policy of `g`), also
 /// the error of `g` against it.
 pub fn on_cpu(g: &KernelGraph, a: &Outputs, reference: Option<(&KernelGraph, Policy)>) -> Result<bool> {
+    // Refused before the inputs are made: the run's peak, and the
+    // reference's after it while the outputs are kept.
+    let outs: usize = g.outputs().iter().map(|(_, v)| g.ty(*v).bytes()).sum();
+    let peak = smelt_runtime::cpu::peak_bytes(g)?.max(match reference {
+        Some((r, _)) => smelt_runtime::cpu::peak_bytes(r)?.saturating_add(outs),
+        None => 0,
+    });
+    smelt_runtime::check_host_memory("running on the CPU reference executor", peak)?;
     report(g, a, reference, &mut |ins| {
         let bar = super::bar(g.len(), "{spinner} running on the CPU {bar:30} {pos}/{len} nodes {elapsed}", false);
         let t = Instant::now();
@@ -86,6 +94,8 @@ fn report(
     exec: &mut dyn FnMut(&[Tensor]) -> Result<Ran>,
 ) -> Result<bool> {
     let Outputs { inputs, expects, rtol, atol, json, .. } = *a;
+    let io = g.inputs().iter().chain(g.outputs().iter().map(|(_, v)| &v.node)).map(|&n| g.node(n).outputs[0].bytes());
+    smelt_runtime::check_host_memory("the inputs and outputs", io.fold(0, usize::saturating_add))?;
     let ins = read_inputs(g, inputs)?;
     if !expects.is_empty() && expects.len() != g.outputs().len() {
         bail!("the model has {} outputs but {} --expect files were given", g.outputs().len(), expects.len());

@@ -96,16 +96,18 @@ impl TensorType {
     }
 
     /// The size in bytes without overflow, or `None` when it exceeds
-    /// [`MAX_TENSOR_BYTES`].
+    /// [`MAX_TENSOR_BYTES`]. An empty tensor counts its non-zero extents
+    /// too: code that loops over one extent must not meet an absurd one.
     pub fn checked_bytes(&self) -> Option<usize> {
         let mut n: u128 = self.dtype.size() as u128;
-        for &d in &self.shape {
+        for &d in self.shape.iter().filter(|&&d| d != 0) {
             n = n.checked_mul(d as u128)?;
             if n > MAX_TENSOR_BYTES {
                 return None;
             }
         }
-        usize::try_from(n).ok()
+        let empty = self.shape.contains(&0);
+        usize::try_from(if empty { 0 } else { n }).ok()
     }
 }
 

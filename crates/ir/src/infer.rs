@@ -71,7 +71,7 @@ pub fn infer(op: &Op, ins: &[&TensorType]) -> Result<Vec<TensorType>, String> {
         Op::Reshape { shape } => {
             arity(ins, 1, 1)?;
             let x = ins[0];
-            if shape.iter().product::<usize>() != x.numel() {
+            if checked_numel(shape)? != x.numel() {
                 return Err(format!("cannot reshape {x} ({} elements) to {shape:?}", x.numel()));
             }
             TensorType::new(x.dtype, shape.clone())
@@ -82,9 +82,7 @@ pub fn infer(op: &Op, ins: &[&TensorType]) -> Result<Vec<TensorType>, String> {
             if *axis > x.shape.len() {
                 return Err(format!("flatten axis {axis} out of range for {x}"));
             }
-            let outer: usize = x.shape[..*axis].iter().product();
-            let inner: usize = x.shape[*axis..].iter().product();
-            TensorType::new(x.dtype, vec![outer, inner])
+            TensorType::new(x.dtype, vec![checked_numel(&x.shape[..*axis])?, checked_numel(&x.shape[*axis..])?])
         }
         Op::Transpose { perm } => {
             arity(ins, 1, 1)?;
@@ -156,7 +154,11 @@ pub fn infer(op: &Op, ins: &[&TensorType]) -> Result<Vec<TensorType>, String> {
             if !matches!(mode, crate::op::PadMode::Constant(_)) && (0..r).any(|d| x.shape[d] == 0 && pads[d] + pads[r + d] > 0) {
                 return Err("cannot pad an empty dimension by reflection or edge".into());
             }
-            TensorType::new(x.dtype, (0..r).map(|d| x.shape[d] + pads[d] + pads[r + d]).collect::<Shape>())
+            let s = (0..r)
+                .map(|d| x.shape[d].checked_add(pads[d]).and_then(|n| n.checked_add(pads[r + d])))
+                .collect::<Option<Shape>>()
+                .ok_or_else(|| format!("padding {x} by {pads:?} overflows"))?;
+            TensorType::new(x.dtype, s)
         }
         Op::Expand { shape } => {
             arity(ins, 1, 1)?;
@@ -183,7 +185,14 @@ pub fn infer(op: &Op, ins: &[&TensorType]) -> Result<Vec<TensorType>, String> {
             if repeats.len() != x.shape.len() {
                 return Err(format!("tile needs {} repeats for {x}", x.shape.len()));
             }
-            TensorType::new(x.dtype, x.shape.iter().zip(repeats).map(|(d, r)| d * r).collect::<Shape>())
+            let s = x
+                .shape
+                .iter()
+                .zip(repeats)
+                .map(|(d, r)| d.checked_mul(*r))
+                .collect::<Option<Shape>>()
+                .ok_or_else(|| format!("tiling {x} by {repeats:?} overflows"))?;
+            TensorType::new(x.dtype, s)
         }
         Op::Cast { to } => {
             arity(ins, 1, 1)?;
@@ -291,9 +300,17 @@ fn broadcast_all(ins: &[&TensorType]) -> Result<Shape, String> {
     Ok(s)
 }
 
+/// The product of `dims`, or an error when it overflows.
+pub fn checked_numel(dims: &[usize]) -> Result<usize, String> {
+    dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).ok_or_else(|| format!("shape {dims:?} has too many elements"))
+}
+
 /// Number of elements of a slice of a dim of extent `dim`.
 pub fn slice_len(dim: usize, start: i64, end: i64, step: i64) -> Result<usize, String> {
-    let d = dim as i64;
+    if dim == 0 && start == 0 && end == 0 && step != 0 {
+        return Ok(0);
+    }
+    let d = i64::try_from(dim).map_err(|_| format!("extent {dim} is too large"))?;
     let ok = if step > 0 {
         (0..=d).contains(&start) && (0..=d).contains(&end)
     } else {
@@ -302,7 +319,9 @@ pub fn slice_len(dim: usize, start: i64, end: i64, step: i64) -> Result<usize, S
     if !ok || (step < 0 && d == 0) {
         return Err(format!("slice start {start} end {end} step {step} out of range for extent {dim}"));
     }
-    let len = if step > 0 { (end - start + step - 1).div_euclid(step) } else { (start - end + (-step) - 1).div_euclid(-step) };
+    // In i128: a step near i64::MAX must not overflow.
+    let (start, end, step) = (start as i128, end as i128, step as i128);
+    let len = if step > 0 { (end - start + step - 1).div_euclid(step) } else { (start - end - step - 1).div_euclid(-step) };
     Ok(len.max(0) as usize)
 }
 
@@ -352,15 +371,16 @@ fn spatial_out(input: usize, k: usize, stride: usize, dil: usize, pb: usize, pe:
     if stride == 0 || dil == 0 || k == 0 {
         return Err("kernel, stride and dilation must be positive".into());
     }
-    let eff = dil * (k - 1) + 1;
-    let padded = input + pb + pe;
+    let too_big = || format!("window (kernel {k}, dilation {dil}) or padding ({pb}, {pe}) is too large");
+    let eff = dil.checked_mul(k - 1).and_then(|e| e.checked_add(1)).ok_or_else(too_big)?;
+    let padded = input.checked_add(pb).and_then(|p| p.checked_add(pe)).ok_or_else(too_big)?;
     if padded < eff {
         return Err(format!("window {eff} larger than padded input {padded}"));
     }
     let span = padded - eff;
     let mut out = if ceil { span.div_ceil(stride) + 1 } else { span / stride + 1 };
     // ONNX/PyTorch rule: the last window must start inside the input or left padding.
-    if ceil && (out - 1) * stride >= input + pb {
+    if ceil && (out - 1).saturating_mul(stride) >= input + pb {
         out -= 1;
     }
     Ok(out)
@@ -496,9 +516,10 @@ fn concat(axis: usize, ins: &[&TensorType]) -> Result<TensorType, String> {
     let mut s = first.shape.clone();
     s[axis] = 0;
     for t in ins {
+        let fits = t.shape.len() == first.shape.len() && s[axis].checked_add(t.shape[axis]).is_some();
         let same_rest =
             t.shape.len() == first.shape.len() && t.shape.iter().zip(&first.shape).enumerate().all(|(i, (a, b))| i == axis || a == b);
-        if !same_rest {
+        if !same_rest || !fits {
             return Err(format!("cannot concatenate {t} with {first} along axis {axis}"));
         }
         s[axis] += t.shape[axis];
@@ -510,7 +531,7 @@ fn split(axis: usize, sizes: &[usize], ins: &[&TensorType]) -> Result<Vec<Tensor
     arity(ins, 1, 1)?;
     let x = ins[0];
     axes_in_range(&[axis], x.shape.len())?;
-    if sizes.is_empty() || sizes.iter().sum::<usize>() != x.shape[axis] {
+    if sizes.is_empty() || sizes.iter().try_fold(0usize, |a, &b| a.checked_add(b)) != Some(x.shape[axis]) {
         return Err(format!("split sizes {sizes:?} do not add up to extent {} of {x}", x.shape[axis]));
     }
     Ok(sizes

@@ -38,6 +38,16 @@ pub enum RuntimeError {
         /// The limit, in bytes.
         limit: usize,
     },
+    /// Running needs more host memory than the machine has available.
+    #[error("{what} needs {} of host memory but only {} is available", human(*need), human(*available))]
+    HostMemory {
+        /// What needs it.
+        what: String,
+        /// Bytes needed.
+        need: usize,
+        /// Bytes available (`MemAvailable`).
+        available: usize,
+    },
     /// A program cannot be loaded or run as built (always a compiler bug).
     #[error("program: {0}")]
     Program(String),
@@ -68,4 +78,8 @@ pub enum RuntimeError {
     /// The graph is invalid (always a compiler bug after a pass).
     #[error(transparent)]
     Ir(#[from] smelt_ir::IrError),
+}
+
+fn human(b: usize) -> String {
+    format!("{:.2} GiB ({b} bytes)", b as f64 / (1u64 << 30) as f64)
 }

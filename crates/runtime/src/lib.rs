@@ -13,3 +13,25 @@ mod error;
 pub mod exec;
 
 pub use error::RuntimeError;
+
+/// Host memory available now (`MemAvailable` of `/proc/meminfo`; `None`
+/// where it cannot be read). `SMELT_HOST_MEMORY` (bytes) overrides it, for
+/// tests of the refusal.
+pub fn host_memory_available() -> Option<usize> {
+    if let Some(v) = std::env::var("SMELT_HOST_MEMORY").ok().and_then(|v| v.parse().ok()) {
+        return Some(v);
+    }
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// Refuses, before anything is allocated, a run whose host memory `need`
+/// exceeds what is available.
+pub fn check_host_memory(what: &str, need: usize) -> Result<(), RuntimeError> {
+    match host_memory_available() {
+        Some(available) if need > available => Err(RuntimeError::HostMemory { what: what.to_string(), need, available }),
+        _ => Ok(()),
+    }
+}

@@ -42,6 +42,9 @@ pub fn concat(parts: &[&Tensor], axis: usize) -> Result<Tensor, String> {
     if axis >= rank || parts.iter().any(|p| p.shape().len() != rank || p.ty().dtype != first.ty().dtype) {
         return Err("concat of constants with different ranks or dtypes".into());
     }
+    if let Some(p) = parts.iter().find(|p| (0..rank).any(|d| d != axis && p.shape()[d] != first.shape()[d])) {
+        return Err(format!("cannot concatenate {} with {} along axis {axis}", p.ty(), first.ty()));
+    }
     let outer: usize = first.shape()[..axis].iter().product();
     let mut out_shape = first.shape().to_vec();
     out_shape[axis] = parts.iter().map(|p| p.shape()[axis]).sum();

@@ -20,6 +20,13 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
+/// The ONNX IR versions smelt reads: those of its vendored `onnx.proto`.
+pub const IR_VERSIONS: std::ops::RangeInclusive<i64> = 3..=14;
+/// The default-domain opsets smelt imports: up to the newest of the pinned
+/// onnx wheel. Every op smelt supports changed after opset 22 only by
+/// gaining types smelt refuses by name.
+pub const OPSETS: std::ops::RangeInclusive<i64> = 1..=28;
+
 /// Options of the importer.
 #[derive(Clone, Debug, Default)]
 pub struct ImportOptions {
@@ -38,15 +45,39 @@ pub fn import_file(path: &Path, opts: &ImportOptions) -> Result<Graph, IrError> 
 pub fn import(bytes: &[u8], opts: &ImportOptions) -> Result<Graph, IrError> {
     let model = ModelProto::decode(bytes).map_err(|e| IrError::Malformed(format!("not an ONNX model: {e}")))?;
     let graph = model.graph.as_ref().ok_or_else(|| IrError::Malformed("the model has no graph".into()))?;
+    if !IR_VERSIONS.contains(&model.ir_version()) {
+        return Err(IrError::UnsupportedFeature(format!(
+            "ONNX IR version {} (smelt reads IR versions {} to {})",
+            model.ir_version(),
+            IR_VERSIONS.start(),
+            IR_VERSIONS.end()
+        )));
+    }
     let opset = model.opset_import.iter().find(|o| o.domain().is_empty() || o.domain() == "ai.onnx").map(|o| o.version()).unwrap_or(1);
+    if !OPSETS.contains(&opset) {
+        return Err(IrError::UnsupportedFeature(format!(
+            "opset {opset} of the default ONNX domain (smelt imports opsets {} to {})",
+            OPSETS.start(),
+            OPSETS.end()
+        )));
+    }
     let used = graph.node.iter().flat_map(|n| n.input.iter().cloned()).chain(graph.output.iter().map(|o| o.name().to_string())).collect();
     let mut im = Importer { g: Graph::new(), env: HashMap::new(), opset, batch: None, used };
 
     for init in &graph.initializer {
         let t = tensor::from_proto(init)?;
-        im.env.insert(init.name().to_string(), Entry { konst: Some(Arc::new(t)), value: None });
+        if im.env.insert(init.name().to_string(), Entry { konst: Some(Arc::new(t)), value: None }).is_some() {
+            return Err(IrError::Malformed(format!("two initializers are named \"{}\"", init.name())));
+        }
     }
+    let mut seen_inputs = std::collections::HashSet::new();
     for input in &graph.input {
+        if !seen_inputs.insert(input.name()) {
+            return Err(IrError::Malformed(format!("two graph inputs are named \"{}\"", input.name())));
+        }
+        if input.name().is_empty() {
+            return Err(IrError::Malformed("a graph input has no name".into()));
+        }
         if im.env.contains_key(input.name()) {
             continue; // an initializer listed as an input (IR version < 4): a constant
         }
@@ -57,8 +88,13 @@ pub fn import(bytes: &[u8], opts: &ImportOptions) -> Result<Graph, IrError> {
     for node in &graph.node {
         nodes::convert(&mut im, node)?;
     }
+    let mut seen_outputs = std::collections::HashSet::new();
     for out in &graph.output {
+        if !seen_outputs.insert(out.name()) {
+            return Err(IrError::Malformed(format!("graph output \"{}\" is listed twice", out.name())));
+        }
         let v = im.value(out.name()).map_err(|_| IrError::Malformed(format!("graph output \"{}\" is never produced", out.name())))?;
+        im.check_declared(out, v)?;
         im.g.add_output(out.name(), v);
     }
     if im.g.outputs().is_empty() {
@@ -98,7 +134,8 @@ impl Importer {
         };
         let dtype =
             tensor::dtype_of(tt.elem_type()).map_err(|m| IrError::UnsupportedFeature(format!("input \"{}\": {m}", input.name())))?;
-        let dims = tt.shape.as_ref().map(|s| s.dim.as_slice()).unwrap_or(&[]);
+        // A missing shape is "unknown rank", not a scalar (a scalar has an empty dim list).
+        let dims = tt.shape.as_ref().map(|s| s.dim.as_slice()).ok_or_else(|| bad("has no shape; smelt needs static shapes".into()))?;
         let mut shape = Vec::with_capacity(dims.len());
         for (i, d) in dims.iter().enumerate() {
             match d.value {
@@ -117,12 +154,45 @@ impl Importer {
                 }
                 Some(Dim::DimParam(_)) if i == 0 => shape.push(opts.batch.unwrap_or(1)),
                 Some(Dim::DimParam(ref p)) => return Err(bad(format!("dimension {i} is symbolic ({p}); smelt needs static shapes"))),
+                Some(Dim::DimValue(v)) => return Err(bad(format!("dimension {i} is negative ({v})"))),
                 _ => return Err(bad(format!("dimension {i} is unknown; smelt needs static shapes"))),
             }
         }
         let ty = TensorType::new(dtype, shape);
         ty.checked_bytes().ok_or_else(|| bad(format!("shape {:?} is absurdly large", ty.shape)))?;
         Ok(ty)
+    }
+
+    /// Checks a graph output's declared type (when it has one) against the
+    /// inferred type: an exporter's declared shape that disagrees means the
+    /// file and smelt read the model differently. With `--batch` changing
+    /// the batch only the dtype and rank are compared.
+    fn check_declared(&self, out: &smelt_onnx_proto::ValueInfoProto, v: ValueId) -> Result<(), IrError> {
+        use smelt_onnx_proto::tensor_shape_proto::dimension::Value as Dim;
+        use smelt_onnx_proto::type_proto::Value;
+        let Some(Value::TensorType(tt)) = out.r#type.as_ref().and_then(|t| t.value.as_ref()) else { return Ok(()) };
+        let got = self.g.ty(v);
+        let dtype = match tt.elem_type() {
+            0 => None,
+            c => Some(tensor::dtype_of(c).map_err(|m| IrError::Malformed(format!("graph output \"{}\": {m}", out.name())))?),
+        };
+        let dims: Option<Vec<Option<i64>>> =
+            tt.shape.as_ref().map(|s| s.dim.iter().map(|d| if let Some(Dim::DimValue(v)) = d.value { Some(v) } else { None }).collect());
+        let rank_ok = dims.as_ref().is_none_or(|d| d.len() == got.shape.len());
+        let dims_ok =
+            self.batch.is_some() || dims.as_ref().is_none_or(|d| d.iter().zip(&got.shape).all(|(d, &n)| d.is_none_or(|d| d == n as i64)));
+        if dtype.is_some_and(|d| d != got.dtype) || !rank_ok || !dims_ok {
+            let shown = match &dims {
+                Some(d) => d.iter().map(|d| d.map_or("?".into(), |v| v.to_string())).collect::<Vec<_>>().join(","),
+                None => "?".into(),
+            };
+            let d = dtype.map_or("?".to_string(), |d| d.to_string());
+            return Err(IrError::Malformed(format!(
+                "graph output \"{}\" is declared {d}[{shown}] but the graph computes {got}",
+                out.name()
+            )));
+        }
+        Ok(())
     }
 
     /// The graph value for `name`, materialising a constant on first use.

@@ -85,13 +85,72 @@ pub(super) fn convert(im: &mut Importer, node: &NodeProto) -> Result<(), IrError
     if node.output.iter().all(|o| o.is_empty()) {
         return Err(cx.bad("the node has no outputs"));
     }
-    let outs = lower(im, &cx)?;
-    for (name, entry) in node.output.iter().zip(outs) {
-        if !name.is_empty() {
-            im.env.insert(name.clone(), entry);
+    if let Some((min_in, max_in, max_out)) = arity(node.op_type(), im.opset) {
+        let (n_in, n_out) = (node.input.len(), node.output.len());
+        if n_in < min_in || n_in > max_in {
+            let want = match (min_in, max_in) {
+                (a, b) if a == b => format!("{a}"),
+                (a, usize::MAX) => format!("at least {a}"),
+                (a, b) => format!("{a} to {b}"),
+            };
+            return Err(cx.bad(format!("invalid ONNX: {} (opset {}) takes {want} inputs, got {n_in}", node.op_type(), im.opset)));
+        }
+        if n_out > max_out {
+            return Err(cx.bad(format!(
+                "invalid ONNX: {} (opset {}) has at most {max_out} outputs, got {n_out}",
+                node.op_type(),
+                im.opset
+            )));
         }
     }
+    let outs = lower(im, &cx)?;
+    for (name, entry) in node.output.iter().zip(outs) {
+        if name.is_empty() {
+            continue;
+        }
+        if im.env.contains_key(name) {
+            return Err(cx.bad(format!("invalid ONNX: it writes \"{name}\", a name already defined (every value has one producer)")));
+        }
+        im.env.insert(name.clone(), entry);
+    }
     Ok(())
+}
+
+/// (fewest inputs, most inputs, most outputs) of an op smelt imports, as
+/// the ONNX spec allows them at `opset`; `None` for ops it does not import.
+fn arity(op_type: &str, opset: i64) -> Option<(usize, usize, usize)> {
+    const ANY: usize = usize::MAX;
+    Some(match op_type {
+        "Gelu" | "GlobalAveragePool" | "Transpose" | "Softmax" | "LogSoftmax" | "LRN" | "Flatten" | "Identity" | "Shape" | "Cast"
+        | "AveragePool" | "ConstantOfShape" => (1, 1, 1),
+        t if UnaryOp::by_onnx_name(t).is_some() => (1, 1, 1),
+        "Pow" | "MatMul" | "PRelu" | "Add" | "Sub" | "Mul" | "Div" | "Gather" | "Expand" => (2, 2, 1),
+        "Max" | "Min" | "Sum" | "Concat" => (1, ANY, 1),
+        "Conv" | "Gemm" => (2, 3, 1),
+        "BatchNormalization" => (5, 5, 5),
+        "Clip" if opset < 11 => (1, 1, 1),
+        "Clip" => (1, 3, 1),
+        "MaxPool" => (1, 1, 2),
+        "ReduceMean" | "ReduceMax" if opset < 18 => (1, 1, 1),
+        "ReduceSum" if opset < 13 => (1, 1, 1),
+        "ReduceMean" | "ReduceMax" | "ReduceSum" => (1, 2, 1),
+        "LayerNormalization" => (2, 3, 3),
+        "Constant" => (0, 0, 1),
+        "Dropout" if opset < 12 => (1, 1, 2),
+        "Dropout" => (1, 3, 2),
+        "Reshape" if opset < 5 => (1, 1, 1),
+        "Reshape" => (2, 2, 1),
+        "Squeeze" | "Unsqueeze" if opset < 13 => (1, 1, 1),
+        "Squeeze" | "Unsqueeze" => (1, 2, 1),
+        "Split" => (1, 2, ANY),
+        "Slice" if opset < 10 => (1, 1, 1),
+        "Slice" => (3, 5, 1),
+        "Pad" if opset < 11 => (1, 1, 1),
+        "Pad" => (2, 4, 1),
+        "Tile" if opset < 6 => (3, 3, 1),
+        "Tile" => (2, 2, 1),
+        _ => return None,
+    })
 }
 
 pub(super) fn konst(t: Tensor) -> Vec<Entry> {
@@ -135,8 +194,17 @@ pub(super) fn const_input(im: &Importer, cx: &Cx, i: usize, what: &str) -> Resul
 pub(super) fn const_ints(im: &Importer, cx: &Cx, i: usize, what: &str) -> Result<Option<Vec<i64>>, IrError> {
     match cx.input(i) {
         None => Ok(None),
-        Some(_) => Ok(Some(const_input(im, cx, i, what)?.to_i64_vec())),
+        Some(_) => const_int_vec(im, cx, i, what).map(Some),
     }
+}
+
+/// A constant integer input (a shape, axes, pads): an i64 or i32 tensor.
+pub(super) fn const_int_vec(im: &Importer, cx: &Cx, i: usize, what: &str) -> Result<Vec<i64>, IrError> {
+    let t = const_input(im, cx, i, what)?;
+    if !matches!(t.ty().dtype, DType::I64 | DType::I32) {
+        return Err(cx.bad(format!("invalid ONNX: {what} (input {i}) must be an integer tensor, got {}", t.ty())));
+    }
+    Ok(t.to_i64_vec())
 }
 
 fn window(cx: &Cx, spatial: &[usize], kernel: &[usize], strides: &[usize], dil: &[usize]) -> Result<Vec<usize>, IrError> {
@@ -154,9 +222,11 @@ fn window(cx: &Cx, spatial: &[usize], kernel: &[usize], strides: &[usize], dil: 
         "SAME_UPPER" | "SAME_LOWER" => {
             let mut pads = vec![0; 2 * n];
             for i in 0..n {
+                let big = || cx.bad(format!("window of kernel {kernel:?}, strides {strides:?}, dilations {dil:?} is too large"));
                 let out = spatial[i].div_ceil(strides[i]);
-                let eff = dil[i] * (kernel[i].saturating_sub(1)) + 1;
-                let total = ((out.saturating_sub(1)) * strides[i] + eff).saturating_sub(spatial[i]);
+                let eff = dil[i].checked_mul(kernel[i].saturating_sub(1)).and_then(|e| e.checked_add(1)).ok_or_else(big)?;
+                let total = out.saturating_sub(1).checked_mul(strides[i]).and_then(|t| t.checked_add(eff)).ok_or_else(big)?;
+                let total = total.saturating_sub(spatial[i]);
                 let small = total / 2;
                 let (b, e) = if auto == "SAME_UPPER" { (small, total - small) } else { (total - small, small) };
                 pads[i] = b;
@@ -172,6 +242,9 @@ fn spatial_attr(cx: &Cx, k: &str, n: usize) -> Result<Vec<usize>, IrError> {
     let v = cx.ints(k)?.unwrap_or_else(|| vec![1; n]);
     if v.len() != n {
         return Err(cx.bad(format!("{k} {v:?} must have {n} entries")));
+    }
+    if v.iter().any(|&x| x <= 0) {
+        return Err(cx.bad(format!("invalid ONNX: {k} {v:?} must be positive")));
     }
     cx.usizes(v, k)
 }
@@ -404,6 +477,9 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
             let x = cx.need(0)?;
             let shape = im.ty(x)?.shape;
             let default = if cx.opset >= 13 { -1 } else { 1 };
+            if shape.is_empty() {
+                return Err(cx.bad(format!("invalid ONNX: {op_type} needs an input of rank at least 1, got a scalar")));
+            }
             let ax = axis(cx, cx.int("axis", default)?, shape.len())?;
             let make = |axis| {
                 if op_type == "Softmax" {

@@ -2,7 +2,7 @@
 //! arithmetic folded at import (`Shape`, `Gather`, `Cast`, `Concat`,
 //! `Slice`... on constants), reshapes, and padding, expansion, tiling.
 
-use super::nodes::{axes, axis, const_input, const_ints, emit, konst, reshaping, Cx};
+use super::nodes::{axes, axis, const_input, const_int_vec, const_ints, emit, konst, reshaping, Cx};
 use super::{fold, tensor, Entry, Importer};
 use crate::dtype::TensorType;
 use crate::error::IrError;
@@ -63,14 +63,14 @@ fn reshape_target(im: &Importer, cx: &Cx, mut target: Vec<i64>, input: &[usize])
             _ => return Err(cx.bad(format!("invalid reshape target {target:?}"))),
         }
     }
-    let known: usize = out.iter().product();
+    let known = crate::infer::checked_numel(&out).map_err(|m| cx.bad(format!("invalid reshape target {target:?}: {m}")))?;
     if let Some(i) = infer_at {
         if known == 0 || !numel.is_multiple_of(known) {
             return Err(cx.bad(format!("cannot reshape {input:?} to {target:?}")));
         }
         out[i] = numel / known;
     }
-    if out.iter().product::<usize>() != numel {
+    if crate::infer::checked_numel(&out).ok() != Some(numel) {
         return Err(cx.bad(format!("cannot reshape {input:?} ({numel} elements) to {target:?}")));
     }
     Ok(out)
@@ -86,11 +86,14 @@ pub(super) fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
             Ok(konst(tensor::from_proto(t)?))
         }
         "ConstantOfShape" => {
-            let dims = const_input(im, cx, 0, "shape")?.to_i64_vec();
+            let dims = const_int_vec(im, cx, 0, "shape")?;
             let value = match cx.attrs.get("value").and_then(|a| a.t.as_ref()) {
                 Some(t) => tensor::from_proto(t)?,
                 None => Tensor::from_f32(vec![1], vec![0.0]),
             };
+            if value.ty().numel() != 1 {
+                return Err(cx.bad(format!("invalid ONNX: value must hold one element, got {}", value.ty())));
+            }
             let (shape, _) = tensor::numel_of(&dims, value.ty().dtype).map_err(|m| cx.bad(m))?;
             let ty = TensorType::new(value.ty().dtype, shape);
             if ty.bytes() > FOLD_LIMIT_BYTES {
@@ -131,6 +134,14 @@ pub(super) fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
             if cx.extra_outputs_used(im, 1) {
                 return Err(cx.unsupported("the mask output of Dropout"));
             }
+            // Opset 12 on: a third input says whether to drop (training).
+            if op_type == "Dropout" && cx.input(2).is_some() {
+                match const_input(im, cx, 2, "training_mode").map(|t| t.to_i64_vec()) {
+                    Ok(v) if v.iter().all(|&b| b == 0) => {}
+                    Ok(_) => return Err(cx.unsupported("training_mode=true (random dropout); export the model in eval mode")),
+                    Err(e) => return Err(e),
+                }
+            }
             let op = if op_type == "Identity" { Op::Identity } else { Op::Dropout };
             reshaping(im, cx, op, cx.need(0)?)
         }
@@ -139,7 +150,7 @@ pub(super) fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
             let target = if cx.opset < 5 {
                 cx.ints("shape")?.ok_or_else(|| cx.bad("missing shape"))?
             } else {
-                const_input(im, cx, 1, "the target shape")?.to_i64_vec()
+                const_int_vec(im, cx, 1, "the target shape")?
             };
             let shape = reshape_target(im, cx, target, &im.ty(x)?.shape)?;
             reshaping(im, cx, Op::Reshape { shape }, x)
@@ -200,9 +211,16 @@ pub(super) fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
             let given = if cx.opset >= 13 { const_ints(im, cx, 1, "split")? } else { cx.ints("split")? };
             let n_out = cx.node.output.len();
             let sizes = match given {
+                Some(v) if v.len() != n_out => {
+                    return Err(cx.bad(format!("invalid ONNX: split {v:?} has {} entries for {n_out} outputs", v.len())))
+                }
                 Some(v) => cx.usizes(v, "split")?,
                 None => {
-                    let parts = if cx.opset >= 18 { cx.int("num_outputs", n_out as i64)? as usize } else { n_out };
+                    let parts = if cx.opset >= 18 { cx.int("num_outputs", n_out as i64)? } else { n_out as i64 };
+                    if parts != n_out as i64 {
+                        return Err(cx.bad(format!("invalid ONNX: num_outputs is {parts} but the node has {n_out} outputs")));
+                    }
+                    let parts = n_out;
                     let d = shape[ax];
                     let chunk = d.div_ceil(parts.max(1));
                     (0..parts).map(|i| chunk.min(d.saturating_sub(i * chunk))).collect()
@@ -217,8 +235,8 @@ pub(super) fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
                 (cx.ints("starts")?.unwrap_or_default(), cx.ints("ends")?.unwrap_or_default(), cx.ints("axes")?, None)
             } else {
                 (
-                    const_input(im, cx, 1, "starts")?.to_i64_vec(),
-                    const_input(im, cx, 2, "ends")?.to_i64_vec(),
+                    const_int_vec(im, cx, 1, "starts")?,
+                    const_int_vec(im, cx, 2, "ends")?,
                     const_ints(im, cx, 3, "axes")?,
                     const_ints(im, cx, 4, "steps")?,
                 )
@@ -238,7 +256,9 @@ pub(super) fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
                     return Err(cx.bad("slice step 0"));
                 }
                 let fix = |v: i64| if v < 0 { v.saturating_add(d) } else { v };
-                let (s, e) = if step > 0 {
+                let (s, e) = if d == 0 {
+                    (0, 0) // nothing to take, whatever the step
+                } else if step > 0 {
                     (fix(starts[i]).clamp(0, d), fix(ends[i]).clamp(0, d))
                 } else {
                     (fix(starts[i]).clamp(0, d - 1), fix(ends[i]).clamp(-1, d - 1))
@@ -265,7 +285,7 @@ pub(super) fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
                     Some(_) => const_input(im, cx, 2, "constant_value")?.to_f32_vec().first().copied().unwrap_or(0.0),
                     None => 0.0,
                 };
-                (const_input(im, cx, 1, "pads")?.to_i64_vec(), v)
+                (const_int_vec(im, cx, 1, "pads")?, v)
             };
             // Opset 18 may pad only some axes.
             let raw = match const_ints(im, cx, 3, "axes")? {
@@ -294,7 +314,7 @@ pub(super) fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
         }
         "Expand" => {
             let x = cx.need(0)?;
-            let target: Vec<usize> = cx.usizes(const_input(im, cx, 1, "the shape")?.to_i64_vec(), "shape")?;
+            let target: Vec<usize> = cx.usizes(const_int_vec(im, cx, 1, "the shape")?, "shape")?;
             let xt = im.ty(x)?;
             let shape =
                 crate::infer::broadcast(&xt.shape, &target).ok_or_else(|| cx.bad(format!("{xt} does not broadcast with {target:?}")))?;
@@ -302,7 +322,10 @@ pub(super) fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
         }
         "Tile" => {
             let x = cx.need(0)?;
-            let repeats = cx.usizes(const_input(im, cx, 1, "repeats")?.to_i64_vec(), "repeats")?;
+            if cx.opset < 6 {
+                return Err(cx.unsupported("Tile before opset 6 (tiles and axis inputs)"));
+            }
+            let repeats = cx.usizes(const_int_vec(im, cx, 1, "repeats")?, "repeats")?;
             emit(im, cx, Op::Tile { repeats }, &[x])
         }
         _ => Err(IrError::UnsupportedOp { op_type: op_type.to_string(), node: cx.name.clone(), opset: cx.opset }),

@@ -50,16 +50,8 @@ pub fn run_keeping<O: Eval>(
         });
     }
     let order = g.topo_order()?;
-    // Remaining uses of each node's outputs; graph outputs count as one more.
-    let mut uses: HashMap<NodeId, usize> = HashMap::new();
-    for &id in &order {
-        for v in g.inputs_of(id) {
-            *uses.entry(v.node).or_default() += 1;
-        }
-    }
-    for (_, v) in g.outputs() {
-        *uses.entry(v.node).or_default() += 1;
-    }
+    let mut uses = use_counts(g, &order);
+    crate::check_host_memory("running on the CPU reference executor", peak_bytes(g)?)?;
     let mut vals: HashMap<ValueId, Arc<Tensor>> = HashMap::new();
     for (i, (&id, t)) in g.inputs().iter().zip(inputs).enumerate() {
         let want = &g.node(id).outputs[0];
@@ -104,6 +96,45 @@ pub fn run_keeping<O: Eval>(
         progress(done + 1, order.len());
     }
     Ok((g.outputs().iter().map(|(_, v)| Arc::unwrap_or_clone(vals[v].clone())).collect(), kept))
+}
+
+/// Remaining uses of each node's outputs; graph outputs count as one more.
+fn use_counts<O: OpSet>(g: &Graph<O>, order: &[NodeId]) -> HashMap<NodeId, usize> {
+    let mut uses: HashMap<NodeId, usize> = HashMap::new();
+    for &id in order {
+        for v in g.inputs_of(id) {
+            *uses.entry(v.node).or_default() += 1;
+        }
+    }
+    for (_, v) in g.outputs() {
+        *uses.entry(v.node).or_default() += 1;
+    }
+    uses
+}
+
+/// The most bytes [`run`] holds at once: weights, inputs, and the values
+/// alive at the worst node, its inputs and outputs together (each op's own
+/// scratch comes on top, at most a few times its output).
+pub fn peak_bytes<O: OpSet>(g: &Graph<O>) -> Result<usize, RuntimeError> {
+    let order = g.topo_order()?;
+    let mut uses = use_counts(g, &order);
+    let bytes = |id: NodeId| g.node(id).outputs.iter().map(|t| t.bytes()).sum::<usize>();
+    let (mut live, mut peak) = (0usize, 0usize);
+    for &id in &order {
+        live += bytes(id);
+        peak = peak.max(live);
+        if g.node(id).op.is_input() || g.node(id).op.is_persistent() {
+            continue;
+        }
+        for v in g.inputs_of(id) {
+            let u = uses.get_mut(&v.node).expect("counted");
+            *u -= 1;
+            if *u == 0 && !g.node(v.node).op.is_persistent() {
+                live -= bytes(v.node);
+            }
+        }
+    }
+    Ok(peak)
 }
 
 /// The elements of `t` as f32, borrowed when they already are.

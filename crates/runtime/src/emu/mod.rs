@@ -570,6 +570,8 @@ pub type EmuExecutor = Executor<Emulator>;
 /// Compiles every kernel of `program` for the host (on all cores, calling
 /// `progress` after each) and loads it with its weights blob.
 pub fn executor(program: Program, weights: &[u8], progress: &(dyn Fn(&str) + Sync)) -> Result<EmuExecutor, RuntimeError> {
+    let need = program.arena.saturating_add(weights.len());
+    crate::check_host_memory("the emulator's arena and weights", need)?;
     let compiler = EmuCompiler::new()?;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let kernels = compiler.compile_all(&program.sources(), threads, progress)?;
