@@ -150,6 +150,9 @@ impl Session {
     /// verifies the model and removes dead nodes.
     pub fn open(spec: &str, options: Options) -> Result<Session, Error> {
         let t = Instant::now();
+        if spec.is_empty() {
+            return Err(Error::Usage("the model path is empty: give an .onnx or .tir file, or zoo:NAME".into()));
+        }
         if options.batch == Some(0) {
             return Err(Error::Usage("--batch must be at least 1".into()));
         }
@@ -161,7 +164,7 @@ impl Session {
                 if options.batch.is_some() {
                     return Err(Error::Usage("--batch does not apply to a .tir file: its shapes are fixed".into()));
                 }
-                let src = std::fs::read_to_string(path).map_err(|source| IrError::Io { path: spec.to_string(), source })?;
+                let src = std::fs::read_to_string(path).map_err(|source| IrError::Io { path: spec.to_string(), error: source })?;
                 text::parse(&src)?
             } else {
                 onnx::import_file(path, &onnx::ImportOptions { batch: options.batch })?
@@ -272,6 +275,13 @@ impl Session {
         Ok(p)
     }
 
+    /// The batch the model runs at: the leading extent of its first input
+    /// (`None` for a `.tir` file, whose shapes are fixed, or no input).
+    pub fn batch(&self) -> Option<usize> {
+        let first = self.source.inputs().first()?;
+        self.batch_can_change().then(|| self.source.node(*first).outputs[0].shape.first().copied()).flatten()
+    }
+
     /// The largest batch below the current one (halving) whose arena fits
     /// in `limit` bytes, with that arena; `None` when none does or the batch
     /// cannot change.
@@ -279,7 +289,7 @@ impl Session {
         if !self.batch_can_change() {
             return Ok(None);
         }
-        let mut b = self.options.batch.unwrap_or(1) / 2;
+        let mut b = self.batch().unwrap_or(1) / 2;
         while b >= 1 {
             let mut s = self.with_batch(b)?;
             let c = s.compile()?;

@@ -2,7 +2,39 @@
 //! `cmd/`; the compile order lives in the library's driver
 //! ([`smelt::Session`]).
 
+/// `print!` to standard output that returns a write error (a closed pipe,
+/// a full disk) as [`StdoutError`] instead of panicking.
+macro_rules! out {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        write!(std::io::stdout().lock(), $($t)*).map_err($crate::StdoutError)?
+    }};
+}
+
+/// `println!` that returns write errors, as [`out!`].
+macro_rules! outln {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($t)*).map_err($crate::StdoutError)?
+    }};
+}
+
 mod cmd;
+
+/// A tolerance: a finite number, zero or more (NaN would make every
+/// comparison pass).
+fn tolerance(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x.is_finite() && x >= 0.0 => Ok(x),
+        Ok(x) => Err(format!("{x} is not a tolerance: give a finite number, 0 or more")),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Standard output could not be written.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot write to standard output: {0}")]
+pub struct StdoutError(std::io::Error);
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
@@ -146,10 +178,10 @@ pub(crate) struct RunArgs {
     #[arg(long = "expect", value_name = "FILE.pb")]
     pub(crate) expects: Vec<PathBuf>,
     /// Relative tolerance for --expect.
-    #[arg(long, default_value_t = 1e-3)]
+    #[arg(long, default_value_t = 1e-3, value_parser = tolerance)]
     pub(crate) rtol: f64,
     /// Absolute tolerance for --expect.
-    #[arg(long, default_value_t = 1e-7)]
+    #[arg(long, default_value_t = 1e-7, value_parser = tolerance)]
     pub(crate) atol: f64,
     /// Write each output as DIR/output_<i>.pb.
     #[arg(long, value_name = "DIR")]
@@ -172,7 +204,7 @@ pub(crate) struct RunArgs {
     /// Tolerance of --check-kernels, relative to each output's largest
     /// magnitude (one unit in the last place of a half output is allowed
     /// besides).
-    #[arg(long, default_value_t = 1e-5)]
+    #[arg(long, default_value_t = 1e-5, value_parser = tolerance)]
     pub(crate) kernel_rtol: f64,
     /// Under a reduced --precision with --backend cuda or emulator, also run
     /// the f32 graph on the CPU reference executor and report the error
@@ -248,6 +280,9 @@ impl ModelArgs {
 
     /// Opens the model (import and verify).
     pub(crate) fn session(&self) -> Result<smelt::Session> {
+        if self.model.is_empty() {
+            anyhow::bail!("the model path is empty: give an .onnx or .tir file, or zoo:NAME");
+        }
         let s = smelt::Session::open(&self.model, self.options()).with_context(|| format!("cannot load {}", self.model))?;
         cmd::log_time("load", s.timings.import);
         Ok(s)
@@ -294,9 +329,17 @@ fn main() {
         Some(Command::Run(a)) => cmd::run::run(&a),
         Some(Command::Print(a)) => cmd::print(&a),
     };
+    // What is still buffered must reach stdout too, or the failure be said.
+    let result = result.and_then(|ok| {
+        use std::io::Write as _;
+        std::io::stdout().flush().map_err(StdoutError)?;
+        Ok(ok)
+    });
     match result {
         Ok(true) => {}
         Ok(false) => std::process::exit(1),
+        // A reader that stopped reading (`smelt print m.onnx | head`) is not an error.
+        Err(e) if e.downcast_ref::<StdoutError>().is_some_and(|e| e.0.kind() == std::io::ErrorKind::BrokenPipe) => {}
         Err(e) => {
             eprintln!("error: {e:#}");
             std::process::exit(2);

@@ -128,11 +128,17 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
 }
 
 /// The message for a plan over `limit`.
-pub fn over_limit(r: &MemoryReport, limit: usize, smaller_batch: Option<(usize, usize)>) -> String {
+///
+/// `batch` is the current batch where it can change: a batch of 1 gets no
+/// advice to shrink it.
+pub fn over_limit(r: &MemoryReport, limit: usize, batch: Option<usize>, smaller_batch: Option<(usize, usize)>) -> String {
+    // Sizes that round alike are shown to the byte.
+    let (need, have) = match (human_bytes(r.arena_bytes), human_bytes(limit)) {
+        (a, b) if a == b => (format!("{a} ({} bytes)", r.arena_bytes), format!("{b} ({limit} bytes)")),
+        (a, b) => (a, b),
+    };
     let mut m = format!(
-        "the plan needs {} of activation memory (arena) but the memory limit is {}.\n  peak: {} live at step {} (node \"{}\"); the largest tensors live there:\n",
-        human_bytes(r.arena_bytes),
-        human_bytes(limit),
+        "the plan needs {need} of activation memory (arena) but the memory limit is {have}.\n  peak: {} live at step {} (node \"{}\"); the largest tensors live there:\n",
         human_bytes(r.lower_bound_bytes),
         r.peak_step,
         r.peak_node
@@ -141,9 +147,10 @@ pub fn over_limit(r: &MemoryReport, limit: usize, smaller_batch: Option<(usize, 
         m += &format!("    {:<40} {:>10}  {}\n", t.name, human_bytes(t.bytes), t.ty);
     }
     m += "  what would help:\n";
-    match smaller_batch {
-        Some((b, bytes)) => m += &format!("    - a smaller batch: --batch {b} needs {}\n", human_bytes(bytes)),
-        None => m += "    - a smaller batch (--batch N)\n",
+    match (smaller_batch, batch) {
+        (Some((b, bytes)), _) => m += &format!("    - a smaller batch: --batch {b} needs {}\n", human_bytes(bytes)),
+        (None, Some(b)) if b > 1 => m += "    - a smaller batch (--batch N): none that halves it fits\n",
+        _ => {}
     }
     if !r.fused {
         m += "    - fusion (drop --no-fuse): fewer intermediates reach memory\n";

@@ -26,12 +26,12 @@ pub fn run(a: &CompileArgs) -> Result<bool> {
         .with_context(|| format!("cannot compile {}", a.model.model))?;
     super::log_time("compile", s.timings.passes);
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&compiled.stats)?);
+        outln!("{}", serde_json::to_string_pretty(&compiled.stats)?);
         return Ok(true);
     }
     match dumped {
-        Some(text) => print!("{text}"),
-        None if want == "final" => print!("{}", smelt_ir::text::print(&compiled.graph)),
+        Some(text) => out!("{text}"),
+        None if want == "final" => out!("{}", smelt_ir::text::print(&compiled.graph)),
         None => bail!("pass {want} did not run (fusion is off?)"),
     }
     eprintln!("{}", serde_json::to_string(&compiled.stats)?);
@@ -112,25 +112,28 @@ fn codegen(o: &CompileArgs) -> Result<bool> {
             "out": o.out,
             "ptxas": o.ptxas_stats.then_some(&ptxas),
         });
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(true);
     }
     if o.ptxas_stats {
-        let row = |k: &str, r: &str, sp: &str, sh: &str, st: &str| println!("{k:<60} {r:>9} {sp:>12} {sh:>11} {st:>8}");
-        row(&format!("kernel (ptxas -arch={})", o.sm), "registers", "spill bytes", "shared", "stack");
+        let row = |k: &str, r: &str, sp: &str, sh: &str, st: &str| -> Result<()> {
+            outln!("{k:<60} {r:>9} {sp:>12} {sh:>11} {st:>8}");
+            Ok(())
+        };
+        row(&format!("kernel (ptxas -arch={})", o.sm), "registers", "spill bytes", "shared", "stack")?;
         for s in &ptxas {
             let spill = (s.spill_stores + s.spill_loads).to_string();
-            row(&s.kernel, &s.registers.to_string(), &spill, &human_bytes(s.shared), &s.stack.to_string());
+            row(&s.kernel, &s.registers.to_string(), &spill, &human_bytes(s.shared), &s.stack.to_string())?;
         }
         let max = ptxas.iter().map(|s| s.registers).max().unwrap_or(0);
-        println!(
+        outln!(
             "\n{} kernels assembled for {}: at most {max} registers; {}\n",
             ptxas.len(),
             o.sm,
             if spilling == 0 { "no kernel spills".to_string() } else { format!("{spilling} kernels spill") }
         );
     }
-    println!(
+    outln!(
         "{}: {} kernel launches, {} distinct kernels compiled for {arch} in {:.2} s ({} from the cache, {} threads)",
         model.model,
         program.steps.len(),
@@ -139,9 +142,9 @@ fn codegen(o: &CompileArgs) -> Result<bool> {
         cached,
         threads
     );
-    println!("arena {}, weights {}", human_bytes(program.arena), human_bytes(program.weights_bytes));
+    outln!("arena {}, weights {}", human_bytes(program.arena), human_bytes(program.weights_bytes));
     if let Some(dir) = &o.out {
-        println!(
+        outln!(
             "wrote {}/{{kernels/*.cu, kernels/*.ptx, plan.json, memory.json, memory.svg{}}}",
             dir.display(),
             if o.weights { ", weights.bin" } else { "" }

@@ -8,19 +8,19 @@ use smelt::report::{human_bytes, inspect, Inspect};
 pub fn default(model: &ModelArgs) -> Result<bool> {
     let mut s = model.session_with_values()?;
     let compiled = s.compile()?;
-    println!("smelt: {} (built-in, deterministic random weights)\n", model.model);
-    print_inspect(&inspect(&s.source, &compiled.graph), &compiled.stats);
+    outln!("smelt: {} (built-in, deterministic random weights)\n", model.model);
+    print_inspect(&inspect(&s.source, &compiled.graph), &compiled.stats)?;
     let planned = s.plan(&compiled)?;
-    println!(
+    outln!(
         "memory plan: arena {} for every activation (lower bound {}, checked), weights {}; `smelt plan` tells more",
         human_bytes(planned.plan.arena),
         human_bytes(planned.plan.lower_bound),
         human_bytes(compiled.graph.weight_bytes())
     );
-    println!();
+    outln!();
     let run = super::run::Outputs { inputs: &[], expects: &[], rtol: 1e-3, atol: 1e-7, save: None, json: false };
     let ok = super::run::on_cpu(&compiled.graph, &run, None)?;
-    println!("\nTry `smelt --help`, `smelt inspect MODEL`, `smelt plan MODEL --svg memory.svg`, `smelt run MODEL --expect FILE.pb`.");
+    outln!("\nTry `smelt --help`, `smelt inspect MODEL`, `smelt plan MODEL --svg memory.svg`, `smelt run MODEL --expect FILE.pb`.");
     Ok(ok)
 }
 
@@ -32,24 +32,24 @@ pub fn run(a: &InspectArgs) -> Result<bool> {
     if a.json {
         let mut v = serde_json::to_value(&report)?;
         v["passes"] = serde_json::to_value(&compiled.stats)?;
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
     } else {
-        println!("model: {}\n", a.model.model);
-        print_inspect(&report, &compiled.stats);
+        outln!("model: {}\n", a.model.model);
+        print_inspect(&report, &compiled.stats)?;
     }
     Ok(true)
 }
 
-fn print_inspect(r: &Inspect, stats: &smelt_passes::pipeline::Stats) {
+fn print_inspect(r: &Inspect, stats: &smelt_passes::pipeline::Stats) -> Result<()> {
     for p in &r.inputs {
-        println!("input   {:<24} {}{:?}", p.name, p.dtype, p.shape);
+        outln!("input   {:<24} {}{:?}", p.name, p.dtype, p.shape);
     }
     for p in &r.outputs {
-        println!("output  {:<24} {}{:?}", p.name, p.dtype, p.shape);
+        outln!("output  {:<24} {}{:?}", p.name, p.dtype, p.shape);
     }
-    println!("\nparameters        {:>10}  in {} constants", human_bytes(r.parameter_bytes), r.parameters);
-    println!("naive activations {:>10}  (every value in its own buffer)", human_bytes(r.naive_activation_bytes));
-    println!("\n{:<22} {:>6}    {:<22} {:>6}", format!("{} ops before", r.ops), "", format!("{} kernels after", r.kernels), "");
+    outln!("\nparameters        {:>10}  in {} constants", human_bytes(r.parameter_bytes), r.parameters);
+    outln!("naive activations {:>10}  (every value in its own buffer)", human_bytes(r.naive_activation_bytes));
+    outln!("\n{:<22} {:>6}    {:<22} {:>6}", format!("{} ops before", r.ops), "", format!("{} kernels after", r.kernels), "");
     let sorted = |h: &std::collections::BTreeMap<String, usize>| {
         let mut v: Vec<(String, usize)> = h.iter().map(|(k, v)| (k.clone(), *v)).collect();
         v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
@@ -58,9 +58,10 @@ fn print_inspect(r: &Inspect, stats: &smelt_passes::pipeline::Stats) {
     let (a, b) = (sorted(&r.op_histogram), sorted(&r.kernel_histogram));
     for i in 0..a.len().max(b.len()) {
         let cell = |v: &[(String, usize)]| v.get(i).map_or(format!("{:29}", ""), |(k, n)| format!("  {k:<20} {n:>6}"));
-        println!("{}    {}", cell(&a), cell(&b));
+        outln!("{}    {}", cell(&a), cell(&b));
     }
     if let Some(f) = &stats.fusion {
-        println!("\nfusion: {} iterations, {} e-nodes, stop reason {}, {:.1} ms", f.iterations, f.egraph_nodes, f.stop_reason, f.millis);
+        outln!("\nfusion: {} iterations, {} e-nodes, stop reason {}, {:.1} ms", f.iterations, f.egraph_nodes, f.stop_reason, f.millis);
     }
+    Ok(())
 }

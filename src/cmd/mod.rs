@@ -31,7 +31,7 @@ pub fn print(a: &PrintArgs) -> Result<bool> {
     let s = smelt_ir::text::print(&a.model.session()?.source);
     match &a.output {
         Some(p) => std::fs::write(p, s).with_context(|| format!("cannot write {}", p.display()))?,
-        None => print!("{s}"),
+        None => out!("{s}"),
     }
     Ok(true)
 }

@@ -32,9 +32,9 @@ pub fn run(a: &PlanArgs) -> Result<bool> {
             "fusion": compiled.stats.fusion,
             "timings_seconds": {"import": t.import, "passes": t.passes, "plan": t.plan, "check": t.check},
         });
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
     } else {
-        print_text(a, &report, &plain_report, &compiled.stats);
+        print_text(a, &report, &plain_report, &compiled.stats)?;
     }
     if a.timings {
         eprintln!(
@@ -51,48 +51,50 @@ pub fn run(a: &PlanArgs) -> Result<bool> {
     Ok(true)
 }
 
-fn print_text(a: &PlanArgs, report: &MemoryReport, plain_report: &MemoryReport, stats: &smelt_passes::pipeline::Stats) {
+fn print_text(a: &PlanArgs, report: &MemoryReport, plain_report: &MemoryReport, stats: &smelt_passes::pipeline::Stats) -> Result<()> {
     let model = &a.model;
-    println!("model: {}{}\n", model.model, model.batch.map_or(String::new(), |b| format!(" (batch {b})")));
+    outln!("model: {}{}\n", model.model, model.batch.map_or(String::new(), |b| format!(" (batch {b})")));
     let cols: Vec<&MemoryReport> = if model.no_fuse { vec![plain_report] } else { vec![report, plain_report] };
     let head: Vec<&str> = if model.no_fuse { vec!["without fusion"] } else { vec!["with fusion", "without fusion"] };
-    println!("{:<34}{}", "", head.iter().map(|h| format!("{h:>18}")).collect::<String>());
-    let row = |label: &str, f: &dyn Fn(&MemoryReport) -> String| {
-        println!("{label:<34}{}", cols.iter().map(|r| format!("{:>18}", f(r))).collect::<String>())
+    outln!("{:<34}{}", "", head.iter().map(|h| format!("{h:>18}")).collect::<String>());
+    let row = |label: &str, f: &dyn Fn(&MemoryReport) -> String| -> Result<()> {
+        outln!("{label:<34}{}", cols.iter().map(|r| format!("{:>18}", f(r))).collect::<String>());
+        Ok(())
     };
-    row("weights", &|r| human_bytes(r.weights_bytes));
-    row("kernels", &|r| r.kernels.to_string());
-    row("naive activations", &|r| human_bytes(r.naive_activation_bytes));
-    row("lower bound (live bytes at peak)", &|r| human_bytes(r.lower_bound_bytes));
-    row("arena", &|r| human_bytes(r.arena_bytes));
-    row("arena / lower bound", &|r| format!("{:.4}", r.arena_over_lower_bound));
-    row("arena / naive", &|r| format!("{:.3}", r.arena_over_naive));
-    row("schedule", &|r| r.schedule.clone());
+    row("weights", &|r| human_bytes(r.weights_bytes))?;
+    row("kernels", &|r| r.kernels.to_string())?;
+    row("naive activations", &|r| human_bytes(r.naive_activation_bytes))?;
+    row("lower bound (live bytes at peak)", &|r| human_bytes(r.lower_bound_bytes))?;
+    row("arena", &|r| human_bytes(r.arena_bytes))?;
+    row("arena / lower bound", &|r| format!("{:.4}", r.arena_over_lower_bound))?;
+    row("arena / naive", &|r| format!("{:.3}", r.arena_over_naive))?;
+    row("schedule", &|r| r.schedule.clone())?;
     if model.precision != smelt_passes::precision::Policy::F32 {
         let per = |m: &std::collections::BTreeMap<String, usize>| {
             m.iter().map(|(d, b)| format!("{d} {}", human_bytes(*b))).collect::<Vec<_>>().join(", ")
         };
-        println!("\nprecision {} (with fusion):", model.precision);
-        println!("  weights by dtype       {}", per(&report.weights_by_dtype));
-        println!("  activations by dtype   {}  (every value once)", per(&report.activations_by_dtype));
-        println!("  cast kernels           {}  (casts nothing could absorb)", report.cast_kernels);
+        outln!("\nprecision {} (with fusion):", model.precision);
+        outln!("  weights by dtype       {}", per(&report.weights_by_dtype));
+        outln!("  activations by dtype   {}  (every value once)", per(&report.activations_by_dtype));
+        outln!("  cast kernels           {}  (casts nothing could absorb)", report.cast_kernels);
         if let Some(p) = &stats.precision {
             let kept: Vec<String> = p.kept_f32.iter().map(|k| format!("{} ({}: {})", k.node, k.op, k.reason)).collect();
-            println!("  kept in f32            {}", if kept.is_empty() { "nothing".to_string() } else { kept.join(", ") });
+            outln!("  kept in f32            {}", if kept.is_empty() { "nothing".to_string() } else { kept.join(", ") });
         }
     }
-    println!(
+    outln!(
         "\nschedules tried: {}",
         report.schedules.iter().map(|c| format!("{} {}", c.name, human_bytes(c.lower_bound))).collect::<Vec<_>>().join(", ")
     );
-    println!("peak at step {} (node \"{}\"), largest tensors live there:", report.peak_step, report.peak_node);
+    outln!("peak at step {} (node \"{}\"), largest tensors live there:", report.peak_step, report.peak_node);
     for l in &report.peak_live {
-        println!("  {:<40} {:>10}  {}", l.name, human_bytes(l.bytes), l.ty);
+        outln!("  {:<40} {:>10}  {}", l.name, human_bytes(l.bytes), l.ty);
     }
-    println!("\nthe arena holds every activation, graph inputs and outputs included; weights are separate. Checked: no two live buffers overlap.");
+    outln!("\nthe arena holds every activation, graph inputs and outputs included; weights are separate. Checked: no two live buffers overlap.");
     if let Some(p) = &a.svg {
-        println!("picture: {}", p.display());
+        outln!("picture: {}", p.display());
     }
+    Ok(())
 }
 
 /// Fails with `smelt plan`'s message when the arena exceeds `limit`, naming
@@ -102,5 +104,5 @@ pub fn enforce_limit(s: &smelt::Session, report: &MemoryReport, limit: usize) ->
         return Ok(());
     }
     let fit = s.largest_batch_within(limit)?;
-    bail!("{}", smelt::plan::over_limit(report, limit, fit))
+    bail!("{}", smelt::plan::over_limit(report, limit, s.batch(), fit))
 }

@@ -101,6 +101,14 @@ fn report(
         bail!("the model has {} outputs but {} --expect files were given", g.outputs().len(), expects.len());
     }
     let expected = expects.iter().map(|f| Ok(onnx::read_tensor_file(f)?.1)).collect::<Result<Vec<_>>>()?;
+    // A file that cannot be the output is the user's mistake, said before running.
+    for ((file, e), (name, v)) in expects.iter().zip(&expected).zip(g.outputs()) {
+        let out = g.ty(*v);
+        let same_kind = e.ty().dtype == out.dtype || (e.ty().dtype.is_float() && out.dtype.is_float());
+        if e.shape() != out.shape.as_slice() || !same_kind {
+            bail!("--expect {} holds {} but output \"{name}\" is {out}", file.display(), e.ty());
+        }
+    }
     let Ran { outs, secs, label, extra } = exec(&ins)?;
     if let Some(dir) = &a.save {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
@@ -136,12 +144,12 @@ fn report(
         if let (Some(v), serde_json::Value::Object(extra)) = (v.as_object_mut(), extra) {
             v.extend(extra);
         }
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(ok);
     }
-    println!("{label}{}", reference.map_or(String::new(), |(_, p)| format!(" at precision {p}")));
+    outln!("{label}{}", reference.map_or(String::new(), |(_, p)| format!(" at precision {p}")));
     for (i, (name, t, s, cmp)) in rows.into_iter().enumerate() {
-        println!(
+        outln!(
             "output {name}: {}  min {:.6} max {:.6} mean {:.6} argmax {}{}",
             t.ty(),
             s.min,
@@ -151,15 +159,19 @@ fn report(
             if s.finite { "" } else { "  (NOT FINITE)" }
         );
         if let Some(e) = against_f32.as_ref().map(|e| &e[i]) {
-            println!(
+            outln!(
                 "  against f32: max abs err {:.3e} ({:.3e} of the largest |output|)  max rel err {:.3e}  arg-max agrees on {} of {} rows",
-                e.max_abs, e.max_abs_over_range, e.max_rel, e.argmax_agree, e.rows
+                e.max_abs,
+                e.max_abs_over_range,
+                e.max_rel,
+                e.argmax_agree,
+                e.rows
             );
         }
         if let Some(c) = cmp {
             match &c.error {
-                Some(e) => println!("  expected: MISMATCH: {e}"),
-                None => println!(
+                Some(e) => outln!("  expected: MISMATCH: {e}"),
+                None => outln!(
                     "  expected: {}  max abs err {:.3e}  max rel err {:.3e}  {} of {} elements outside rtol {rtol:e} atol {atol:e}",
                     if c.ok { "OK" } else { "MISMATCH" },
                     c.max_abs,
@@ -252,13 +264,17 @@ fn drive<D: Device>(
         if !json_out {
             if args.check_kernels {
                 for c in checks.iter().filter(|c| !c.ok) {
-                    println!(
+                    outln!(
                         "kernel {} (node {}): MISMATCH with its description: max abs err {:.3e} ({:.3e} of range), {} elements outside",
-                        c.kernel, c.node, c.max_abs, c.of_range, c.mismatches
+                        c.kernel,
+                        c.node,
+                        c.max_abs,
+                        c.of_range,
+                        c.mismatches
                     );
                 }
                 let worst = checks.iter().map(|c| c.of_range).fold(0f64, f64::max);
-                println!(
+                outln!(
                     "checked {} kernels against their descriptions: {} agree within {:e} of range (worst {worst:.3e})",
                     checks.len(),
                     checks.len() - bad_kernels,
@@ -266,7 +282,7 @@ fn drive<D: Device>(
                 );
             }
             if profile {
-                print_profile(&kernels);
+                print_profile(&kernels)?;
             }
         }
         let label = if emulated {
@@ -299,13 +315,13 @@ fn drive<D: Device>(
     Ok(ok && bad_kernels == 0)
 }
 
-fn print_profile(kernels: &[KernelTime]) {
+fn print_profile(kernels: &[KernelTime]) -> Result<()> {
     let total: f64 = kernels.iter().map(|k| k.ms).sum();
-    println!("{:<56} {:>9} {:>6} {:>9} {:>10}", "kernel (profiled run)", "ms", "share", "GB/s", "GFLOP/s");
+    outln!("{:<56} {:>9} {:>6} {:>9} {:>10}", "kernel (profiled run)", "ms", "share", "GB/s", "GFLOP/s");
     let mut sorted: Vec<_> = kernels.iter().collect();
     sorted.sort_by(|x, y| y.ms.total_cmp(&x.ms));
     for k in &sorted {
-        println!(
+        outln!(
             "{:<56} {:>9.4} {:>5.1}% {:>9.1} {:>10.1}",
             k.kernel,
             k.ms,
@@ -314,5 +330,6 @@ fn print_profile(kernels: &[KernelTime]) {
             k.flops as f64 / (k.ms * 1e6)
         );
     }
-    println!("{} kernels, {total:.3} ms in kernels\n", kernels.len());
+    outln!("{} kernels, {total:.3} ms in kernels\n", kernels.len());
+    Ok(())
 }

@@ -61,11 +61,12 @@ pub enum IrError {
     #[error("unsupported: {0}")]
     UnsupportedFeature(String),
     /// Reading a file failed.
-    #[error("{path}: {source}")]
+    #[error("{path}: {error}")]
     Io {
         /// The file.
         path: String,
-        /// The OS error.
-        source: std::io::Error,
+        /// The OS error (shown in the message, so not a `source`: error
+        /// chains would print it twice).
+        error: std::io::Error,
     },
 }

@@ -205,7 +205,54 @@ impl Expr {
         *scratch.last().expect("non-empty expression")
     }
 
-    fn write(&self, i: usize, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+    /// The operands of node `i`.
+    fn operands(&self, i: usize) -> Vec<usize> {
+        match self.nodes[i] {
+            ExprNode::Input(_) | ExprNode::Const(_) => vec![],
+            ExprNode::Unary(_, a) | ExprNode::Clip(_, _, a) | ExprNode::Cast(_, a) => vec![a],
+            ExprNode::Binary(_, x, y) => vec![x, y],
+        }
+    }
+
+    /// Which nodes print as a binding `@k=...;` (and their `k`) rather than inline: those
+    /// read more than once (so a DAG prints in linear size, never as its
+    /// exponential tree) and those whose inline tree would nest deeper
+    /// than [`MAX_INLINE_DEPTH`] (so a long chain never needs a deep
+    /// recursion to print or parse).
+    fn bindings(&self) -> Vec<Option<usize>> {
+        let n = self.nodes.len();
+        let mut uses = vec![0usize; n];
+        for i in 0..n {
+            for a in self.operands(i) {
+                uses[a] += 1;
+            }
+        }
+        let leaf = |i: usize| matches!(self.nodes[i], ExprNode::Input(_) | ExprNode::Const(_));
+        let (mut bound, mut depth) = (vec![false; n], vec![0usize; n]);
+        for i in 0..n {
+            if leaf(i) {
+                continue;
+            }
+            depth[i] = 1 + self.operands(i).iter().map(|&a| if bound[a] { 0 } else { depth[a] }).max().unwrap_or(0);
+            bound[i] = i + 1 < n && (uses[i] > 1 || depth[i] >= MAX_INLINE_DEPTH);
+        }
+        let mut next = 0;
+        bound
+            .into_iter()
+            .map(|b| {
+                next += b as usize;
+                b.then_some(next - 1)
+            })
+            .collect()
+    }
+
+    /// Writes node `i` inline: bound operands by name. Recursion is
+    /// bounded by [`MAX_INLINE_DEPTH`] (see [`Expr::bindings`]).
+    fn write(&self, i: usize, bound: &[Option<usize>], f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let arg = |a: usize, f: &mut fmt::Formatter<'_>| match bound[a] {
+            Some(k) => write!(f, "@{k}"),
+            None => self.write(a, bound, f),
+        };
         match self.nodes[i] {
             ExprNode::Input(k) => write!(f, "${k}"),
             ExprNode::Const(c) => write!(f, "{c:?}"),
@@ -214,36 +261,49 @@ impl Expr {
                 for (_, p) in u.params() {
                     write!(f, "{p:?},")?;
                 }
-                self.write(a, f)?;
+                arg(a, f)?;
                 f.write_str(")")
             }
             ExprNode::Binary(b, x, y) => {
                 write!(f, "{}(", crate::op::Op::Binary(b).name())?;
-                self.write(x, f)?;
+                arg(x, f)?;
                 f.write_str(",")?;
-                self.write(y, f)?;
+                arg(y, f)?;
                 f.write_str(")")
             }
             ExprNode::Clip(lo, hi, a) => {
                 write!(f, "clip({lo:?},{hi:?},")?;
-                self.write(a, f)?;
+                arg(a, f)?;
                 f.write_str(")")
             }
             ExprNode::Cast(d, a) => {
                 write!(f, "cast_{d}(")?;
-                self.write(a, f)?;
+                arg(a, f)?;
                 f.write_str(")")
             }
         }
     }
 }
 
+/// The deepest nesting an expression prints inline (and the parser accepts
+/// in one statement); deeper subexpressions are bound to names.
+pub const MAX_INLINE_DEPTH: usize = 32;
+
+/// A tree prints as `relu(add($0,$1))`; a node read twice, or one deeper
+/// than [`MAX_INLINE_DEPTH`], is bound first, named in order:
+/// `@0=add($0,$1);mul(@0,@0)`.
 impl fmt::Display for Expr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.nodes.is_empty() {
             return f.write_str("<empty>");
         }
-        self.write(self.nodes.len() - 1, f)
+        let bound = self.bindings();
+        for (i, k) in bound.iter().enumerate().filter_map(|(i, b)| b.map(|k| (i, k))) {
+            write!(f, "@{k}=")?;
+            self.write(i, &bound, f)?;
+            f.write_str(";")?;
+        }
+        self.write(self.nodes.len() - 1, &bound, f)
     }
 }
 
@@ -251,76 +311,107 @@ impl std::str::FromStr for Expr {
     type Err = String;
     fn from_str(s: &str) -> Result<Expr, String> {
         let mut e = Expr::default();
-        let cs: Vec<char> = s.chars().filter(|c| !c.is_whitespace()).collect();
-        let mut pos = 0;
-        parse_node(&cs, &mut pos, &mut e)?;
-        if pos != cs.len() {
-            return Err(format!("trailing text in expression {s:?}"));
+        let mut names: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+        let stmts: Vec<&str> = s.split(';').collect();
+        for (k, stmt) in stmts.iter().enumerate() {
+            let cs: Vec<char> = stmt.chars().filter(|c| !c.is_whitespace()).collect();
+            let last = k + 1 == stmts.len();
+            let (name, body) = match cs.iter().position(|&c| c == '=') {
+                Some(eq) if !last && cs.first() == Some(&'@') => (cs[..eq].iter().collect::<String>(), &cs[eq + 1..]),
+                _ if !last => return Err(format!("expected @N=... before ';' in expression {s:?}")),
+                _ => (String::new(), &cs[..]),
+            };
+            let mut pos = 0;
+            let mut p = Parser { cs: body, pos: &mut pos, e: &mut e, names: &names };
+            let node = p.node(0)?;
+            if pos != body.len() {
+                return Err(format!("trailing text in expression {s:?}"));
+            }
+            if !last && names.insert(name.clone(), node).is_some() {
+                return Err(format!("{name} is bound twice in expression {s:?}"));
+            }
         }
         Ok(e)
     }
 }
 
-fn read_word(cs: &[char], pos: &mut usize) -> String {
-    let start = *pos;
-    while *pos < cs.len() && !matches!(cs[*pos], '(' | ')' | ',') {
-        *pos += 1;
-    }
-    cs[start..*pos].iter().collect()
+struct Parser<'a> {
+    cs: &'a [char],
+    pos: &'a mut usize,
+    e: &'a mut Expr,
+    names: &'a std::collections::HashMap<String, usize>,
 }
 
-fn expect(cs: &[char], pos: &mut usize, c: char) -> Result<(), String> {
-    if cs.get(*pos) == Some(&c) {
-        *pos += 1;
-        Ok(())
-    } else {
-        Err(format!("expected '{c}' in expression"))
-    }
-}
-
-fn parse_node(cs: &[char], pos: &mut usize, e: &mut Expr) -> Result<usize, String> {
-    let word = read_word(cs, pos);
-    if let Some(k) = word.strip_prefix('$') {
-        return Ok(e.push(ExprNode::Input(k.parse().map_err(|_| format!("bad input {word}"))?)));
-    }
-    if cs.get(*pos) != Some(&'(') {
-        return Ok(e.push(ExprNode::Const(word.parse().map_err(|_| format!("bad constant {word:?}"))?)));
-    }
-    *pos += 1;
-    // Numeric parameters (clip bounds, alphas) come first.
-    let n_params = match word.as_str() {
-        "clip" | "selu" => 2,
-        "leaky_relu" | "elu" => 1,
-        _ => 0,
-    };
-    let mut p = Vec::new();
-    for _ in 0..n_params {
-        let w = read_word(cs, pos);
-        p.push(w.parse::<f32>().map_err(|_| format!("bad parameter {w:?} of {word}"))?);
-        expect(cs, pos, ',')?;
-    }
-    let mut args = vec![parse_node(cs, pos, e)?];
-    while cs.get(*pos) == Some(&',') {
-        *pos += 1;
-        args.push(parse_node(cs, pos, e)?);
-    }
-    expect(cs, pos, ')')?;
-    let node = match (word.as_str(), args.as_slice()) {
-        ("clip", &[a]) => ExprNode::Clip(p[0], p[1], a),
-        (name, &[a]) if UnaryOp::by_name(name).is_some_and(|u| u.params().len() == p.len()) => {
-            ExprNode::Unary(UnaryOp::by_name(name).expect("just found").with_params(&p), a)
+impl Parser<'_> {
+    fn word(&mut self) -> String {
+        let start = *self.pos;
+        while *self.pos < self.cs.len() && !matches!(self.cs[*self.pos], '(' | ')' | ',') {
+            *self.pos += 1;
         }
-        (name, &[a]) if name.starts_with("cast_") => match DType::from_name(&name[5..]).filter(|d| d.is_float()) {
-            Some(d) => ExprNode::Cast(d, a),
-            None => return Err(format!("{name}: only casts to f32, f16 and bf16 are elementwise")),
-        },
-        (name, args) => match (crate::text::op_by_name(name), args) {
-            (Some(crate::op::Op::Unary(u)), &[a]) => ExprNode::Unary(u, a),
-            (Some(crate::op::Op::Binary(b)), &[x, y]) => ExprNode::Binary(b, x, y),
-            _ => return Err(format!("{name} with {} operands is not an elementwise function", args.len())),
-        },
-    };
-    Ok(e.push(node))
+        self.cs[start..*self.pos].iter().collect()
+    }
+
+    fn expect(&mut self, c: char) -> Result<(), String> {
+        if self.cs.get(*self.pos) == Some(&c) {
+            *self.pos += 1;
+            Ok(())
+        } else {
+            Err(format!("expected '{c}' in expression"))
+        }
+    }
+
+    /// One call or leaf; `depth` bounds the recursion (deeper nesting must
+    /// be bound to a name, as printing does).
+    fn node(&mut self, depth: usize) -> Result<usize, String> {
+        if depth > MAX_INLINE_DEPTH {
+            return Err(format!("expression nested deeper than {MAX_INLINE_DEPTH} calls: bind subexpressions with @N=...;"));
+        }
+        let word = self.word();
+        if let Some(k) = word.strip_prefix('$') {
+            return Ok(self.e.push(ExprNode::Input(k.parse().map_err(|_| format!("bad input {word}"))?)));
+        }
+        if word.starts_with('@') {
+            return self.names.get(&word).copied().ok_or_else(|| format!("{word} is used before it is bound"));
+        }
+        if self.cs.get(*self.pos) != Some(&'(') {
+            return Ok(self.e.push(ExprNode::Const(word.parse().map_err(|_| format!("bad constant {word:?}"))?)));
+        }
+        *self.pos += 1;
+        // Numeric parameters (clip bounds, alphas) come first.
+        let n_params = match word.as_str() {
+            "clip" | "selu" => 2,
+            "leaky_relu" | "elu" => 1,
+            _ => 0,
+        };
+        let mut p = Vec::new();
+        for _ in 0..n_params {
+            let w = self.word();
+            p.push(w.parse::<f32>().map_err(|_| format!("bad parameter {w:?} of {word}"))?);
+            self.expect(',')?;
+        }
+        let mut args = vec![self.node(depth + 1)?];
+        while self.cs.get(*self.pos) == Some(&',') {
+            *self.pos += 1;
+            args.push(self.node(depth + 1)?);
+        }
+        self.expect(')')?;
+        let node = match (word.as_str(), args.as_slice()) {
+            ("clip", &[a]) => ExprNode::Clip(p[0], p[1], a),
+            (name, &[a]) if UnaryOp::by_name(name).is_some_and(|u| u.params().len() == p.len()) => {
+                ExprNode::Unary(UnaryOp::by_name(name).expect("just found").with_params(&p), a)
+            }
+            (name, &[a]) if name.starts_with("cast_") => match DType::from_name(&name[5..]).filter(|d| d.is_float()) {
+                Some(d) => ExprNode::Cast(d, a),
+                None => return Err(format!("{name}: only casts to f32, f16 and bf16 are elementwise")),
+            },
+            (name, args) => match (crate::text::op_by_name(name), args) {
+                (Some(crate::op::Op::Unary(u)), &[a]) => ExprNode::Unary(u, a),
+                (Some(crate::op::Op::Binary(b)), &[x, y]) => ExprNode::Binary(b, x, y),
+                _ => return Err(format!("{name} with {} operands is not an elementwise function", args.len())),
+            },
+        };
+        Ok(self.e.push(node))
+    }
 }
 
 /// `x` rounded to float dtype `d` (the identity for f32).

@@ -37,7 +37,7 @@ pub struct ImportOptions {
 
 /// Imports an `.onnx` file.
 pub fn import_file(path: &Path, opts: &ImportOptions) -> Result<Graph, IrError> {
-    let bytes = std::fs::read(path).map_err(|source| IrError::Io { path: path.display().to_string(), source })?;
+    let bytes = std::fs::read(path).map_err(|source| IrError::Io { path: path.display().to_string(), error: source })?;
     import(&bytes, opts)
 }
 

@@ -108,12 +108,13 @@ pub fn to_proto(name: &str, t: &Tensor) -> TensorProto {
 
 /// Reads a `.pb` file holding one `TensorProto`; returns its name and data.
 pub fn read_tensor_file(path: &std::path::Path) -> Result<(String, Tensor), IrError> {
-    let bytes = std::fs::read(path).map_err(|source| IrError::Io { path: path.display().to_string(), source })?;
+    let bytes = std::fs::read(path).map_err(|source| IrError::Io { path: path.display().to_string(), error: source })?;
     let t = TensorProto::decode(bytes.as_slice()).map_err(|e| IrError::Malformed(format!("{}: not a TensorProto: {e}", path.display())))?;
     Ok((t.name().to_string(), from_proto(&t)?))
 }
 
 /// Writes a tensor as a `.pb` file holding one `TensorProto`.
 pub fn write_tensor_file(path: &std::path::Path, name: &str, t: &Tensor) -> Result<(), IrError> {
-    std::fs::write(path, to_proto(name, t).encode_to_vec()).map_err(|source| IrError::Io { path: path.display().to_string(), source })
+    std::fs::write(path, to_proto(name, t).encode_to_vec())
+        .map_err(|source| IrError::Io { path: path.display().to_string(), error: source })
 }

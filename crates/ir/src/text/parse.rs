@@ -193,8 +193,20 @@ fn values_tensor(ty: &TensorType, vals: &[String]) -> Result<Tensor, String> {
         DType::F16 => TensorData::F16(vals.iter().map(|s| f(s).map(f16::from_f32)).collect::<Result<_, _>>()?),
         DType::BF16 => TensorData::BF16(vals.iter().map(|s| f(s).map(bf16::from_f32)).collect::<Result<_, _>>()?),
         DType::I64 => TensorData::I64(vals.iter().map(i).collect::<Result<_, _>>()?),
-        DType::I32 => TensorData::I32(vals.iter().map(|s| i(s).map(|x| x as i32)).collect::<Result<_, _>>()?),
-        DType::Bool => TensorData::Bool(vals.iter().map(|s| i(s).map(|x| x != 0)).collect::<Result<_, _>>()?),
+        DType::I32 => TensorData::I32(
+            vals.iter()
+                .map(|s| i(s).and_then(|x| i32::try_from(x).map_err(|_| format!("{x} does not fit i32"))))
+                .collect::<Result<_, _>>()?,
+        ),
+        DType::Bool => TensorData::Bool(
+            vals.iter()
+                .map(|s| match i(s)? {
+                    0 => Ok(false),
+                    1 => Ok(true),
+                    x => Err(format!("{x} is not a bool (0 or 1)")),
+                })
+                .collect::<Result<_, _>>()?,
+        ),
     };
     Ok(Tensor::new(ty.shape.clone(), data).expect("count checked above"))
 }
@@ -275,6 +287,9 @@ pub fn parse_as<O: OpSet>(text: &str) -> Result<Graph<O>, IrError> {
             _ => return Err(err("expected a node, an output or '}'".into())),
         }
     }
+    if !opened {
+        return Err(IrError::Parse { line: 1, msg: "empty file: expected 'graph {'".into() });
+    }
     if !closed {
         return Err(IrError::Parse { line: text.lines().count(), msg: "missing closing '}'".into() });
     }
@@ -335,6 +350,11 @@ fn parse_node<O: OpSet>(c: &mut Cursor, line: usize) -> Result<Stmt<O>, String> 
     Ok(Stmt { line, name, op, inputs, outputs, values })
 }
 
+/// The line of the last statement (where a missing output is reported).
+fn text_end<O: OpSet>(stmts: &BTreeMap<usize, Stmt<O>>) -> usize {
+    stmts.values().map(|s| s.line).max().unwrap_or(1)
+}
+
 fn build<O: OpSet>(
     stmts: BTreeMap<usize, Stmt<O>>,
     input_order: Vec<usize>,
@@ -377,10 +397,21 @@ fn build<O: OpSet>(
     for h in holes {
         g.remove_raw(h);
     }
+    let mut names = std::collections::HashSet::new();
     for n in input_order {
+        if !names.insert(&stmts[&n].name) {
+            return Err(IrError::Parse { line: stmts[&n].line, msg: format!("two inputs are named {:?}", stmts[&n].name) });
+        }
         g.push_input(ids[&n]);
     }
+    if outputs.is_empty() {
+        return Err(IrError::Parse { line: text_end(&stmts), msg: "the graph has no outputs (add `output \"NAME\" = %N`)".into() });
+    }
+    let mut names = std::collections::HashSet::new();
     for (line, name, v) in outputs {
+        if !names.insert(name.clone()) {
+            return Err(IrError::Parse { line, msg: format!("two outputs are named {name:?}") });
+        }
         let v = value(line, v)?;
         g.add_output(name, v);
     }

@@ -159,6 +159,11 @@ pub fn decode(
         d.g.set_origin(v.node, vec![i]);
         d.inputs.insert(i, v);
     }
+    // Decode in post-order so that `value`'s recursion never goes deeper
+    // than one node: a chain of thousands of ops must not overflow the stack.
+    for c in d.post_order(outputs.iter().map(|(_, id)| *id))? {
+        d.value(c)?;
+    }
     for (name, id) in outputs {
         let v = d.value(*id)?;
         d.g.add_output(name.clone(), v);
@@ -258,6 +263,42 @@ impl Decoder<'_> {
             }
         }
         out
+    }
+
+    /// The value classes a chosen node reads, as [`Decoder::value`] decodes them.
+    fn operands(&self, n: &Fl) -> Vec<Id> {
+        let some = |c: &Id| (!self.is_none(*c)).then_some(*c);
+        match n {
+            Fl::Val(_) | Fl::Attr(_) | Fl::Symbol(_) => vec![],
+            Fl::Conv([_, x, w, b, r, _]) => [Some(*x), Some(*w), some(b), some(r)].into_iter().flatten().collect(),
+            Fl::Bn([_, x, s, b, m, v]) => vec![*x, *s, *b, *m, *v],
+            Fl::Gemm([_, a, b, c, _]) => [Some(*a), Some(*b), some(c)].into_iter().flatten().collect(),
+            Fl::MatMul([a, b]) => vec![*a, *b],
+            Fl::Unary([_, x]) => vec![*x],
+            Fl::Binary([_, x, y]) => vec![*x, *y],
+            Fl::Opaque(ch) => ch[1..].to_vec(),
+            Fl::Out([_, x]) => vec![*x],
+        }
+    }
+
+    /// The value classes reachable from `roots` through the chosen nodes,
+    /// operands before their readers; an explicit stack, no recursion.
+    fn post_order(&self, roots: impl Iterator<Item = Id>) -> Result<Vec<Id>, IrError> {
+        let (mut order, mut done) = (Vec::new(), std::collections::HashSet::new());
+        let mut stack: Vec<(Id, bool)> = roots.map(|r| (self.eg.find(r), false)).collect();
+        while let Some((c, expanded)) = stack.pop() {
+            if expanded {
+                order.push(c);
+                continue;
+            }
+            if !done.insert(c) {
+                continue;
+            }
+            stack.push((c, true));
+            let n = self.choice.get(&c).ok_or_else(|| Self::bug(format!("class {c} has no choice")))?;
+            stack.extend(self.operands(n).into_iter().map(|o| (self.eg.find(o), false)).filter(|(o, _)| !done.contains(o)));
+        }
+        Ok(order)
     }
 
     fn value(&mut self, id: Id) -> Result<ValueId, IrError> {
