@@ -4,6 +4,7 @@
 
 pub mod driver;
 pub mod emit;
+pub mod fuzz;
 pub mod plan;
 pub mod report;
 

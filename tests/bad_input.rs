@@ -116,7 +116,7 @@ fn absurd_sizes_are_refused() {
     let m = model(vec![tensor_input("x", &[1 << 30, 1 << 30, 1 << 20])], vec![node("Relu", "r", &["x"], &["y"], vec![])], "y");
     assert!(import_err(&m).contains("absurdly large"));
     let m = model(vec![tensor_input("x", &[-3, 2])], vec![node("Relu", "r", &["x"], &["y"], vec![])], "y");
-    assert!(import_err(&m).contains("dimension 0 is unknown"), "{}", import_err(&m));
+    assert!(import_err(&m).contains("dimension 0 is negative (-3)"), "{}", import_err(&m));
 }
 
 #[test]

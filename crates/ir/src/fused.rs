@@ -241,7 +241,7 @@ impl Expr {
             .into_iter()
             .map(|b| {
                 next += b as usize;
-                b.then_some(next - 1)
+                b.then(|| next - 1)
             })
             .collect()
     }

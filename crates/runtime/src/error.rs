@@ -80,6 +80,24 @@ pub enum RuntimeError {
     Ir(#[from] smelt_ir::IrError),
 }
 
+impl RuntimeError {
+    /// Whether this is smelt's fault (a program or kernel that misbehaves,
+    /// an invalid graph) rather than the input's or the machine's.
+    pub fn is_bug(&self) -> bool {
+        match self {
+            RuntimeError::Program(_) | RuntimeError::Emulator { .. } | RuntimeError::Kernel { .. } | RuntimeError::Ir(_) => true,
+            RuntimeError::Input { .. }
+            | RuntimeError::MissingWeight(_)
+            | RuntimeError::Unsupported { .. }
+            | RuntimeError::NoGpu(_)
+            | RuntimeError::Cuda(_)
+            | RuntimeError::MemoryLimit { .. }
+            | RuntimeError::HostMemory { .. }
+            | RuntimeError::NoCompiler(_) => false,
+        }
+    }
+}
+
 fn human(b: usize) -> String {
     format!("{:.2} GiB ({b} bytes)", b as f64 / (1u64 << 30) as f64)
 }

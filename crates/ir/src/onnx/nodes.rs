@@ -62,7 +62,7 @@ impl<'a> Cx<'a> {
 pub(super) fn axis(cx: &Cx, a: i64, rank: usize) -> Result<usize, IrError> {
     let r = rank as i64;
     let x = if a < 0 { a + r } else { a };
-    (0..r.max(1)).contains(&x).then_some(x as usize).ok_or_else(|| cx.bad(format!("axis {a} out of range for rank {rank}")))
+    (0..r).contains(&x).then_some(x as usize).ok_or_else(|| cx.bad(format!("axis {a} out of range for rank {rank}")))
 }
 
 pub(super) fn axes(cx: &Cx, v: &[i64], rank: usize) -> Result<Vec<usize>, IrError> {

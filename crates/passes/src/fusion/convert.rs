@@ -286,6 +286,7 @@ impl Decoder<'_> {
     fn post_order(&self, roots: impl Iterator<Item = Id>) -> Result<Vec<Id>, IrError> {
         let (mut order, mut done) = (Vec::new(), std::collections::HashSet::new());
         let mut stack: Vec<(Id, bool)> = roots.map(|r| (self.eg.find(r), false)).collect();
+        stack.reverse();
         while let Some((c, expanded)) = stack.pop() {
             if expanded {
                 order.push(c);
@@ -296,7 +297,9 @@ impl Decoder<'_> {
             }
             stack.push((c, true));
             let n = self.choice.get(&c).ok_or_else(|| Self::bug(format!("class {c} has no choice")))?;
-            stack.extend(self.operands(n).into_iter().map(|o| (self.eg.find(o), false)).filter(|(o, _)| !done.contains(o)));
+            // Reversed, so that operands are decoded first to last, as a
+            // recursive walk would.
+            stack.extend(self.operands(n).into_iter().rev().map(|o| (self.eg.find(o), false)).filter(|(o, _)| !done.contains(o)));
         }
         Ok(order)
     }

@@ -1,0 +1,600 @@
+//! A seeded mutation fuzzer over every phase a command runs
+//! ([`smelt::fuzz::exercise`]): byte flips, insertions and truncations of
+//! real ONNX files, structural mutations of ONNX graphs (attributes,
+//! dimensions, input and output counts, names, types, versions) and of
+//! text IR. A case fails on a panic, an abort (an allocation over
+//! [`CAP`] aborts, naming the case), a hang (a case over [`CASE_SECS`]),
+//! or an error smelt calls its own bug.
+//!
+//! - `SMELT_FUZZ_SECS` (default 60): the time budget of the random cases.
+//! - `SMELT_FUZZ_SEED` (default 0): which sequence of cases.
+//! - `SMELT_FUZZ_CASE=SEED:INDEX`: reruns one case and keeps its input in
+//!   `target/fuzz-case.{onnx,tir}`.
+//!
+//! Every file of `tests/fuzz-corpus` (inputs that once failed) runs first.
+
+mod common;
+
+use smelt::fuzz::{exercise, Format, Reached, Verdict};
+use smelt_ir::Rng;
+use smelt_onnx_proto::{
+    attribute_proto::AttributeType, tensor_shape_proto::dimension::Value as Dim, type_proto, AttributeProto, Message, ModelProto,
+};
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// The largest single allocation a case may make. Sizes that come from
+/// input must be checked before they are allocated; a larger request
+/// aborts the test, naming the case.
+const CAP: usize = 1 << 30;
+/// The longest a case may take before it counts as a hang.
+const CASE_SECS: u64 = 60;
+/// Models whose CPU run holds at most this many bytes are also run.
+const RUN_BYTES: usize = 16 << 20;
+
+/// The case being run (seed << 32 | index), for the allocator's message.
+static CASE: AtomicU64 = AtomicU64::new(u64::MAX);
+
+struct Capped;
+
+impl Capped {
+    fn over(&self, size: usize) -> bool {
+        if size <= CAP {
+            return false;
+        }
+        // No allocation here: format into a stack buffer.
+        use std::io::Write;
+        let mut buf = [0u8; 200];
+        let c = CASE.load(Ordering::Relaxed);
+        let mut w = &mut buf[..];
+        let _ = write!(w, "\nfuzz: case SMELT_FUZZ_CASE={}:{} asked for {size} bytes in one allocation\n", c >> 32, c & 0xffff_ffff);
+        let n = 200 - w.len();
+        let _ = std::io::stderr().write_all(&buf[..n]);
+        true
+    }
+}
+
+unsafe impl GlobalAlloc for Capped {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        if self.over(l.size()) {
+            return std::ptr::null_mut();
+        }
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
+        if self.over(l.size()) {
+            return std::ptr::null_mut();
+        }
+        unsafe { System.alloc_zeroed(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        unsafe { System.dealloc(p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
+        if self.over(new) {
+            return std::ptr::null_mut();
+        }
+        unsafe { System.realloc(p, l, new) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: Capped = Capped;
+
+thread_local! {
+    static PANICKED_AT: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+}
+
+/// Panics are expected to be caught and reported by case: one line each,
+/// without a backtrace.
+fn quiet_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        std::panic::set_hook(Box::new(|info| {
+            let at = info.location().map(|l| format!("{}:{}", l.file(), l.line())).unwrap_or_default();
+            PANICKED_AT.with(|p| *p.borrow_mut() = at);
+        }))
+    });
+}
+
+/// One input to try.
+struct Case {
+    bytes: Vec<u8>,
+    format: Format,
+    what: String,
+}
+
+/// Runs `case` on its own thread (a deep stack of its own would hide
+/// recursion on depth: it gets the default 2 MiB), with a time limit.
+/// Returns how far it got, or a description of the failure.
+fn run(case: &Case) -> Result<Result<Reached, String>, String> {
+    quiet_panics();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (bytes, format) = (case.bytes.clone(), case.format);
+    std::thread::Builder::new()
+        .spawn(move || {
+            let r = std::panic::catch_unwind(|| exercise(&bytes, format, RUN_BYTES));
+            let _ = tx.send(r.map_err(|p| (p, PANICKED_AT.with(|a| a.borrow().clone()))));
+        })
+        .expect("spawn");
+    match rx.recv_timeout(Duration::from_secs(CASE_SECS)) {
+        Err(_) => Err(format!("{}: no answer within {CASE_SECS} s (a hang?)", case.what)),
+        Ok(Err((p, at))) => {
+            let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
+            Err(format!("{}: panicked at {at}: {}", case.what, msg.unwrap_or_default()))
+        }
+        Ok(Ok(Err(Verdict::Bug(m)))) => Err(format!("{}: smelt reports its own bug: {m}", case.what)),
+        Ok(Ok(Err(Verdict::Refused(m)))) => Ok(Err(m)),
+        Ok(Ok(Ok(r))) => Ok(Ok(r)),
+    }
+}
+
+/// The seeds: small real ONNX files (the node tests and the light models)
+/// and text IR printed from random graphs and the zoo.
+fn seeds() -> (Vec<(String, Vec<u8>)>, Vec<(String, String)>) {
+    let mut onnx = Vec::new();
+    for family in ["simple", "pytorch-operator", "pytorch-converted", "light"] {
+        let dir = common::onnx_data().join(family);
+        let mut cases: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+        cases.sort();
+        for c in cases {
+            let m = c.join("model.onnx");
+            if let Ok(b) = std::fs::read(&m) {
+                if b.len() <= 1 << 20 {
+                    onnx.push((format!("{family}/{}", c.file_name().unwrap().to_string_lossy()), b));
+                }
+            }
+        }
+    }
+    let mut tir: Vec<(String, String)> =
+        (0..12).map(|s| (format!("random graph {s}"), smelt_ir::text::print(&common::random_graph(s)))).collect();
+    tir.push(("zoo:mobilenet_v2".into(), smelt_ir::text::print(&smelt_ir::zoo::mobilenet_v2(1).unwrap())));
+    (onnx, tir)
+}
+
+const INTERESTING: [i64; 16] =
+    [0, 1, -1, 2, -2, 3, 7, 64, 1 << 31, (1 << 31) - 1, 1 << 32, 1 << 40, 1 << 62, (1 << 62) + 1, i64::MAX, i64::MIN];
+
+fn interesting(r: &mut Rng) -> i64 {
+    if r.below(3) == 0 {
+        r.below(8) as i64
+    } else {
+        INTERESTING[r.below(INTERESTING.len())]
+    }
+}
+
+const OPS: [&str; 40] = [
+    "Conv",
+    "Relu",
+    "Add",
+    "Mul",
+    "Gemm",
+    "MatMul",
+    "Reshape",
+    "Concat",
+    "Split",
+    "Slice",
+    "Pad",
+    "Transpose",
+    "Softmax",
+    "MaxPool",
+    "AveragePool",
+    "GlobalAveragePool",
+    "BatchNormalization",
+    "Clip",
+    "Sigmoid",
+    "Flatten",
+    "Squeeze",
+    "Unsqueeze",
+    "Gather",
+    "Cast",
+    "Shape",
+    "ConstantOfShape",
+    "Expand",
+    "Tile",
+    "ReduceMean",
+    "ReduceSum",
+    "LayerNormalization",
+    "Dropout",
+    "Identity",
+    "Sum",
+    "Max",
+    "PRelu",
+    "LRN",
+    "Gelu",
+    "Constant",
+    "Where",
+];
+
+const ATTRS: [&str; 20] = [
+    "axis",
+    "axes",
+    "pads",
+    "strides",
+    "dilations",
+    "kernel_shape",
+    "group",
+    "perm",
+    "num_outputs",
+    "split",
+    "keepdims",
+    "transA",
+    "transB",
+    "ceil_mode",
+    "count_include_pad",
+    "allowzero",
+    "training_mode",
+    "size",
+    "start",
+    "end",
+];
+
+/// One structural mutation of a decoded model.
+fn mutate_model(m: &mut ModelProto, r: &mut Rng) {
+    let Some(g) = m.graph.as_mut() else { return };
+    let names: Vec<String> = g
+        .node
+        .iter()
+        .flat_map(|n| n.output.iter().cloned())
+        .chain(g.input.iter().map(|i| i.name().to_string()))
+        .chain(g.initializer.iter().map(|t| t.name().to_string()))
+        .collect();
+    let pick_name = |r: &mut Rng| if names.is_empty() || r.below(8) == 0 { String::new() } else { names[r.below(names.len())].clone() };
+    match r.below(14) {
+        0..=4 if !g.node.is_empty() => {
+            let k = r.below(g.node.len());
+            let n = &mut g.node[k];
+            match r.below(9) {
+                0 | 1 if !n.attribute.is_empty() => {
+                    let a = r.below(n.attribute.len());
+                    let a = &mut n.attribute[a];
+                    match a.r#type() {
+                        AttributeType::Ints if !a.ints.is_empty() => {
+                            let i = r.below(a.ints.len());
+                            a.ints[i] = interesting(r);
+                        }
+                        AttributeType::Ints => a.ints.push(interesting(r)),
+                        AttributeType::Int => a.i = Some(interesting(r)),
+                        AttributeType::Float => a.f = Some([0.0, -1.0, f32::NAN, f32::INFINITY, 1e30, 1e-30][r.below(6)]),
+                        AttributeType::String => {
+                            a.s = Some([&b"SAME_UPPER"[..], b"SAME_LOWER", b"VALID", b"", b"reflect", b"edge"][r.below(6)].to_vec())
+                        }
+                        AttributeType::Tensor => {
+                            if let Some(t) = a.t.as_mut() {
+                                match r.below(3) {
+                                    0 => t.dims.clear(),
+                                    1 => t.dims.push(interesting(r)),
+                                    _ => t.data_type = Some(r.below(17) as i32),
+                                }
+                            }
+                        }
+                        _ => a.r#type = Some(r.below(12) as i32),
+                    }
+                }
+                2 => {
+                    let name = ATTRS[r.below(ATTRS.len())];
+                    let attr = if r.below(2) == 0 {
+                        AttributeProto {
+                            name: Some(name.into()),
+                            r#type: Some(AttributeType::Int as i32),
+                            i: Some(interesting(r)),
+                            ..Default::default()
+                        }
+                    } else {
+                        let ints = (0..r.below(6)).map(|_| interesting(r)).collect();
+                        AttributeProto { name: Some(name.into()), r#type: Some(AttributeType::Ints as i32), ints, ..Default::default() }
+                    };
+                    n.attribute.retain(|a| a.name() != name);
+                    n.attribute.push(attr);
+                }
+                3 if !n.input.is_empty() => {
+                    n.input.remove(r.below(n.input.len()));
+                }
+                4 => {
+                    let i = pick_name(r);
+                    n.input.push(i);
+                }
+                5 if !n.input.is_empty() => {
+                    let i = r.below(n.input.len());
+                    n.input[i] = pick_name(r);
+                }
+                6 => {
+                    let o = if r.below(2) == 0 { pick_name(r) } else { format!("extra{}", r.below(100)) };
+                    n.output.push(o);
+                }
+                7 if !n.output.is_empty() => {
+                    let o = r.below(n.output.len());
+                    n.output[o] = pick_name(r);
+                }
+                _ => n.op_type = Some(OPS[r.below(OPS.len())].into()),
+            }
+        }
+        5 if !g.node.is_empty() => {
+            let k = r.below(g.node.len());
+            match r.below(3) {
+                0 => {
+                    g.node.remove(k);
+                }
+                1 => {
+                    let n = g.node[k].clone();
+                    g.node.insert(r.below(g.node.len() + 1), n);
+                }
+                _ => {
+                    let j = r.below(g.node.len());
+                    g.node.swap(k, j);
+                }
+            }
+        }
+        6 | 7 if !g.input.is_empty() => {
+            let k = r.below(g.input.len());
+            let inp = &mut g.input[k];
+            if let Some(type_proto::Value::TensorType(tt)) = inp.r#type.as_mut().and_then(|t| t.value.as_mut()) {
+                match (r.below(5), tt.shape.as_mut()) {
+                    (0, _) => tt.shape = None,
+                    (1, _) => tt.elem_type = Some(r.below(17) as i32),
+                    (2, Some(s)) if !s.dim.is_empty() => {
+                        s.dim.pop();
+                    }
+                    (_, Some(s)) if !s.dim.is_empty() => {
+                        let d = r.below(s.dim.len());
+                        s.dim[d].value = Some(if r.below(6) == 0 { Dim::DimParam("n".into()) } else { Dim::DimValue(interesting(r)) });
+                    }
+                    _ => {}
+                }
+            } else {
+                inp.r#type = None;
+            }
+            if r.below(8) == 0 {
+                let dup = g.input[k].clone();
+                g.input.push(dup);
+            }
+        }
+        8 | 9 if !g.initializer.is_empty() => {
+            let k = r.below(g.initializer.len());
+            let t = &mut g.initializer[k];
+            match r.below(5) {
+                0 if !t.dims.is_empty() => {
+                    let d = r.below(t.dims.len());
+                    t.dims[d] = interesting(r);
+                }
+                1 => t.dims.push(interesting(r).rem_euclid(4)),
+                2 => t.data_type = Some(r.below(17) as i32),
+                3 => {
+                    if let Some(raw) = t.raw_data.as_mut() {
+                        raw.truncate(r.below(raw.len() + 1));
+                    }
+                }
+                _ => t.name = Some(pick_name(r)),
+            }
+        }
+        10 if !g.output.is_empty() => {
+            let k = r.below(g.output.len());
+            match r.below(3) {
+                0 => g.output[k].name = Some(pick_name(r)),
+                1 => {
+                    let dup = g.output[k].clone();
+                    g.output.push(dup);
+                }
+                _ => {
+                    if let Some(type_proto::Value::TensorType(tt)) = g.output[k].r#type.as_mut().and_then(|t| t.value.as_mut()) {
+                        tt.elem_type = Some(r.below(17) as i32);
+                    }
+                }
+            }
+        }
+        11 => {
+            if let Some(o) = m.opset_import.first_mut() {
+                o.version = Some([1, 5, 6, 7, 9, 10, 11, 12, 13, 17, 18, 21, 28, 29, 0, -1][r.below(16)]);
+            }
+        }
+        12 => m.ir_version = Some([0, 1, 3, 4, 7, 8, 10, 14, 15, -1][r.below(10)]),
+        _ => {}
+    }
+}
+
+/// A byte-level mutation: flips, a truncation, an insertion, a deletion
+/// or a duplicated run.
+fn mutate_bytes(b: &mut Vec<u8>, r: &mut Rng) {
+    if b.is_empty() {
+        b.push(r.next_u64() as u8);
+        return;
+    }
+    match r.below(5) {
+        0 => {
+            for _ in 0..1 + r.below(8) {
+                let at = r.below(b.len());
+                b[at] ^= 1 << r.below(8);
+            }
+        }
+        1 => b.truncate(r.below(b.len())),
+        2 => {
+            let at = r.below(b.len() + 1);
+            let ins: Vec<u8> = (0..1 + r.below(16)).map(|_| r.next_u64() as u8).collect();
+            b.splice(at..at, ins);
+        }
+        3 => {
+            let at = r.below(b.len());
+            let end = (at + 1 + r.below(64)).min(b.len());
+            b.drain(at..end);
+        }
+        _ => {
+            let at = r.below(b.len());
+            let end = (at + 1 + r.below(64)).min(b.len());
+            let run = b[at..end].to_vec();
+            b.splice(at..at, run);
+        }
+    }
+}
+
+/// A text mutation on lines and tokens: numbers replaced by interesting
+/// ones, op names swapped, lines dropped or repeated, values renumbered,
+/// expressions nested.
+fn mutate_text(s: &str, r: &mut Rng) -> String {
+    let mut lines: Vec<String> = s.lines().map(|l| l.to_string()).collect();
+    if lines.is_empty() {
+        return s.to_string();
+    }
+    let k = r.below(lines.len());
+    match r.below(7) {
+        0 => {
+            lines.remove(k);
+        }
+        1 => {
+            let l = lines[k].clone();
+            lines.insert(r.below(lines.len() + 1), l);
+        }
+        2 | 3 => {
+            // Replace the n-th number of the line.
+            let l = &lines[k];
+            let spans: Vec<(usize, usize)> = {
+                let b = l.as_bytes();
+                let mut v = Vec::new();
+                let mut i = 0;
+                while i < b.len() {
+                    if b[i].is_ascii_digit() {
+                        let st = i;
+                        while i < b.len() && b[i].is_ascii_digit() {
+                            i += 1;
+                        }
+                        v.push((st, i));
+                    } else {
+                        i += 1;
+                    }
+                }
+                v
+            };
+            if !spans.is_empty() {
+                let (a, e) = spans[r.below(spans.len())];
+                let n = interesting(r);
+                lines[k] = format!("{}{}{}", &l[..a], n, &l[e..]);
+            }
+        }
+        4 => {
+            let ops = ["relu", "add", "conv", "concat", "reshape", "max_pool", "gemm", "softmax", "split", "slice", "pad", "transpose"];
+            if let Some(eq) = lines[k].find("= ") {
+                let rest = &lines[k][eq + 2..];
+                if let Some(p) = rest.find(['(', ' ']) {
+                    lines[k] = format!("{}= {}{}", &lines[k][..eq], ops[r.below(ops.len())], &rest[p..]);
+                }
+            }
+        }
+        5 => {
+            // A deeply nested expression, or a long chain, in one kernel.
+            let depth = [10, 40, 1000, 100_000][r.below(4)];
+            let e = format!("{}$0{}", "relu(".repeat(depth), ")".repeat(depth));
+            lines.insert(lines.len().saturating_sub(1), format!("  %9999 = elementwise(%0) {{expr=\"{e}\"}} : f32[1]"));
+        }
+        _ => {
+            let l = &lines[k];
+            if let Some(p) = l.find('%') {
+                lines[k] = format!("{}%{}{}", &l[..p], r.below(4000), &l[p + 1..].trim_start_matches(|c: char| c.is_ascii_digit()));
+            }
+        }
+    }
+    lines.join("\n") + "\n"
+}
+
+/// Case `index` of sequence `seed`: which seed file, which mutations.
+fn make_case(seed: u64, index: u64, onnx: &[(String, Vec<u8>)], tir: &[(String, String)]) -> Case {
+    let mut r = Rng::new(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ index);
+    let n_mut = 1 + r.below(3);
+    match r.below(10) {
+        0..=3 => {
+            let (name, b) = &onnx[r.below(onnx.len())];
+            let mut m = ModelProto::decode(b.as_slice()).expect("seed decodes");
+            for _ in 0..n_mut {
+                mutate_model(&mut m, &mut r);
+            }
+            Case { bytes: m.encode_to_vec(), format: Format::Onnx, what: format!("{name} with {n_mut} structural mutations") }
+        }
+        4..=6 => {
+            let (name, b) = &onnx[r.below(onnx.len())];
+            let mut b = b.clone();
+            for _ in 0..n_mut {
+                mutate_bytes(&mut b, &mut r);
+            }
+            Case { bytes: b, format: Format::Onnx, what: format!("{name} with {n_mut} byte mutations") }
+        }
+        _ => {
+            let (name, s) = &tir[r.below(tir.len())];
+            let mut s = s.clone();
+            for _ in 0..n_mut {
+                s = mutate_text(&s, &mut r);
+            }
+            let format = if r.below(4) == 0 { Format::KernelText } else { Format::Text };
+            Case { bytes: s.into_bytes(), format, what: format!("{name} with {n_mut} text mutations") }
+        }
+    }
+}
+
+fn corpus_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz-corpus")
+}
+
+/// The inputs that once failed: each must now be refused or run, never fail.
+#[test]
+fn corpus_cases_never_fail() {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(corpus_dir()).unwrap().map(|e| e.unwrap().path()).collect();
+    files.sort();
+    assert!(!files.is_empty());
+    let mut failures = Vec::new();
+    for f in &files {
+        let format = match f.extension().and_then(|e| e.to_str()) {
+            Some("onnx") => Format::Onnx,
+            Some("tir") => Format::Text,
+            Some("ktir") => Format::KernelText,
+            _ => continue,
+        };
+        let case = Case { bytes: std::fs::read(f).unwrap(), format, what: f.display().to_string() };
+        if let Err(e) = run(&case) {
+            failures.push(e);
+        }
+    }
+    assert!(failures.is_empty(), "{} corpus cases fail:\n{}", failures.len(), failures.join("\n"));
+}
+
+/// Random cases for `SMELT_FUZZ_SECS`; all failures are listed, with the
+/// variable that reruns each.
+#[test]
+fn mutated_models_never_fail() {
+    let (onnx, tir) = seeds();
+    assert!(onnx.len() > 100, "only {} ONNX seeds", onnx.len());
+    let seed: u64 = std::env::var("SMELT_FUZZ_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+    if let Ok(one) = std::env::var("SMELT_FUZZ_CASE") {
+        let (s, i) = one.split_once(':').expect("SEED:INDEX");
+        let (s, i) = (s.parse().unwrap(), i.parse().unwrap());
+        let case = make_case(s, i, &onnx, &tir);
+        let ext = if case.format == Format::Onnx { "onnx" } else { "tir" };
+        let keep = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("target/fuzz-case.{ext}"));
+        std::fs::write(&keep, &case.bytes).unwrap();
+        CASE.store(s << 32 | i, Ordering::Relaxed);
+        println!("{} (kept in {})", case.what, keep.display());
+        match run(&case) {
+            Ok(r) => println!("{r:?}"),
+            Err(e) => panic!("{e}"),
+        }
+        return;
+    }
+    let secs: u64 = std::env::var("SMELT_FUZZ_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
+    let t = Instant::now();
+    let (mut index, mut failures) = (0u64, Vec::new());
+    let mut reached = std::collections::BTreeMap::new();
+    while t.elapsed() < Duration::from_secs(secs) {
+        let case = make_case(seed, index, &onnx, &tir);
+        CASE.store(seed << 32 | index, Ordering::Relaxed);
+        match run(&case) {
+            Ok(Ok(r)) => *reached.entry(format!("{r:?}")).or_insert(0) += 1,
+            Ok(Err(_)) => *reached.entry("refused".to_string()).or_insert(0) += 1,
+            Err(e) => failures.push(format!("SMELT_FUZZ_CASE={seed}:{index} {e}")),
+        }
+        index += 1;
+    }
+    println!("{index} cases in {:.0} s (seed {seed}): {reached:?}", t.elapsed().as_secs_f64());
+    assert!(failures.is_empty(), "{} of {index} cases fail:\n{}", failures.len(), failures.join("\n"));
+    // The fuzzer must reach every phase, or it tests little.
+    for phase in ["refused", "Ran"] {
+        assert!(reached.contains_key(phase), "no case reached {phase}: {reached:?}");
+    }
+}
