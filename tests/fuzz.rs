@@ -16,7 +16,7 @@
 mod common;
 
 use smelt::fuzz::{exercise, Format, Reached, Verdict};
-use smelt_ir::Rng;
+use smelt_ir::{OpSet, Rng};
 use smelt_onnx_proto::{
     attribute_proto::AttributeType, tensor_shape_proto::dimension::Value as Dim, type_proto, AttributeProto, Message, ModelProto,
 };
@@ -33,6 +33,28 @@ const CAP: usize = 1 << 30;
 const CASE_SECS: u64 = 60;
 /// Models whose CPU run holds at most this many bytes are also run.
 const RUN_BYTES: usize = 16 << 20;
+
+/// Bytes allocated now, and the most since [`reset_peak`].
+static LIVE: AtomicU64 = AtomicU64::new(0);
+static PEAK: AtomicU64 = AtomicU64::new(0);
+/// The tests of this file run one at a time (the byte counts are global).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn grow(n: usize) {
+    let now = LIVE.fetch_add(n as u64, Ordering::Relaxed) + n as u64;
+    PEAK.fetch_max(now, Ordering::Relaxed);
+}
+
+fn shrink(n: usize) {
+    LIVE.fetch_sub(n as u64, Ordering::Relaxed);
+}
+
+/// Starts measuring the peak from the bytes allocated now; returns them.
+fn reset_peak() -> u64 {
+    let now = LIVE.load(Ordering::Relaxed);
+    PEAK.store(now, Ordering::Relaxed);
+    now
+}
 
 /// The case being run (seed << 32 | index), for the allocator's message.
 static CASE: AtomicU64 = AtomicU64::new(u64::MAX);
@@ -61,22 +83,36 @@ unsafe impl GlobalAlloc for Capped {
         if self.over(l.size()) {
             return std::ptr::null_mut();
         }
-        unsafe { System.alloc(l) }
+        let p = unsafe { System.alloc(l) };
+        if !p.is_null() {
+            grow(l.size());
+        }
+        p
     }
     unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
         if self.over(l.size()) {
             return std::ptr::null_mut();
         }
-        unsafe { System.alloc_zeroed(l) }
+        let p = unsafe { System.alloc_zeroed(l) };
+        if !p.is_null() {
+            grow(l.size());
+        }
+        p
     }
     unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        shrink(l.size());
         unsafe { System.dealloc(p, l) }
     }
     unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
         if self.over(new) {
             return std::ptr::null_mut();
         }
-        unsafe { System.realloc(p, l, new) }
+        let q = unsafe { System.realloc(p, l, new) };
+        if !q.is_null() {
+            grow(new);
+            shrink(l.size());
+        }
+        q
     }
 }
 
@@ -536,6 +572,7 @@ fn corpus_dir() -> PathBuf {
 /// The inputs that once failed: each must now be refused or run, never fail.
 #[test]
 fn corpus_cases_never_fail() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut files: Vec<PathBuf> = std::fs::read_dir(corpus_dir()).unwrap().map(|e| e.unwrap().path()).collect();
     files.sort();
     assert!(!files.is_empty());
@@ -559,6 +596,7 @@ fn corpus_cases_never_fail() {
 /// variable that reruns each.
 #[test]
 fn mutated_models_never_fail() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let (onnx, tir) = seeds();
     assert!(onnx.len() > 100, "only {} ONNX seeds", onnx.len());
     let seed: u64 = std::env::var("SMELT_FUZZ_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
@@ -597,4 +635,38 @@ fn mutated_models_never_fail() {
     for phase in ["refused", "Ran"] {
         assert!(reached.contains_key(phase), "no case reached {phase}: {reached:?}");
     }
+}
+
+/// The CPU reference executor allocates what its liveness says it holds
+/// ([`smelt_runtime::cpu::peak_bytes`], the figure the host memory check
+/// uses), plus each op's scratch: measured by the allocator, on real and
+/// random models.
+#[test]
+fn cpu_runs_allocate_what_the_check_assumes() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut models: Vec<(String, smelt_ir::Graph)> = vec![
+        ("squeezenet".into(), common::load(common::variant("squeezenet").join("model.onnx").to_str().unwrap(), None)),
+        ("zoo:mobilenet_v2 batch 2".into(), smelt_ir::zoo::mobilenet_v2(2).unwrap()),
+    ];
+    models.extend((0..6).map(|s| (format!("random graph {s}"), common::random_graph(s))));
+    let mut report = Vec::new();
+    for (name, g) in models {
+        let k = common::compiled(&g, true);
+        let inputs = common::random_inputs(&k, 1);
+        let need = smelt_runtime::cpu::peak_bytes(&k).unwrap() as u64;
+        let base = reset_peak();
+        let outs = smelt_runtime::cpu::run(&k, &inputs).unwrap();
+        let used = PEAK.load(Ordering::Relaxed) - base;
+        drop(outs);
+        // Weights and inputs existed before the run: they count in `need`
+        // but were not allocated by it.
+        let held: u64 = k.node_ids().filter(|&n| k.node(n).op.is_persistent()).map(|n| k.node(n).outputs[0].bytes() as u64).sum::<u64>()
+            + inputs.iter().map(|t| t.ty().bytes() as u64).sum::<u64>();
+        report.push(format!(
+            "{name}: allocated {used} bytes in the run; liveness {need} bytes of which {held} weights and inputs ({:.2}x of the rest)",
+            used as f64 / (need - held).max(1) as f64
+        ));
+        assert!(used <= 2 * (need - held) + (1 << 20), "{}", report.last().unwrap());
+    }
+    println!("{}", report.join("\n"));
 }

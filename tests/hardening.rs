@@ -154,3 +154,34 @@ fn flags_and_messages() {
     let (code, _, err) = smelt(&["plan", "zoo:mobilenet_v2", "--memory-limit", &format!("{}B", arena - 1)]);
     assert!(code == 2 && err.contains(&format!("({arena} bytes)")) && err.contains(&format!("({} bytes)", arena - 1)), "{err}");
 }
+
+/// Nothing walks a graph or an expression by recursion on its depth: a
+/// chain of 10,000 ops of every kind (a fused elementwise run, convs,
+/// residual adds, views) goes through every phase, printed text read back
+/// included, on a thread with a 1 MiB stack.
+#[test]
+fn ten_thousand_op_chains_fit_a_small_stack() {
+    let mut text = String::from("graph {\n  %0 \"x\" = input : f32[1,4,8,8]\n  %1 \"w\" = const : f32[4,4,3,3]\n");
+    let (mut prev, mut k) = (0, 2);
+    for i in 0..10_000 {
+        let line = match i % 6 {
+            0 => format!("relu(%{prev}) : f32[1,4,8,8]"),
+            1 => format!("conv(%{prev}, %1) {{strides=[1,1], pads=[1,1,1,1], dilations=[1,1], group=1}} : f32[1,4,8,8]"),
+            2 => format!("add(%{}, %{}) : f32[1,4,8,8]", k - 1, k - 2),
+            3 => format!("reshape(%{prev}) {{shape=[1,256]}} : f32[1,256]"),
+            4 => format!("sigmoid(%{prev}) : f32[1,256]"),
+            _ => format!("reshape(%{prev}) {{shape=[1,4,8,8]}} : f32[1,4,8,8]"),
+        };
+        text += &format!("  %{k} = {line}\n");
+        prev = k;
+        k += 1;
+    }
+    text += &format!("  output \"y\" = %{prev}\n}}\n");
+    let r = std::thread::Builder::new()
+        .stack_size(1 << 20)
+        .spawn(move || smelt::fuzz::exercise(text.as_bytes(), smelt::fuzz::Format::Text, 64 << 20))
+        .unwrap()
+        .join()
+        .expect("no panic, no stack overflow");
+    assert!(matches!(r, Ok(smelt::fuzz::Reached::Ran)), "{r:?}");
+}

@@ -424,6 +424,9 @@ fn conv(c: &Conv, ins: &[&TensorType], widen: bool) -> Result<TensorType, String
     Ok(TensorType::new(w.dtype, s))
 }
 
+/// The most element reads a pooling window may make in all (2^48).
+const MAX_WINDOW_READS: usize = 1 << 48;
+
 fn pool(p: &Pool, ins: &[&TensorType]) -> Result<TensorType, String> {
     arity(ins, 1, 1)?;
     let x = ins[0];
@@ -441,6 +444,12 @@ fn pool(p: &Pool, ins: &[&TensorType]) -> Result<TensorType, String> {
             return Err(format!("padding {:?} must be smaller than the window {:?}", p.pads, p.kernel));
         }
         s.push(spatial_out(x.shape[2 + i], p.kernel[i], p.strides[i], 1, p.pads[i], p.pads[n + i], p.ceil_mode)?);
+    }
+    // The window reads, element by element: a kernel of absurd extent on a
+    // tiny output would loop for ages (padding may be almost the window).
+    let work = checked_numel(&s).ok().and_then(|n| checked_numel(&p.kernel).ok().and_then(|k| n.checked_mul(k)));
+    if work.is_none_or(|w| w > MAX_WINDOW_READS) {
+        return Err(format!("window {:?} over output {s:?} reads absurdly many elements (over 2^48)", p.kernel));
     }
     Ok(TensorType::new(x.dtype, s))
 }

@@ -69,7 +69,14 @@ fn depth_first(g: &KernelGraph, nodes: &[NodeId]) -> Vec<NodeId> {
     let set: HashSet<NodeId> = nodes.iter().copied().collect();
     let mut size: HashMap<NodeId, usize> = HashMap::new();
     for &n in nodes {
-        let s = 1 + g.inputs_of(n).iter().filter(|v| set.contains(&v.node)).map(|v| size.get(&v.node).copied().unwrap_or(0)).sum::<usize>();
+        // A tree count: shared operands count once per path, so it saturates
+        // (a chain of diamonds doubles it at each step).
+        let s = g
+            .inputs_of(n)
+            .iter()
+            .filter(|v| set.contains(&v.node))
+            .map(|v| size.get(&v.node).copied().unwrap_or(0))
+            .fold(1usize, usize::saturating_add);
         size.insert(n, s);
     }
     let mut done = HashSet::new();

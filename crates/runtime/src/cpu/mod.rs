@@ -112,29 +112,28 @@ fn use_counts<O: OpSet>(g: &Graph<O>, order: &[NodeId]) -> HashMap<NodeId, usize
     uses
 }
 
-/// The most bytes [`run`] holds at once: weights, inputs, and the values
-/// alive at the worst node, its inputs and outputs together (each op's own
-/// scratch comes on top, at most a few times its output).
+/// The most bytes [`run`] holds at once: every weight and input, and the
+/// computed values alive at the worst node, its inputs and outputs
+/// together (each op's own scratch comes on top, at most about its output).
 pub fn peak_bytes<O: OpSet>(g: &Graph<O>) -> Result<usize, RuntimeError> {
     let order = g.topo_order()?;
     let mut uses = use_counts(g, &order);
-    let bytes = |id: NodeId| g.node(id).outputs.iter().map(|t| t.bytes()).sum::<usize>();
+    let bytes = |id: NodeId| g.node(id).outputs.iter().map(|t| t.bytes()).fold(0, usize::saturating_add);
+    let held = |id: NodeId| g.node(id).op.is_input() || g.node(id).op.is_persistent();
+    let fixed = order.iter().filter(|&&id| held(id)).map(|&id| bytes(id)).fold(0, usize::saturating_add);
     let (mut live, mut peak) = (0usize, 0usize);
-    for &id in &order {
-        live += bytes(id);
+    for &id in order.iter().filter(|&&id| !held(id)) {
+        live = live.saturating_add(bytes(id));
         peak = peak.max(live);
-        if g.node(id).op.is_input() || g.node(id).op.is_persistent() {
-            continue;
-        }
         for v in g.inputs_of(id) {
             let u = uses.get_mut(&v.node).expect("counted");
             *u -= 1;
-            if *u == 0 && !g.node(v.node).op.is_persistent() {
+            if *u == 0 && !held(v.node) {
                 live -= bytes(v.node);
             }
         }
     }
-    Ok(peak)
+    Ok(fixed.saturating_add(peak))
 }
 
 /// The elements of `t` as f32, borrowed when they already are.
