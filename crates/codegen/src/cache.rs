@@ -60,7 +60,7 @@ impl Cache {
     pub fn put(&self, key: &str, source: &str, ptx: &str) -> Result<(), CodegenError> {
         let err = |path: &Path| {
             let path = path.display().to_string();
-            move |source| CodegenError::Cache { path, source }
+            move |error| CodegenError::Cache { path, error }
         };
         std::fs::create_dir_all(&self.dir).map_err(err(&self.dir))?;
         let (cu, out) = self.paths(key);

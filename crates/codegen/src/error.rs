@@ -25,12 +25,13 @@ pub enum CodegenError {
         msg: String,
     },
     /// The kernel cache could not be read or written.
-    #[error("kernel cache {path}: {source}")]
+    #[error("kernel cache {path}: {error}")]
     Cache {
         /// The file.
         path: String,
-        /// The OS error.
-        source: std::io::Error,
+        /// The OS error (in the message, so not a `source`: error chains
+        /// would print it twice).
+        error: std::io::Error,
     },
     /// A node of the kernel graph has no CUDA kernel (an op smelt runs only
     /// on the CPU, or an instance code generation does not cover).
@@ -59,12 +60,12 @@ pub enum CodegenError {
     #[error("ptxas: {0}")]
     Ptxas(String),
     /// A file could not be read or written.
-    #[error("{path}: {source}")]
+    #[error("{path}: {error}")]
     Io {
         /// The file.
         path: String,
-        /// The OS error.
-        source: std::io::Error,
+        /// The OS error (in the message, not a `source`).
+        error: std::io::Error,
     },
 }
 

@@ -38,7 +38,7 @@ pub fn stats(ptxas: &std::path::Path, ptx: &str, sm: &str) -> Result<Vec<Stats>,
     let dir = std::env::temp_dir().join(format!("smelt-ptxas-{}-{:?}", std::process::id(), std::thread::current().id()));
     let io = |path: &std::path::Path| {
         let path = path.display().to_string();
-        move |source| CodegenError::Io { path, source }
+        move |error| CodegenError::Io { path, error }
     };
     std::fs::create_dir_all(&dir).map_err(io(&dir))?;
     let input = dir.join("k.ptx");

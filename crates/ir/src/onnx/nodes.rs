@@ -103,6 +103,21 @@ pub(super) fn convert(im: &mut Importer, node: &NodeProto) -> Result<(), IrError
             )));
         }
     }
+    if let Some(known) = attributes(node.op_type()) {
+        // An attribute the op does not have is invalid ONNX; ignoring it
+        // (a `stride` for `strides`) would compute something else.
+        if let Some(a) = node.attribute.iter().find(|a| a.name() != "consumed_inputs" && !known.contains(&a.name())) {
+            return Err(cx.bad(format!("invalid ONNX: {} has no attribute \"{}\" (it has {})", node.op_type(), a.name(), list(known))));
+        }
+        if let Some(a) = node.attribute.iter().find(|a| now_an_input(node.op_type(), im.opset).contains(&a.name())) {
+            return Err(cx.bad(format!(
+                "invalid ONNX: at opset {} {} of {} is an input, not an attribute",
+                im.opset,
+                a.name(),
+                node.op_type()
+            )));
+        }
+    }
     let outs = lower(im, &cx)?;
     for (name, entry) in node.output.iter().zip(outs) {
         if name.is_empty() {
@@ -114,6 +129,67 @@ pub(super) fn convert(im: &mut Importer, node: &NodeProto) -> Result<(), IrError
         im.env.insert(name.clone(), entry);
     }
     Ok(())
+}
+
+fn list(names: &[&str]) -> String {
+    if names.is_empty() {
+        "none".into()
+    } else {
+        names.join(", ")
+    }
+}
+
+/// The attributes an op smelt imports may carry, at any opset (the legacy
+/// `consumed_inputs` of opset 1 is allowed everywhere); `None` for ops it
+/// does not import.
+fn attributes(op_type: &str) -> Option<&'static [&'static str]> {
+    const WINDOW: &[&str] =
+        &["auto_pad", "ceil_mode", "count_include_pad", "dilations", "kernel_shape", "pads", "storage_order", "strides"];
+    Some(match op_type {
+        "LeakyRelu" | "Elu" => &["alpha"],
+        "Selu" => &["alpha", "gamma"],
+        "Gelu" => &["approximate"],
+        t if UnaryOp::by_onnx_name(t).is_some() => &[],
+        "Add" | "Sub" | "Mul" | "Div" | "Pow" => &["broadcast", "axis"],
+        "Max" | "Min" | "Sum" | "PRelu" | "MatMul" | "GlobalAveragePool" | "Identity" | "Expand" | "Tile" => &[],
+        "Conv" => &["auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"],
+        "BatchNormalization" => &["epsilon", "momentum", "spatial", "is_test", "training_mode"],
+        "Clip" => &["min", "max"],
+        "MaxPool" | "AveragePool" => WINDOW,
+        "ReduceMean" | "ReduceSum" | "ReduceMax" => &["axes", "keepdims", "noop_with_empty_axes"],
+        "Gemm" => &["alpha", "beta", "transA", "transB", "broadcast"],
+        "Transpose" => &["perm"],
+        "Softmax" | "LogSoftmax" | "Flatten" | "Gather" | "Concat" => &["axis"],
+        "LayerNormalization" => &["axis", "epsilon", "stash_type"],
+        "LRN" => &["alpha", "beta", "bias", "size"],
+        "Constant" => &["value", "value_float", "value_floats", "value_int", "value_ints", "value_string", "value_strings", "sparse_value"],
+        "ConstantOfShape" => &["value"],
+        "Shape" => &["start", "end"],
+        "Cast" => &["to", "saturate", "round_mode"],
+        "Dropout" => &["ratio", "is_test", "seed"],
+        "Reshape" => &["shape", "allowzero"],
+        "Squeeze" | "Unsqueeze" => &["axes"],
+        "Split" => &["axis", "split", "num_outputs"],
+        "Slice" => &["starts", "ends", "axes"],
+        "Pad" => &["mode", "pads", "value", "paddings"],
+        _ => return None,
+    })
+}
+
+/// Attributes that became inputs at `opset` or before: given as
+/// attributes, they would be ignored.
+fn now_an_input(op_type: &str, opset: i64) -> &'static [&'static str] {
+    match op_type {
+        "ReduceSum" | "Squeeze" | "Unsqueeze" if opset >= 13 => &["axes"],
+        "ReduceMean" | "ReduceMax" if opset >= 18 => &["axes"],
+        "Split" if opset >= 13 => &["split"],
+        "Slice" if opset >= 10 => &["starts", "ends", "axes"],
+        "Pad" if opset >= 11 => &["pads", "value", "paddings"],
+        "Reshape" if opset >= 5 => &["shape"],
+        "Clip" if opset >= 11 => &["min", "max"],
+        "Dropout" if opset >= 12 => &["ratio"],
+        _ => &[],
+    }
 }
 
 /// (fewest inputs, most inputs, most outputs) of an op smelt imports, as

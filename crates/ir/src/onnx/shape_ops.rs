@@ -279,7 +279,8 @@ pub(super) fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
             let x = cx.need(0)?;
             let rank = im.ty(x)?.shape.len();
             let (raw, value) = if cx.opset < 11 {
-                (cx.ints("pads")?.unwrap_or_default(), cx.float("value", 0.0)?)
+                // Opset 1 called them paddings.
+                (cx.ints("pads")?.or(cx.ints("paddings")?).unwrap_or_default(), cx.float("value", 0.0)?)
             } else {
                 let v = match cx.input(2) {
                     Some(_) => const_input(im, cx, 2, "constant_value")?.to_f32_vec().first().copied().unwrap_or(0.0),
