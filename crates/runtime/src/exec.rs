@@ -140,7 +140,14 @@ impl<D: Device> Executor<D> {
                 let c = |x: usize| u32::try_from(x).map_err(|_| RuntimeError::Program(format!("kernel {name}: {what} {v:?} too large")));
                 Ok([c(v[0])?, c(v[1])?, c(v[2])?])
             };
-            launches.push(Launch { func, grid: dim(s.launch.grid, "grid")?, block: dim(s.launch.block, "block")? });
+            let (grid, block) = (dim(s.launch.grid, "grid")?, dim(s.launch.block, "block")?);
+            // CUDA's limits, checked on every device so that the emulator
+            // refuses what a GPU would.
+            let threads = block.iter().map(|&b| b as u64).product::<u64>();
+            if grid[0] > i32::MAX as u32 || grid[1] > 65535 || grid[2] > 65535 || block[2] > 64 || threads > 1024 || threads == 0 {
+                return Err(RuntimeError::Program(format!("kernel {name}: grid {grid:?} and block {block:?} exceed CUDA's limits")));
+            }
+            launches.push(Launch { func, grid, block });
         }
         let bases = device.alloc(program.arena, weights)?;
         if bases.0 % ARENA_ALIGN != 0 || (!weights.is_empty() && bases.1 % ARENA_ALIGN != 0) {
@@ -205,6 +212,10 @@ impl<D: Device> Executor<D> {
     }
 
     fn launch(&mut self, i: usize) -> Result<(), RuntimeError> {
+        let l = &self.launches[i];
+        if l.grid.contains(&0) {
+            return Ok(()); // an empty tensor: nothing to do (CUDA refuses an empty grid)
+        }
         let params = self.params(i);
         let l = &self.launches[i];
         self.device.launch(&l.func, &self.program.steps[i], l.grid, l.block, &params)

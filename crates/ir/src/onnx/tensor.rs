@@ -110,7 +110,11 @@ pub fn to_proto(name: &str, t: &Tensor) -> TensorProto {
 pub fn read_tensor_file(path: &std::path::Path) -> Result<(String, Tensor), IrError> {
     let bytes = std::fs::read(path).map_err(|source| IrError::Io { path: path.display().to_string(), error: source })?;
     let t = TensorProto::decode(bytes.as_slice()).map_err(|e| IrError::Malformed(format!("{}: not a TensorProto: {e}", path.display())))?;
-    Ok((t.name().to_string(), from_proto(&t)?))
+    let data = from_proto(&t).map_err(|e| match e {
+        IrError::Malformed(m) => IrError::Malformed(format!("{}: {m}", path.display())),
+        e => e,
+    })?;
+    Ok((t.name().to_string(), data))
 }
 
 /// Writes a tensor as a `.pb` file holding one `TensorProto`.
