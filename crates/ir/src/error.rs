@@ -11,6 +11,16 @@ pub enum IrError {
         /// What is wrong.
         msg: String,
     },
+    /// A size, index or shape computation from the input exceeds what smelt
+    /// accepts (a tensor over 1 TiB, an overflowing extent, an absurd
+    /// window): the one error for "too large", with the node or value.
+    #[error("{node}: too large: {msg}")]
+    TooLarge {
+        /// The node (name and op), input or tensor.
+        node: String,
+        /// What is too large, with the figures.
+        msg: String,
+    },
     /// The graph is inconsistent (the verifier, a text file, the builder).
     /// From a user's file this is the user's mistake; after a pass it is
     /// reported as the passes crate's `PassError::Bug`.
@@ -69,4 +79,18 @@ pub enum IrError {
         /// chains would print it twice).
         error: std::io::Error,
     },
+}
+
+/// How shape inference marks a "too large" message (see [`IrError::TooLarge`]).
+pub(crate) const TOO_LARGE: &str = "too large: ";
+
+impl IrError {
+    /// The error of inference failing on `node`: [`IrError::TooLarge`] for a
+    /// size, else [`IrError::Shape`].
+    pub(crate) fn inference(node: String, msg: String) -> IrError {
+        match msg.strip_prefix(TOO_LARGE) {
+            Some(m) => IrError::TooLarge { node: format!("node {node}"), msg: m.to_string() },
+            None => IrError::Shape { node, msg },
+        }
+    }
 }

@@ -99,7 +99,7 @@ impl<O: OpSet> Graph<O> {
     pub fn add(&mut self, op: impl Into<O>, name: impl Into<String>, inputs: &[ValueId]) -> Result<NodeId, IrError> {
         let (op, name) = (op.into(), name.into());
         let types: Vec<&TensorType> = inputs.iter().map(|&v| self.try_ty(v)).collect::<Result<_, _>>()?;
-        let outputs = op.infer(&types).map_err(|msg| IrError::Shape { node: display_name(&name, op.name()), msg })?;
+        let outputs = op.infer(&types).map_err(|msg| IrError::inference(display_name(&name, op.name()), msg))?;
         Ok(self.add_typed(op, name, inputs, outputs))
     }
 
@@ -140,7 +140,7 @@ impl<O: OpSet> Graph<O> {
     pub fn add_input(&mut self, name: impl Into<String>, ty: TensorType) -> Result<ValueId, IrError> {
         let name = name.into();
         if ty.checked_bytes().is_none() {
-            return Err(IrError::Shape { node: name, msg: format!("input shape {:?} is absurdly large", ty.shape) });
+            return Err(IrError::TooLarge { node: format!("input \"{name}\""), msg: format!("shape {:?} exceeds 1 TiB", ty.shape) });
         }
         let id = self.add_typed(O::from_op(Op::Input), name, &[], vec![ty]);
         self.inputs.push(id);

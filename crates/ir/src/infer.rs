@@ -2,6 +2,7 @@
 //! types or a message out (the caller names the node).
 
 use crate::dtype::{Shape, TensorType};
+use crate::error::TOO_LARGE;
 use crate::fused::Expr;
 use crate::kernel_op::KernelOp;
 use crate::op::{Conv, Op, Pool};
@@ -157,7 +158,7 @@ pub fn infer(op: &Op, ins: &[&TensorType]) -> Result<Vec<TensorType>, String> {
             let s = (0..r)
                 .map(|d| x.shape[d].checked_add(pads[d]).and_then(|n| n.checked_add(pads[r + d])))
                 .collect::<Option<Shape>>()
-                .ok_or_else(|| format!("padding {x} by {pads:?} overflows"))?;
+                .ok_or_else(|| format!("{TOO_LARGE}padding {x} by {pads:?} overflows"))?;
             TensorType::new(x.dtype, s)
         }
         Op::Expand { shape } => {
@@ -191,7 +192,7 @@ pub fn infer(op: &Op, ins: &[&TensorType]) -> Result<Vec<TensorType>, String> {
                 .zip(repeats)
                 .map(|(d, r)| d.checked_mul(*r))
                 .collect::<Option<Shape>>()
-                .ok_or_else(|| format!("tiling {x} by {repeats:?} overflows"))?;
+                .ok_or_else(|| format!("{TOO_LARGE}tiling {x} by {repeats:?} overflows"))?;
             TensorType::new(x.dtype, s)
         }
         Op::Cast { to } => {
@@ -200,7 +201,7 @@ pub fn infer(op: &Op, ins: &[&TensorType]) -> Result<Vec<TensorType>, String> {
         }
     };
     if out.checked_bytes().is_none() {
-        return Err(format!("output shape {:?} is absurdly large (over 1 TiB)", out.shape));
+        return Err(format!("{TOO_LARGE}output shape {:?} exceeds 1 TiB", out.shape));
     }
     Ok(vec![out])
 }
@@ -302,7 +303,9 @@ fn broadcast_all(ins: &[&TensorType]) -> Result<Shape, String> {
 
 /// The product of `dims`, or an error when it overflows.
 pub fn checked_numel(dims: &[usize]) -> Result<usize, String> {
-    dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).ok_or_else(|| format!("shape {dims:?} has too many elements"))
+    dims.iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .ok_or_else(|| format!("{TOO_LARGE}shape {dims:?} has more elements than a usize holds"))
 }
 
 /// Number of elements of a slice of a dim of extent `dim`.
@@ -310,7 +313,7 @@ pub fn slice_len(dim: usize, start: i64, end: i64, step: i64) -> Result<usize, S
     if dim == 0 && start == 0 && end == 0 && step != 0 {
         return Ok(0);
     }
-    let d = i64::try_from(dim).map_err(|_| format!("extent {dim} is too large"))?;
+    let d = i64::try_from(dim).map_err(|_| format!("{TOO_LARGE}extent {dim}"))?;
     let ok = if step > 0 {
         (0..=d).contains(&start) && (0..=d).contains(&end)
     } else {
@@ -371,7 +374,7 @@ fn spatial_out(input: usize, k: usize, stride: usize, dil: usize, pb: usize, pe:
     if stride == 0 || dil == 0 || k == 0 {
         return Err("kernel, stride and dilation must be positive".into());
     }
-    let too_big = || format!("window (kernel {k}, dilation {dil}) or padding ({pb}, {pe}) is too large");
+    let too_big = || format!("{TOO_LARGE}window (kernel {k}, dilation {dil}) or padding ({pb}, {pe}) overflows");
     let eff = dil.checked_mul(k - 1).and_then(|e| e.checked_add(1)).ok_or_else(too_big)?;
     let padded = input.checked_add(pb).and_then(|p| p.checked_add(pe)).ok_or_else(too_big)?;
     if padded < eff {
@@ -449,7 +452,7 @@ fn pool(p: &Pool, ins: &[&TensorType]) -> Result<TensorType, String> {
     // tiny output would loop for ages (padding may be almost the window).
     let work = checked_numel(&s).ok().and_then(|n| checked_numel(&p.kernel).ok().and_then(|k| n.checked_mul(k)));
     if work.is_none_or(|w| w > MAX_WINDOW_READS) {
-        return Err(format!("window {:?} over output {s:?} reads absurdly many elements (over 2^48)", p.kernel));
+        return Err(format!("{TOO_LARGE}window {:?} over output {s:?} reads over 2^48 elements", p.kernel));
     }
     Ok(TensorType::new(x.dtype, s))
 }

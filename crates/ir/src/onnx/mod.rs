@@ -159,7 +159,10 @@ impl Importer {
             }
         }
         let ty = TensorType::new(dtype, shape);
-        ty.checked_bytes().ok_or_else(|| bad(format!("shape {:?} is absurdly large", ty.shape)))?;
+        ty.checked_bytes().ok_or_else(|| IrError::TooLarge {
+            node: format!("input \"{}\"", input.name()),
+            msg: format!("shape {:?} exceeds 1 TiB", ty.shape),
+        })?;
         Ok(ty)
     }
 

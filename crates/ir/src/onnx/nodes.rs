@@ -22,7 +22,10 @@ impl<'a> Cx<'a> {
         IrError::Unsupported { op_type: self.node.op_type().to_string(), node: self.name.clone(), opset: self.opset, msg: msg.into() }
     }
     pub(super) fn bad(&self, msg: impl std::fmt::Display) -> IrError {
-        IrError::Shape { node: format!("\"{}\" ({})", self.name, self.node.op_type()), msg: msg.to_string() }
+        IrError::inference(format!("\"{}\" ({})", self.name, self.node.op_type()), msg.to_string())
+    }
+    pub(super) fn too_large(&self, msg: impl std::fmt::Display) -> IrError {
+        self.bad(format!("{}{msg}", crate::error::TOO_LARGE))
     }
     fn attr(&self, k: &str, want: AttributeType) -> Result<Option<&'a AttributeProto>, IrError> {
         match self.attrs.get(k) {
@@ -246,6 +249,7 @@ pub(super) fn emit(im: &mut Importer, cx: &Cx, op: Op, inputs: &[&str]) -> Resul
 pub(super) fn emit_values(im: &mut Importer, cx: &Cx, op: Op, vs: &[ValueId]) -> Result<Vec<Entry>, IrError> {
     let id = im.g.add(op, cx.name.clone(), vs).map_err(|e| match e {
         IrError::Shape { msg, .. } => cx.bad(msg),
+        IrError::TooLarge { msg, .. } => cx.too_large(msg),
         e => e,
     })?;
     let n = im.g.node(id).outputs.len();
@@ -298,7 +302,7 @@ fn window(cx: &Cx, spatial: &[usize], kernel: &[usize], strides: &[usize], dil: 
         "SAME_UPPER" | "SAME_LOWER" => {
             let mut pads = vec![0; 2 * n];
             for i in 0..n {
-                let big = || cx.bad(format!("window of kernel {kernel:?}, strides {strides:?}, dilations {dil:?} is too large"));
+                let big = || cx.too_large(format!("window of kernel {kernel:?}, strides {strides:?}, dilations {dil:?} overflows"));
                 let out = spatial[i].div_ceil(strides[i]);
                 let eff = dil[i].checked_mul(kernel[i].saturating_sub(1)).and_then(|e| e.checked_add(1)).ok_or_else(big)?;
                 let total = out.saturating_sub(1).checked_mul(strides[i]).and_then(|t| t.checked_add(eff)).ok_or_else(big)?;

@@ -97,7 +97,7 @@ pub(super) fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
             let (shape, _) = tensor::numel_of(&dims, value.ty().dtype).map_err(|m| cx.bad(m))?;
             let ty = TensorType::new(value.ty().dtype, shape);
             if ty.bytes() > FOLD_LIMIT_BYTES {
-                return Err(cx.bad(format!("constant of {} bytes is too large to fold", ty.bytes())));
+                return Err(cx.too_large(format!("a constant of {} bytes to fold (at most {FOLD_LIMIT_BYTES})", ty.bytes())));
             }
             let v = value.to_f32_vec().first().copied().unwrap_or(0.0);
             let v = if value.ty().dtype.is_float() { v as f64 } else { value.to_i64_vec()[0] as f64 };

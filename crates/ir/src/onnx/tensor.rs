@@ -36,7 +36,7 @@ fn code_of(d: DType) -> DataType {
 pub fn numel_of(dims: &[i64], dtype: DType) -> Result<(Vec<usize>, usize), String> {
     let shape = dims.iter().map(|&d| usize::try_from(d).map_err(|_| format!("negative dimension {d}"))).collect::<Result<Vec<_>, _>>()?;
     let ty = crate::TensorType::new(dtype, shape.clone());
-    ty.checked_bytes().ok_or_else(|| format!("shape {dims:?} is absurdly large"))?;
+    ty.checked_bytes().ok_or_else(|| format!("{}shape {dims:?} exceeds 1 TiB", crate::error::TOO_LARGE))?;
     Ok((shape, ty.numel()))
 }
 
