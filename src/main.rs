@@ -11,6 +11,15 @@ macro_rules! out {
     }};
 }
 
+/// `eprintln!` that ignores a standard error that cannot be written (closed
+/// by the caller): there is nowhere left to say anything.
+macro_rules! errln {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr().lock(), $($t)*);
+    }};
+}
+
 /// `println!` that returns write errors, as [`out!`].
 macro_rules! outln {
     ($($t:tt)*) => {{
@@ -294,7 +303,7 @@ impl ModelArgs {
         let mut s = self.session()?;
         let n = s.fill_weights().with_context(|| format!("cannot load {}", self.model))?;
         if n > 0 {
-            eprintln!("note: {n} constants of {} had no data and were filled with deterministic random values", self.model);
+            errln!("note: {n} constants of {} had no data and were filled with deterministic random values", self.model);
         }
         Ok(s)
     }
@@ -310,7 +319,7 @@ impl log::Log for StderrLog {
     }
     fn log(&self, r: &log::Record) {
         if self.enabled(r.metadata()) {
-            eprintln!("[{} {}] {}", r.level(), r.target(), r.args());
+            errln!("[{} {}] {}", r.level(), r.target(), r.args());
         }
     }
     fn flush(&self) {}
@@ -341,7 +350,7 @@ fn main() {
         // A reader that stopped reading (`smelt print m.onnx | head`) is not an error.
         Err(e) if e.downcast_ref::<StdoutError>().is_some_and(|e| e.0.kind() == std::io::ErrorKind::BrokenPipe) => {}
         Err(e) => {
-            eprintln!("error: {e:#}");
+            errln!("error: {e:#}");
             std::process::exit(2);
         }
     }

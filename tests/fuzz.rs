@@ -119,6 +119,9 @@ unsafe impl GlobalAlloc for Capped {
 #[global_allocator]
 static ALLOC: Capped = Capped;
 
+/// The name of the threads that run cases (whose panics are quiet).
+const CASE_THREAD: &str = "fuzz-case";
+
 thread_local! {
     static PANICKED_AT: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
 }
@@ -128,7 +131,11 @@ thread_local! {
 fn quiet_panics() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        std::panic::set_hook(Box::new(|info| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if std::thread::current().name() != Some(CASE_THREAD) {
+                return default(info); // the test's own assertions
+            }
             let at = info.location().map(|l| format!("{}:{}", l.file(), l.line())).unwrap_or_default();
             PANICKED_AT.with(|p| *p.borrow_mut() = at);
         }))
@@ -150,6 +157,7 @@ fn run(case: &Case) -> Result<Result<Reached, String>, String> {
     let (tx, rx) = std::sync::mpsc::channel();
     let (bytes, format) = (case.bytes.clone(), case.format);
     std::thread::Builder::new()
+        .name(CASE_THREAD.into())
         .spawn(move || {
             let r = std::panic::catch_unwind(|| exercise(&bytes, format, RUN_BYTES));
             let _ = tx.send(r.map_err(|p| (p, PANICKED_AT.with(|a| a.borrow().clone()))));
@@ -625,7 +633,11 @@ fn mutated_models_never_fail() {
         match run(&case) {
             Ok(Ok(r)) => *reached.entry(format!("{r:?}")).or_insert(0) += 1,
             Ok(Err(_)) => *reached.entry("refused".to_string()).or_insert(0) += 1,
-            Err(e) => failures.push(format!("SMELT_FUZZ_CASE={seed}:{index} {e}")),
+            Err(e) => {
+                let line = format!("SMELT_FUZZ_CASE={seed}:{index} {e}");
+                eprintln!("{line}");
+                failures.push(line);
+            }
         }
         index += 1;
     }

@@ -45,6 +45,7 @@ const REFUSED: &[(&str, &str)] = &[
     ("reducesum_axes_attr.onnx", "node \"rs0\" (ReduceSum): invalid ONNX: at opset 13 axes of ReduceSum is an input"),
     ("dropout_training.onnx", "node \"drop0\" (Dropout, opset 17): training_mode=true (random dropout)"),
     ("split_rank0_from_fuzzer.onnx", "node \"1\" (Split): invalid ONNX"),
+    ("unnamed_initializer_from_fuzzer.onnx", "malformed ONNX model: an initializer has no name"),
     ("empty.tir", "line 1: empty file: expected 'graph {'"),
     ("noout.tir", "the graph has no outputs"),
     ("dupout.tir", "line 5: two outputs are named \"y\""),
@@ -105,7 +106,7 @@ fn absurd_sizes_are_refused_before_allocating() {
 }
 
 /// A reader that stops early ends the command quietly; a full disk is an
-/// error with exit 2.
+/// error with exit 2; a closed standard error leaves only the exit status.
 #[test]
 fn stdout_failures() {
     use std::io::Read;
@@ -118,6 +119,9 @@ fn stdout_failures() {
     assert_eq!(&first, b"graph");
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
+    let bin = env!("CARGO_BIN_EXE_smelt");
+    let out = std::process::Command::new("sh").args(["-c", &format!("'{bin}' inspect /nonexistent.onnx 2>&-")]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
     if let Ok(full) = std::fs::OpenOptions::new().write(true).open("/dev/full") {
         let out = common::smelt().args(["inspect", "zoo:resnet50"]).stdout(full).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);

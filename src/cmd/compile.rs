@@ -34,7 +34,7 @@ pub fn run(a: &CompileArgs) -> Result<bool> {
         None if want == "final" => out!("{}", smelt_ir::text::print(&compiled.graph)),
         None => bail!("pass {want} did not run (fusion is off?)"),
     }
-    eprintln!("{}", serde_json::to_string(&compiled.stats)?);
+    errln!("{}", serde_json::to_string(&compiled.stats)?);
     Ok(true)
 }
 

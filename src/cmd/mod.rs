@@ -13,7 +13,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 /// With `SMELT_TIMINGS` set, prints the time a phase took.
 pub fn log_time(what: &str, secs: f64) {
     if std::env::var_os("SMELT_TIMINGS").is_some() {
-        eprintln!("{what}: {secs:.3} s");
+        errln!("{what}: {secs:.3} s");
     }
 }
 

@@ -37,7 +37,7 @@ pub fn run(a: &PlanArgs) -> Result<bool> {
         print_text(a, &report, &plain_report, &compiled.stats)?;
     }
     if a.timings {
-        eprintln!(
+        errln!(
             "timings: import {:.1} ms, passes {:.1} ms, plan {:.1} ms, check {:.1} ms",
             t.import * 1e3,
             t.passes * 1e3,

@@ -65,6 +65,9 @@ pub fn import(bytes: &[u8], opts: &ImportOptions) -> Result<Graph, IrError> {
     let mut im = Importer { g: Graph::new(), env: HashMap::new(), opset, batch: None, used };
 
     for init in &graph.initializer {
+        if init.name().is_empty() {
+            return Err(IrError::Malformed("an initializer has no name".into()));
+        }
         let t = tensor::from_proto(init)?;
         if im.env.insert(init.name().to_string(), Entry { konst: Some(Arc::new(t)), value: None }).is_some() {
             return Err(IrError::Malformed(format!("two initializers are named \"{}\"", init.name())));
