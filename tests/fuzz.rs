@@ -175,9 +175,12 @@ fn run(case: &Case) -> Result<Result<Reached, String>, String> {
     }
 }
 
+/// A named seed input.
+type Seed<T> = (String, T);
+
 /// The seeds: small real ONNX files (the node tests and the light models)
 /// and text IR printed from random graphs and the zoo.
-fn seeds() -> (Vec<(String, Vec<u8>)>, Vec<(String, String)>) {
+fn seeds() -> (Vec<Seed<Vec<u8>>>, Vec<Seed<String>>) {
     let mut onnx = Vec::new();
     for family in ["simple", "pytorch-operator", "pytorch-converted", "light"] {
         let dir = common::onnx_data().join(family);
