@@ -110,7 +110,7 @@ impl ExprBuilder<'_> {
                 return i;
             }
             self.count += 1;
-            let i = self.visit(v.node);
+            let i = self.node(v.node);
             self.memo.insert(v.node, i);
             i
         } else {
@@ -119,8 +119,26 @@ impl ExprBuilder<'_> {
     }
 
     /// Appends the expression of node `id` (earlier clusters inlined, their
-    /// inputs bound to our operands); returns its index.
+    /// inputs bound to our operands); returns its index. The absorbed nodes
+    /// are built first in post-order, with an explicit stack, so that the
+    /// recursion below never goes deeper than one node: a chain of
+    /// thousands of elementwise ops must not overflow the stack.
     fn visit(&mut self, id: smelt_ir::NodeId) -> usize {
+        let mut stack: Vec<(ValueId, bool)> = self.g.inputs_of(id).into_iter().rev().map(|v| (v, false)).collect();
+        let mut seen = HashSet::new();
+        while let Some((v, expanded)) = stack.pop() {
+            if expanded {
+                self.operand(v);
+            } else if self.absorbed.contains(&v.node) && !self.memo.contains_key(&v.node) && seen.insert(v.node) {
+                stack.push((v, true));
+                stack.extend(self.g.inputs_of(v.node).into_iter().rev().map(|w| (w, false)));
+            }
+        }
+        self.node(id)
+    }
+
+    /// Appends the expression of node `id` from its operands'.
+    fn node(&mut self, id: smelt_ir::NodeId) -> usize {
         let ins = self.g.inputs_of(id);
         let args: Vec<usize> = ins.iter().map(|&v| self.operand(v)).collect();
         let op = &self.g.node(id).op;
