@@ -4,6 +4,9 @@
 #   .testdata/onnx-data     symlink to the onnx wheel's onnx/backend/test/data
 #   .testdata/variants/     random-weight variants of the "light" models plus
 #                           reference input/output (scripts/make_variants.py)
+#   .testdata/transformers/ transformer exports (TorchScript and dynamo) with
+#                           onnxruntime's outputs (scripts/make_transformers.py;
+#                           needs torch from scripts/requirements-torch.txt)
 # Works from any directory; progress goes to stderr.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -26,6 +29,15 @@ if ! cmp -s "$req" "$pip_stamp" || ! "$py" -c 'import onnx, onnxruntime, numpy' 
     log "installing $(grep -v '^#' "$req" | tr '\n' ' ')"
     "$py" -m pip install -q --disable-pip-version-check -r "$req"
     cp "$req" "$pip_stamp"
+fi
+
+# 2b. PyTorch and transformers (large: installed only when missing or changed).
+torch_req=scripts/requirements-torch.txt
+torch_stamp=.venv/.requirements-torch.txt
+if ! cmp -s "$torch_req" "$torch_stamp" || ! "$py" -c 'import torch, transformers, onnxscript' 2>/dev/null; then
+    log "installing $(grep -v '^#' "$torch_req" | tr '\n' ' ')(about 5 GB, a few minutes)"
+    "$py" -m pip install -q --disable-pip-version-check -r "$torch_req"
+    cp "$torch_req" "$torch_stamp"
 fi
 
 # 3. Link to the backend test data shipped inside the onnx wheel (relative
@@ -51,5 +63,14 @@ if [[ -f $done_stamp && $done_stamp -nt scripts/make_variants.py && $done_stamp 
 else
     log "generating model variants (about a minute)"
     "$py" scripts/make_variants.py
+fi
+# 5. Transformer exports.
+tx_stamp=.testdata/transformers/.done
+if [[ -f $tx_stamp && $tx_stamp -nt scripts/make_transformers.py && $tx_stamp -nt $torch_stamp && $tx_stamp -nt $pip_stamp ]]; then
+    log "transformer exports up to date"
+else
+    log "exporting transformers (under a minute)"
+    rm -rf .testdata/transformers
+    "$py" scripts/make_transformers.py 2> >(grep -v -e 'torchvision is not installed' -e '^\[transformers\]' -e 'Evaluation failed' >&2)
 fi
 log "done"

@@ -79,6 +79,8 @@ impl Error {
 pub struct Options {
     /// Replaces the exported batch size (ONNX and zoo models).
     pub batch: Option<usize>,
+    /// Sizes of named symbolic dimensions (ONNX models), `--dim NAME=N`.
+    pub dims: Vec<(String, usize)>,
     /// Turns fusion off everywhere (for comparison).
     pub no_fuse: bool,
     /// The precision policy and the nodes kept in f32.
@@ -157,17 +159,21 @@ impl Session {
             return Err(Error::Usage("--batch must be at least 1".into()));
         }
         let graph = if let Some(name) = spec.strip_prefix("zoo:") {
+            if !options.dims.is_empty() {
+                return Err(Error::Usage(format!("--dim does not apply to zoo:{name} (its only size option is --batch)")));
+            }
             zoo::get(name, options.batch.unwrap_or(1))?
         } else {
             let path = Path::new(spec);
             if path.extension().is_some_and(|e| e == "tir") {
-                if options.batch.is_some() {
-                    return Err(Error::Usage("--batch does not apply to a .tir file: its shapes are fixed".into()));
+                if options.batch.is_some() || !options.dims.is_empty() {
+                    let flag = if options.batch.is_some() { "--batch" } else { "--dim" };
+                    return Err(Error::Usage(format!("{flag} does not apply to a .tir file: its shapes are fixed")));
                 }
                 let src = std::fs::read_to_string(path).map_err(|source| IrError::Io { path: spec.to_string(), error: source })?;
                 text::parse(&src)?
             } else {
-                onnx::import_file(path, &onnx::ImportOptions { batch: options.batch })?
+                onnx::import_file(path, &onnx::ImportOptions { batch: options.batch, dims: options.dims.clone(), base_dir: None })?
             }
         };
         let mut s = Session::from_graph(spec, graph, options)?;

@@ -249,6 +249,16 @@ pub(crate) struct PrintArgs {
     pub(crate) output: Option<PathBuf>,
 }
 
+/// Parses `--dim NAME=N`.
+fn dim_size(s: &str) -> Result<(String, usize), String> {
+    let (name, n) = s.split_once('=').ok_or_else(|| format!("{s:?} is not NAME=N (e.g. sequence=512)"))?;
+    let n: usize = n.trim().parse().map_err(|_| format!("{n:?} is not a size"))?;
+    if name.is_empty() || n == 0 {
+        return Err(format!("{s:?}: needs a name and a size of at least 1"));
+    }
+    Ok((name.to_string(), n))
+}
+
 #[derive(Args, Clone)]
 pub(crate) struct ModelArgs {
     /// Path to .onnx or .tir, or zoo:NAME.
@@ -257,6 +267,11 @@ pub(crate) struct ModelArgs {
     /// that hard-code it).
     #[arg(long)]
     pub(crate) batch: Option<usize>,
+    /// Size of a named symbolic input dimension, as NAME=N (`--dim
+    /// sequence=512`); repeatable. A symbolic first dimension is the batch
+    /// (--batch, default 1); any other needs --dim.
+    #[arg(long = "dim", value_name = "NAME=N", value_parser = dim_size)]
+    pub(crate) dims: Vec<(String, usize)>,
     /// Turn fusion off everywhere (for comparison).
     #[arg(long)]
     pub(crate) no_fuse: bool,
@@ -275,13 +290,21 @@ pub(crate) struct ModelArgs {
 impl ModelArgs {
     /// The default model with default options.
     fn default_model() -> ModelArgs {
-        ModelArgs { model: smelt::DEFAULT_MODEL.into(), batch: None, no_fuse: false, precision: Default::default(), keep_f32: Vec::new() }
+        ModelArgs {
+            model: smelt::DEFAULT_MODEL.into(),
+            batch: None,
+            dims: Vec::new(),
+            no_fuse: false,
+            precision: Default::default(),
+            keep_f32: Vec::new(),
+        }
     }
 
     /// The driver's options.
     pub(crate) fn options(&self) -> smelt::Options {
         smelt::Options {
             batch: self.batch,
+            dims: self.dims.clone(),
             no_fuse: self.no_fuse,
             precision: smelt_passes::precision::Options { policy: self.precision, keep_f32: self.keep_f32.clone() },
         }

@@ -23,7 +23,7 @@ fn planned(g: &KernelGraph, what: &str) -> Plan {
 fn light_models_plans_check_and_meet_targets() {
     for name in common::LIGHT {
         for batch in [1, 8] {
-            let g = import_file(&common::light_model(name), &ImportOptions { batch: Some(batch) }).unwrap();
+            let g = import_file(&common::light_model(name), &ImportOptions { batch: Some(batch), ..Default::default() }).unwrap();
             // The driver plans as the CLI does (the unfused schedule as the
             // fused plan's hint) and checks both plans; check again here.
             let mut s = common::session(&g, Default::default());

@@ -7,7 +7,10 @@ mod common;
 
 use smelt_codegen::{Kernel, Lowered};
 use smelt_ir::traits::{InPlace, Lowering};
-use smelt_ir::{Act, BinaryOp, Conv, DType, Expr, KernelGraph, KernelOp, Op, OpSet, Pool, ReduceOp, Rng, Tensor, TensorType, UnaryOp};
+use smelt_ir::{
+    Act, BinaryOp, CompareOp, Conv, DType, Expr, KernelGraph, KernelOp, LogicOp, Op, OpSet, Pool, ReduceOp, Rng, Tensor, TensorType,
+    UnaryOp,
+};
 
 fn f32t(shape: &[usize]) -> TensorType {
     TensorType::new(DType::F32, shape.to_vec())
@@ -72,6 +75,16 @@ fn samples() -> Vec<(KernelOp, Vec<TensorType>)> {
     for b in [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Pow, BinaryOp::Max, BinaryOp::Min, BinaryOp::PRelu] {
         v.push((KernelOp::Op(Op::Binary(b)), vec![x.clone(), f32t(&[4, 1, 1])]));
     }
+    let b = |shape: &[usize]| TensorType::new(DType::Bool, shape.to_vec());
+    for c in CompareOp::ALL {
+        v.push((KernelOp::Op(Op::Compare(c)), vec![x.clone(), f32t(&[4, 1, 1])]));
+    }
+    for l in LogicOp::ALL {
+        v.push((KernelOp::Op(Op::Logic(l)), vec![b(&[1, 4, 5, 5]), b(&[4, 1, 1])]));
+    }
+    v.push((KernelOp::Op(Op::Not), vec![b(&[1, 4, 5, 5])]));
+    v.push((KernelOp::Op(Op::IsNaN), vec![x.clone()]));
+    v.push((KernelOp::Op(Op::Where), vec![b(&[1, 4, 5, 5]), f32t(&[4, 1, 1]), f32t(&[5])]));
     for (op, _) in &v {
         covered(op);
     }
@@ -101,6 +114,11 @@ fn covered_op(op: &Op) {
         | Op::Clip { .. }
         | Op::Binary(_)
         | Op::Sum
+        | Op::Compare(_)
+        | Op::Logic(_)
+        | Op::Not
+        | Op::IsNaN
+        | Op::Where
         | Op::MaxPool(_)
         | Op::AveragePool { .. }
         | Op::GlobalAveragePool
@@ -137,6 +155,8 @@ fn one_node(op: &KernelOp, types: &[TensorType]) -> KernelGraph {
     for (i, t) in types.iter().enumerate().skip(1) {
         let data = if t.dtype.is_float() {
             Tensor::from_f32(t.shape.clone(), (0..t.numel()).map(|_| rng.normal()).collect())
+        } else if t.dtype == DType::Bool {
+            Tensor::from_i64(t.shape.clone(), (0..t.numel() as i64).map(|k| k % 3).collect()).cast(DType::Bool)
         } else {
             Tensor::from_i64(t.shape.clone(), (0..t.numel() as i64).map(|k| (k * 3) % 10 - 2).collect())
         };

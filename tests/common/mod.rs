@@ -1,7 +1,7 @@
 //! Shared helpers of the integration tests: where the test data lives.
 #![allow(dead_code)]
 
-use smelt_ir::{builder::Builder, BinaryOp, Graph, Op, Rng, Tensor, UnaryOp, ValueId};
+use smelt_ir::{builder::Builder, BinaryOp, DType, Graph, Op, Rng, Tensor, UnaryOp, ValueId};
 use std::path::PathBuf;
 
 /// The nine light models of the onnx wheel.
@@ -44,7 +44,12 @@ pub fn random_inputs<O: smelt_ir::OpSet>(g: &Graph<O>, seed: u64) -> Vec<Tensor>
         .iter()
         .map(|&i| {
             let ty = &g.node(i).outputs[0];
-            Tensor::from_f32(ty.shape.clone(), (0..ty.numel()).map(|_| r.normal()).collect()).cast(ty.dtype)
+            let v: Vec<f32> = (0..ty.numel()).map(|_| r.normal()).collect();
+            match ty.dtype {
+                // Half true, half false.
+                DType::Bool => Tensor::from_f32(ty.shape.clone(), v.into_iter().map(|x| (x > 0.0) as u8 as f32).collect()).cast(ty.dtype),
+                _ => Tensor::from_f32(ty.shape.clone(), v).cast(ty.dtype),
+            }
         })
         .collect()
 }

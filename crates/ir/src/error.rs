@@ -70,6 +70,10 @@ pub enum IrError {
     /// The model uses a feature smelt does not support (a data type, external data).
     #[error("unsupported: {0}")]
     UnsupportedFeature(String),
+    /// An import option does not fit the model (`--dim` naming no
+    /// dimension): the user's mistake.
+    #[error("{0}")]
+    Usage(String),
     /// Reading a file failed.
     #[error("{path}: {error}")]
     Io {

@@ -1,7 +1,7 @@
 //! Shape and dtype inference: one function per op, input types in, output
 //! types or a message out (the caller names the node).
 
-use crate::dtype::{Shape, TensorType};
+use crate::dtype::{DType, Shape, TensorType};
 use crate::error::TOO_LARGE;
 use crate::fused::Expr;
 use crate::kernel_op::KernelOp;
@@ -22,6 +22,31 @@ pub fn infer(op: &Op, ins: &[&TensorType]) -> Result<Vec<TensorType>, String> {
             arity(ins, 2, 2)?;
             same_dtype(ins)?;
             TensorType::new(ins[0].dtype, broadcast_all(ins)?)
+        }
+        Op::Compare(_) => {
+            arity(ins, 2, 2)?;
+            same_dtype(ins)?;
+            TensorType::new(DType::Bool, broadcast_all(ins)?)
+        }
+        Op::Logic(_) | Op::Not => {
+            arity(ins, if matches!(op, Op::Not) { 1 } else { 2 }, if matches!(op, Op::Not) { 1 } else { 2 })?;
+            if let Some(t) = ins.iter().find(|t| t.dtype != DType::Bool) {
+                return Err(format!("needs bool inputs, got {t}"));
+            }
+            TensorType::new(DType::Bool, broadcast_all(ins)?)
+        }
+        Op::IsNaN => {
+            arity(ins, 1, 1)?;
+            float(ins[0])?;
+            TensorType::new(DType::Bool, ins[0].shape.clone())
+        }
+        Op::Where => {
+            arity(ins, 3, 3)?;
+            if ins[0].dtype != DType::Bool {
+                return Err(format!("the condition must be bool, got {}", ins[0]));
+            }
+            same_dtype(&ins[1..])?;
+            TensorType::new(ins[1].dtype, broadcast_all(ins)?)
         }
         Op::Sum => {
             arity(ins, 1, usize::MAX)?;

@@ -200,6 +200,83 @@ pub enum BinaryOp {
     PRelu,
 }
 
+/// Comparisons of two broadcast operands of one dtype; the output is bool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CompareOp {
+    /// a == b.
+    Equal,
+    /// a < b.
+    Less,
+    /// a <= b.
+    LessOrEqual,
+    /// a > b.
+    Greater,
+    /// a >= b.
+    GreaterOrEqual,
+}
+
+impl CompareOp {
+    /// Every comparison.
+    pub const ALL: [CompareOp; 5] =
+        [CompareOp::Equal, CompareOp::Less, CompareOp::LessOrEqual, CompareOp::Greater, CompareOp::GreaterOrEqual];
+
+    /// (text name, ONNX op type).
+    pub fn names(self) -> (&'static str, &'static str) {
+        match self {
+            CompareOp::Equal => ("equal", "Equal"),
+            CompareOp::Less => ("less", "Less"),
+            CompareOp::LessOrEqual => ("less_equal", "LessOrEqual"),
+            CompareOp::Greater => ("greater", "Greater"),
+            CompareOp::GreaterOrEqual => ("greater_equal", "GreaterOrEqual"),
+        }
+    }
+
+    /// The comparison of `a` and `b` (integers compare exactly, floats as IEEE does: NaN is unequal to all).
+    pub fn apply<T: PartialOrd>(self, a: T, b: T) -> bool {
+        match self {
+            CompareOp::Equal => a == b,
+            CompareOp::Less => a < b,
+            CompareOp::LessOrEqual => a <= b,
+            CompareOp::Greater => a > b,
+            CompareOp::GreaterOrEqual => a >= b,
+        }
+    }
+}
+
+/// Boolean functions of two broadcast bool operands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogicOp {
+    /// a and b.
+    And,
+    /// a or b.
+    Or,
+    /// a xor b.
+    Xor,
+}
+
+impl LogicOp {
+    /// Every boolean function.
+    pub const ALL: [LogicOp; 3] = [LogicOp::And, LogicOp::Or, LogicOp::Xor];
+
+    /// (text name, ONNX op type).
+    pub fn names(self) -> (&'static str, &'static str) {
+        match self {
+            LogicOp::And => ("and", "And"),
+            LogicOp::Or => ("or", "Or"),
+            LogicOp::Xor => ("xor", "Xor"),
+        }
+    }
+
+    /// The function of `a` and `b`.
+    pub fn apply(self, a: bool, b: bool) -> bool {
+        match self {
+            LogicOp::And => a && b,
+            LogicOp::Or => a || b,
+            LogicOp::Xor => a != b,
+        }
+    }
+}
+
 /// Reductions over a set of axes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReduceOp {
@@ -251,6 +328,17 @@ pub enum Op {
     Binary(BinaryOp),
     /// Sum of any number of broadcast inputs.
     Sum,
+    /// Comparison of two broadcast inputs of one dtype; a bool output.
+    Compare(CompareOp),
+    /// Boolean function of two broadcast bool inputs.
+    Logic(LogicOp),
+    /// Boolean negation. Input: a bool tensor.
+    Not,
+    /// Whether each element is NaN. Input: a float tensor; a bool output.
+    IsNaN,
+    /// `x` where `cond` holds, else `y` (all three broadcast). Inputs: cond
+    /// (bool), x, y (one dtype).
+    Where,
     /// Max pooling. Input: x `[N,C,*]`.
     MaxPool(Pool),
     /// Average pooling. Input: x `[N,C,*]`.
@@ -523,6 +611,11 @@ impl Op {
                 BinaryOp::PRelu => "prelu",
             },
             Op::Sum => "sum",
+            Op::Compare(c) => c.names().0,
+            Op::Logic(l) => l.names().0,
+            Op::Not => "not",
+            Op::IsNaN => "is_nan",
+            Op::Where => "where",
             Op::MaxPool(_) => "max_pool",
             Op::AveragePool { .. } => "avg_pool",
             Op::GlobalAveragePool => "global_avg_pool",

@@ -121,6 +121,10 @@ impl Op {
             Op::Lrn { .. } => t(K::Normalization, P::Half, I::No, L::Kernel),
             Op::Unary(_) | Op::Binary(_) | Op::Clip { .. } | Op::Sum => t(K::Elementwise, P::Half, I::Any, L::Kernel),
             Op::Cast { .. } => t(K::Elementwise, P::Fixed, I::No, L::Kernel),
+            // Bool results: float operands are brought to one precision.
+            Op::Compare(_) | Op::Logic(_) | Op::Not | Op::IsNaN => t(K::Elementwise, P::Follows, I::No, L::CpuOnly),
+            // Masks select between scores and -inf: kept in f32 by the mixed policies.
+            Op::Where => t(K::Elementwise, P::Sensitive, I::No, L::CpuOnly),
             Op::MaxPool(_) => t(K::Movement, P::Follows, I::No, L::Kernel),
             Op::AveragePool { .. } => t(K::Window, P::Half, I::No, L::Kernel),
             Op::GlobalAveragePool | Op::Softmax { .. } | Op::LogSoftmax { .. } => prologue(P::Sensitive, L::Kernel),

@@ -33,12 +33,19 @@ pub struct ImportOptions {
     /// Batch size to use instead of the exported one (also the value of a
     /// symbolic first input dimension; 1 when unset).
     pub batch: Option<usize>,
+    /// Sizes of symbolic input dimensions by name (`--dim sequence=512`);
+    /// a name the model's inputs do not use is an error.
+    pub dims: Vec<(String, usize)>,
+    /// Where tensors stored as external data are found (the model file's
+    /// folder; `None` refuses external data).
+    pub base_dir: Option<std::path::PathBuf>,
 }
 
 /// Imports an `.onnx` file.
 pub fn import_file(path: &Path, opts: &ImportOptions) -> Result<Graph, IrError> {
     let bytes = std::fs::read(path).map_err(|source| IrError::Io { path: path.display().to_string(), error: source })?;
-    import(&bytes, opts)
+    let base = path.parent().map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p });
+    import(&bytes, &ImportOptions { base_dir: opts.base_dir.clone().or(base.map(Path::to_path_buf)), ..opts.clone() })
 }
 
 /// Imports the bytes of an ONNX `ModelProto`.
@@ -68,11 +75,12 @@ pub fn import(bytes: &[u8], opts: &ImportOptions) -> Result<Graph, IrError> {
         if init.name().is_empty() {
             return Err(IrError::Malformed("an initializer has no name".into()));
         }
-        let t = tensor::from_proto(init)?;
+        let t = tensor::from_proto_at(init, opts.base_dir.as_deref())?;
         if im.env.insert(init.name().to_string(), Entry { konst: Some(Arc::new(t)), value: None }).is_some() {
             return Err(IrError::Malformed(format!("two initializers are named \"{}\"", init.name())));
         }
     }
+    check_dims(graph, opts)?;
     let mut seen_inputs = std::collections::HashSet::new();
     for input in &graph.input {
         if !seen_inputs.insert(input.name()) {
@@ -106,6 +114,36 @@ pub fn import(bytes: &[u8], opts: &ImportOptions) -> Result<Graph, IrError> {
     im.g.remove_dead();
     crate::verify::verify(&im.g)?;
     Ok(im.g)
+}
+
+/// Refuses `--dim` names that no graph input uses, and sizes of 0.
+fn check_dims(graph: &smelt_onnx_proto::GraphProto, opts: &ImportOptions) -> Result<(), IrError> {
+    use smelt_onnx_proto::tensor_shape_proto::dimension::Value as Dim;
+    use smelt_onnx_proto::type_proto::Value;
+    let mut names: Vec<String> = Vec::new();
+    for input in &graph.input {
+        if let Some(Value::TensorType(tt)) = input.r#type.as_ref().and_then(|t| t.value.as_ref()) {
+            for d in tt.shape.iter().flat_map(|s| &s.dim) {
+                if let Some(Dim::DimParam(p)) = &d.value {
+                    if !names.contains(p) {
+                        names.push(p.clone());
+                    }
+                }
+            }
+        }
+    }
+    for (name, size) in &opts.dims {
+        if *size == 0 {
+            return Err(IrError::Usage(format!("--dim {name}={size}: sizes start at 1")));
+        }
+        if !names.contains(name) {
+            let have = if names.is_empty() { "none".to_string() } else { names.join(", ") };
+            return Err(IrError::Usage(format!(
+                "--dim {name}: no input of the model has a dimension named {name} (symbolic dimensions: {have})"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// What an ONNX name stands for: a constant known at import, a graph value,
@@ -155,8 +193,20 @@ impl Importer {
                     }
                     shape.push(v)
                 }
-                Some(Dim::DimParam(_)) if i == 0 => shape.push(opts.batch.unwrap_or(1)),
-                Some(Dim::DimParam(ref p)) => return Err(bad(format!("dimension {i} is symbolic ({p}); smelt needs static shapes"))),
+                Some(Dim::DimParam(_)) if i == 0 && opts.batch.is_some() => shape.push(opts.batch.unwrap_or(1)),
+                Some(Dim::DimParam(ref p)) if opts.dims.iter().any(|(n, _)| n == p) => {
+                    shape.push(opts.dims.iter().find(|(n, _)| n == p).map_or(1, |d| d.1))
+                }
+                Some(Dim::DimParam(_)) if i == 0 => shape.push(1),
+                Some(Dim::DimParam(ref p)) if p.is_empty() => {
+                    return Err(bad(format!("dimension {i} is unknown (symbolic, unnamed); smelt needs static shapes")))
+                }
+                Some(Dim::DimParam(ref p)) => {
+                    return Err(IrError::Usage(format!(
+                        "input \"{}\": dimension {i} is symbolic ({p}): give its size with --dim {p}=N",
+                        input.name()
+                    )))
+                }
                 Some(Dim::DimValue(v)) => return Err(bad(format!("dimension {i} is negative ({v})"))),
                 _ => return Err(bad(format!("dimension {i} is unknown; smelt needs static shapes"))),
             }

@@ -4,7 +4,7 @@ use super::{fold, Entry, Importer};
 use crate::dtype::DType;
 use crate::error::IrError;
 use crate::graph::ValueId;
-use crate::op::{BinaryOp, Conv, Op, Pool, ReduceOp, UnaryOp};
+use crate::op::{BinaryOp, CompareOp, Conv, LogicOp, Op, Pool, ReduceOp, UnaryOp};
 use crate::tensor::Tensor;
 use smelt_onnx_proto::{attribute_proto::AttributeType, AttributeProto, NodeProto};
 use std::collections::HashMap;
@@ -154,7 +154,14 @@ fn attributes(op_type: &str) -> Option<&'static [&'static str]> {
         "Gelu" => &["approximate"],
         t if UnaryOp::by_onnx_name(t).is_some() => &[],
         "Add" | "Sub" | "Mul" | "Div" | "Pow" => &["broadcast", "axis"],
-        "Max" | "Min" | "Sum" | "PRelu" | "MatMul" | "GlobalAveragePool" | "Identity" | "Expand" | "Tile" => &[],
+        "Max" | "Min" | "Sum" | "PRelu" | "MatMul" | "GlobalAveragePool" | "Identity" | "Expand" | "Tile" | "Not" | "IsNaN" | "Where"
+        | "Range" | "And" | "Or" | "Xor" => &[],
+        t if CompareOp::ALL.iter().any(|c| c.names().1 == t) => &[],
+        "Mod" => &["fmod"],
+        "Trilu" => &["upper"],
+        "GatherElements" => &["axis"],
+        "GatherND" => &["batch_dims"],
+        "CastLike" => &["saturate", "round_mode"],
         "Conv" => &["auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"],
         "BatchNormalization" => &["epsilon", "momentum", "spatial", "is_test", "training_mode"],
         "Clip" => &["min", "max"],
@@ -203,7 +210,12 @@ fn arity(op_type: &str, opset: i64) -> Option<(usize, usize, usize)> {
         "Gelu" | "GlobalAveragePool" | "Transpose" | "Softmax" | "LogSoftmax" | "LRN" | "Flatten" | "Identity" | "Shape" | "Cast"
         | "AveragePool" | "ConstantOfShape" => (1, 1, 1),
         t if UnaryOp::by_onnx_name(t).is_some() => (1, 1, 1),
-        "Pow" | "MatMul" | "PRelu" | "Add" | "Sub" | "Mul" | "Div" | "Gather" | "Expand" => (2, 2, 1),
+        "Pow" | "MatMul" | "PRelu" | "Add" | "Sub" | "Mul" | "Div" | "Gather" | "Expand" | "Mod" | "GatherElements" | "GatherND"
+        | "CastLike" | "And" | "Or" | "Xor" => (2, 2, 1),
+        t if CompareOp::ALL.iter().any(|c| c.names().1 == t) => (2, 2, 1),
+        "Not" | "IsNaN" => (1, 1, 1),
+        "Where" | "Range" => (3, 3, 1),
+        "Trilu" => (1, 2, 1),
         "Max" | "Min" | "Sum" | "Concat" => (1, ANY, 1),
         "Conv" | "Gemm" => (2, 3, 1),
         "BatchNormalization" => (5, 5, 5),
@@ -240,8 +252,26 @@ pub(super) fn values(id: crate::graph::NodeId, n: usize) -> Vec<Entry> {
     (0..n).map(|slot| Entry { konst: None, value: Some(ValueId { node: id, slot: slot as u32 }) }).collect()
 }
 
-/// Adds `op` on the named inputs.
+/// Results up to this size are folded whatever their inputs' sizes; a
+/// larger one only when no input is smaller (an `Expand` of a small
+/// constant to a big mask stays an op rather than a big weight).
+const FOLD_FREELY_BYTES: usize = 1 << 20;
+
+/// Adds `op` on the named inputs, or folds it when they are all constants
+/// and [`fold::op`] evaluates it.
 pub(super) fn emit(im: &mut Importer, cx: &Cx, op: Op, inputs: &[&str]) -> Result<Vec<Entry>, IrError> {
+    let consts: Option<Vec<Arc<Tensor>>> = inputs.iter().map(|n| im.konst(n)).collect();
+    if let Some(cs) = consts.filter(|c| !c.is_empty()) {
+        let tys: Vec<&crate::dtype::TensorType> = cs.iter().map(|c| c.ty()).collect();
+        let out = crate::infer::infer(&op, &tys).map_err(|m| cx.bad(m))?;
+        let biggest = tys.iter().map(|t| t.bytes()).max().unwrap_or(0);
+        if out.len() == 1 && out[0].bytes() <= biggest.max(FOLD_FREELY_BYTES) {
+            let refs: Vec<&Tensor> = cs.iter().map(|c| c.as_ref()).collect();
+            if let Some(t) = fold::op(&op, &refs, &out[0]) {
+                return Ok(konst(t.map_err(|m| cx.bad(m))?));
+            }
+        }
+    }
     let vs = inputs.iter().map(|n| im.value(n)).collect::<Result<Vec<_>, _>>()?;
     emit_values(im, cx, op, &vs)
 }
@@ -379,6 +409,15 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
             unary(u.with_params(&p))
         }
         "Pow" => Some(Op::Binary(BinaryOp::Pow)),
+        "Not" => Some(Op::Not),
+        "IsNaN" => Some(Op::IsNaN),
+        "Where" => Some(Op::Where),
+        t if CompareOp::ALL.iter().any(|c| c.names().1 == t) => {
+            Some(Op::Compare(CompareOp::ALL.into_iter().find(|c| c.names().1 == t).expect("just found")))
+        }
+        t if LogicOp::ALL.iter().any(|l| l.names().1 == t) => {
+            Some(Op::Logic(LogicOp::ALL.into_iter().find(|l| l.names().1 == t).expect("just found")))
+        }
         "MatMul" => Some(Op::MatMul),
         "GlobalAveragePool" => Some(Op::GlobalAveragePool),
         _ => None,
@@ -588,6 +627,100 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
             let mut ins = vec![x, cx.need(1)?];
             ins.extend(cx.input(2));
             emit(im, cx, Op::LayerNorm { axis: ax, epsilon: cx.float("epsilon", 1e-5)? }, &ins)
+        }
+        "Mod" => {
+            let (a, b) = (cx.need(0)?, cx.need(1)?);
+            let (Some(x), Some(y)) = (im.konst(a), im.konst(b)) else {
+                return Err(cx.unsupported("Mod of a run-time tensor (only shape arithmetic on constants is folded)"));
+            };
+            Ok(konst(fold::modulo(&x, &y, cx.int("fmod", 0)? != 0).map_err(|m| cx.bad(m))?))
+        }
+        "Range" => {
+            let ins = (0..3).map(|i| const_input(im, cx, i, ["start", "limit", "delta"][i])).collect::<Result<Vec<_>, _>>()?;
+            Ok(konst(fold::range(&ins[0], &ins[1], &ins[2]).map_err(|m| cx.bad(m))?))
+        }
+        "Trilu" => {
+            let x = cx.need(0)?;
+            let k = match cx.input(1) {
+                Some(_) => const_int_vec(im, cx, 1, "k")?.first().copied().unwrap_or(0),
+                None => 0,
+            };
+            let xt = im.ty(x)?;
+            if xt.shape.len() < 2 {
+                return Err(cx.bad(format!("invalid ONNX: Trilu needs rank at least 2, got {xt}")));
+            }
+            // Keep element (i, j) of the last two dims where j - i >= k
+            // (upper) or j - i <= k (lower): a constant mask and a select.
+            let (n, m) = (xt.shape[xt.shape.len() - 2], xt.shape[xt.shape.len() - 1]);
+            if n.saturating_mul(m) > 1 << 28 {
+                return Err(cx.too_large(format!("a {n}x{m} triangle mask (at most 2^28 elements)")));
+            }
+            let upper = cx.int("upper", 1)? != 0;
+            let keep = (0..n * m).map(|p| {
+                let d = (p % m) as i64 - (p / m) as i64;
+                if upper {
+                    d >= k
+                } else {
+                    d <= k
+                }
+            });
+            let mask = Tensor::new(vec![n, m], crate::tensor::TensorData::Bool(keep.collect())).expect("count matches");
+            let zero = Tensor::full(&crate::dtype::TensorType::new(xt.dtype, vec![]), 0.0);
+            let (mask_name, zero_name) = (format!("{}:mask", cx.name), format!("{}:zero", cx.name));
+            im.env.insert(mask_name.clone(), Entry { konst: Some(Arc::new(mask)), value: None });
+            im.env.insert(zero_name.clone(), Entry { konst: Some(Arc::new(zero)), value: None });
+            emit(im, cx, Op::Where, &[&mask_name, x, &zero_name])
+        }
+        "GatherElements" => {
+            let (d, i) = (cx.need(0)?, cx.need(1)?);
+            let (Some(data), Some(idx)) = (im.konst(d), im.konst(i)) else {
+                return Err(cx.unsupported("GatherElements of a run-time tensor (only constants are folded)"));
+            };
+            let ax = axis(cx, cx.int("axis", 0)?, data.shape().len())?;
+            Ok(konst(fold::gather_elements(&data, &idx, ax).map_err(|m| cx.bad(m))?))
+        }
+        "GatherND" => {
+            // With constant indices: a Gather along the flattened leading
+            // dims of data (a run-time mask selected by shape arithmetic).
+            if cx.int("batch_dims", 0)? != 0 {
+                return Err(cx.unsupported("GatherND with batch_dims other than 0"));
+            }
+            let d = cx.need(0)?;
+            let idx = const_input(im, cx, 1, "indices")?;
+            let dt = im.ty(d)?;
+            let k = *idx.shape().last().ok_or_else(|| cx.bad("invalid ONNX: GatherND indices must have rank at least 1"))?;
+            if k > dt.shape.len() {
+                return Err(cx.bad(format!("invalid ONNX: indices of depth {k} into {dt}")));
+            }
+            let lead: usize = dt.shape[..k].iter().product();
+            let mut flat = Vec::with_capacity(idx.ty().numel() / k.max(1));
+            for tuple in idx.to_i64_vec().chunks(k.max(1)) {
+                let mut f = 0i64;
+                for (j, &v) in tuple.iter().enumerate().take(k) {
+                    let e = dt.shape[j] as i64;
+                    let v = if v < 0 { v + e } else { v };
+                    if !(0..e).contains(&v) {
+                        return Err(cx.bad(format!("index {v} out of range for extent {e} of {dt}")));
+                    }
+                    f = f * e + v;
+                }
+                flat.push(f);
+            }
+            let ishape = idx.shape()[..idx.shape().len() - 1].to_vec();
+            let flat_name = format!("{}:flat_indices", cx.name);
+            im.env.insert(flat_name.clone(), Entry { konst: Some(Arc::new(Tensor::from_i64(ishape, flat))), value: None });
+            let mut shape = vec![lead];
+            shape.extend_from_slice(&dt.shape[k..]);
+            let flat_data = reshaping(im, cx, Op::Reshape { shape }, d)?.remove(0);
+            let data_name = format!("{}:flat_data", cx.name);
+            im.env.insert(data_name.clone(), flat_data);
+            match im.konst(&data_name) {
+                Some(t) => {
+                    let i = im.konst(&flat_name).expect("just inserted");
+                    Ok(konst(fold::gather(&t, &i, 0).map_err(|m| cx.bad(m))?))
+                }
+                None => emit(im, cx, Op::Gather { axis: 0 }, &[&data_name, &flat_name]),
+            }
         }
         "LRN" => {
             let size = usize::try_from(cx.int("size", 0)?).map_err(|_| cx.bad("negative size"))?;

@@ -23,6 +23,7 @@ pub(super) fn handles(op_type: &str) -> bool {
             | "Shape"
             | "Gather"
             | "Cast"
+            | "CastLike"
             | "Identity"
             | "Dropout"
             | "Reshape"
@@ -122,8 +123,11 @@ pub(super) fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
                 _ => emit(im, cx, Op::Gather { axis: ax }, &[data, indices]),
             }
         }
-        "Cast" => {
-            let to = tensor::dtype_of(cx.int("to", 0)? as i32).map_err(|m| cx.unsupported(m))?;
+        "Cast" | "CastLike" => {
+            let to = match op_type {
+                "Cast" => tensor::dtype_of(cx.int("to", 0)? as i32).map_err(|m| cx.unsupported(m))?,
+                _ => im.ty(cx.need(1)?)?.dtype,
+            };
             let x = cx.need(0)?;
             match im.konst(x) {
                 Some(t) => Ok(konst(t.cast(to))),

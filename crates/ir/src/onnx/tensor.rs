@@ -40,21 +40,62 @@ pub fn numel_of(dims: &[i64], dtype: DType) -> Result<(Vec<usize>, usize), Strin
     Ok((shape, ty.numel()))
 }
 
+/// The `bytes` bytes of an external tensor: `location` relative to `base`
+/// and inside it, `offset` and `length` within the file's size, checked
+/// before anything is allocated.
+fn read_external(t: &TensorProto, base: &std::path::Path, bytes: usize) -> Result<Vec<u8>, String> {
+    use std::io::{Read, Seek, SeekFrom};
+    let get = |k: &str| t.external_data.iter().find(|e| e.key() == k).map(|e| e.value().to_string());
+    let location = get("location").ok_or("external data without a location")?;
+    let rel = std::path::Path::new(&location);
+    if rel.is_absolute() || rel.components().any(|c| !matches!(c, std::path::Component::Normal(_))) {
+        return Err(format!("external data location {location:?} must be a relative path inside the model's folder"));
+    }
+    let num = |k: &str| -> Result<Option<u64>, String> {
+        get(k).map(|v| v.parse::<u64>().map_err(|_| format!("external data {k} {v:?} is not a byte count"))).transpose()
+    };
+    let offset = num("offset")?.unwrap_or(0);
+    if let Some(len) = num("length")? {
+        if len != bytes as u64 {
+            return Err(format!("external data length {len} bytes, its shape and dtype need {bytes}"));
+        }
+    }
+    let path = base.join(rel);
+    let mut f = std::fs::File::open(&path).map_err(|e| format!("external data {}: {e}", path.display()))?;
+    let size = f.metadata().map_err(|e| format!("external data {}: {e}", path.display()))?.len();
+    if offset.checked_add(bytes as u64).is_none_or(|end| end > size) {
+        return Err(format!("external data {}: {bytes} bytes at offset {offset} exceed its {size} bytes", path.display()));
+    }
+    let mut buf = vec![0u8; bytes];
+    f.seek(SeekFrom::Start(offset)).and_then(|_| f.read_exact(&mut buf)).map_err(|e| format!("external data {}: {e}", path.display()))?;
+    Ok(buf)
+}
+
 fn chunks<const N: usize>(raw: &[u8]) -> impl Iterator<Item = [u8; N]> + '_ {
     raw.chunks_exact(N).map(|c| c.try_into().expect("exact chunk"))
 }
 
-/// Converts a `TensorProto`. Errors name the tensor.
+/// Converts a `TensorProto` held in the model. Errors name the tensor.
 pub fn from_proto(t: &TensorProto) -> Result<Tensor, IrError> {
+    from_proto_at(t, None)
+}
+
+/// Converts a `TensorProto` whose data may be in an external file beside
+/// the model (in `base`, as the dynamo exporter writes `model.onnx.data`).
+pub fn from_proto_at(t: &TensorProto, base: Option<&std::path::Path>) -> Result<Tensor, IrError> {
     let name = t.name();
     let bad = |msg: String| IrError::Malformed(format!("tensor \"{name}\": {msg}"));
-    if t.data_location() == smelt_onnx_proto::tensor_proto::DataLocation::External {
-        return Err(bad("external data files are not supported".into()));
-    }
     let dtype = dtype_of(t.data_type()).map_err(bad)?;
     let (shape, n) = numel_of(&t.dims, dtype).map_err(bad)?;
-    let raw = t.raw_data();
-    let data = if t.raw_data.is_some() {
+    let external;
+    let (raw, has_raw) = if t.data_location() == smelt_onnx_proto::tensor_proto::DataLocation::External {
+        let base = base.ok_or_else(|| bad("its data is in an external file, and the model was not read from a file".into()))?;
+        external = read_external(t, base, n * dtype.size()).map_err(bad)?;
+        (external.as_slice(), true)
+    } else {
+        (t.raw_data(), t.raw_data.is_some())
+    };
+    let data = if has_raw {
         if raw.len() != n * dtype.size() {
             return Err(bad(format!("raw data has {} bytes, {n} elements of {dtype} need {}", raw.len(), n * dtype.size())));
         }

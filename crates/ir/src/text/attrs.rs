@@ -3,7 +3,7 @@
 
 use crate::dtype::DType;
 use crate::kernel_op::KernelOp;
-use crate::op::{BinaryOp, Conv, Op, PadMode, Pool, ReduceOp, UnaryOp};
+use crate::op::{BinaryOp, CompareOp, Conv, LogicOp, Op, PadMode, Pool, ReduceOp, UnaryOp};
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -109,6 +109,11 @@ pub fn attrs_of(op: &Op) -> Vec<(&'static str, Attr)> {
         | Op::State
         | Op::Binary(_)
         | Op::Sum
+        | Op::Compare(_)
+        | Op::Logic(_)
+        | Op::Not
+        | Op::IsNaN
+        | Op::Where
         | Op::GlobalAveragePool
         | Op::MatMul
         | Op::Dropout
@@ -218,6 +223,15 @@ pub fn op_from(name: &str, mut a: Attrs) -> Result<Op, String> {
         "min" => binary(BinaryOp::Min),
         "prelu" => binary(BinaryOp::PRelu),
         "sum" => Ok(Op::Sum),
+        "not" => Ok(Op::Not),
+        "is_nan" => Ok(Op::IsNaN),
+        "where" => Ok(Op::Where),
+        name if CompareOp::ALL.iter().any(|c| c.names().0 == name) => {
+            Ok(Op::Compare(CompareOp::ALL.into_iter().find(|c| c.names().0 == name).expect("just found")))
+        }
+        name if LogicOp::ALL.iter().any(|l| l.names().0 == name) => {
+            Ok(Op::Logic(LogicOp::ALL.into_iter().find(|l| l.names().0 == name).expect("just found")))
+        }
         "max_pool" => Ok(Op::MaxPool(a.pool()?)),
         "avg_pool" => Ok(Op::AveragePool { pool: a.pool()?, count_include_pad: a.bool("count_include_pad")? }),
         "global_avg_pool" => Ok(Op::GlobalAveragePool),

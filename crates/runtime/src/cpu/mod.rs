@@ -10,7 +10,7 @@ mod pool;
 
 use crate::RuntimeError;
 use half::{bf16, f16};
-use smelt_ir::{DType, Graph, KernelOp, NodeId, Op, OpSet, Tensor, TensorData, TensorType, ValueId};
+use smelt_ir::{values, DType, Graph, KernelOp, NodeId, Op, OpSet, Tensor, TensorData, TensorType, ValueId};
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -214,7 +214,13 @@ fn eval(op: &Op, args: &[Arc<Tensor>], out: &[TensorType]) -> Result<Vec<Tensor>
         Op::BatchNorm { epsilon } => float(norm::batch_norm(args, *epsilon)),
         Op::Unary(u) => float(elementwise::unary(*u, &f32s(&args[0]))),
         Op::Clip { min, max } => float(f32s(&args[0]).iter().map(|&x| x.max(*min).min(*max)).collect()),
+        Op::Binary(b) if !o.dtype.is_float() => Ok(vec![values::int_binary(*b, &args[0], &args[1])?]),
         Op::Binary(b) => float(elementwise::binary(*b, &args[0], &args[1], &o.shape)),
+        Op::Compare(c) => Ok(vec![values::compare(*c, &args[0], &args[1])?]),
+        Op::Logic(l) => Ok(vec![values::logic(*l, &args[0], &args[1])?]),
+        Op::Not => Ok(vec![values::not(&args[0])]),
+        Op::IsNaN => Ok(vec![values::is_nan(&args[0])]),
+        Op::Where => Ok(vec![values::select(&args[0], &args[1], &args[2])?]),
         Op::Sum => float(elementwise::sum(args, &o.shape)),
         Op::MaxPool(p) => float(pool::pool(p, &args[0], o, None)?),
         Op::AveragePool { pool: p, count_include_pad } => float(pool::pool(p, &args[0], o, Some(*count_include_pad))?),

@@ -1,0 +1,145 @@
+//! Transformers as users export them (`scripts/make_transformers.py`):
+//! PyTorch's nn.TransformerEncoder and Hugging Face BERT, GPT-2 and ViT,
+//! each from the TorchScript and the dynamo exporter, imported and run on
+//! the CPU reference executor, unfused and fused, against onnxruntime; the
+//! TorchScript exports also at another batch and sequence (`--dim`).
+
+mod common;
+
+use smelt_ir::onnx::read_tensor_file;
+use smelt_ir::Tensor;
+use std::path::{Path, PathBuf};
+
+const CASES: [&str; 8] = [
+    "torchscript_tenc",
+    "torchscript_bert",
+    "torchscript_gpt2",
+    "torchscript_vit",
+    "dynamo_tenc",
+    "dynamo_bert",
+    "dynamo_gpt2",
+    "dynamo_vit",
+];
+
+fn dir(case: &str) -> PathBuf {
+    let d = common::testdata().join("transformers").join(case);
+    assert!(d.join("model.onnx").is_file(), "{} missing: run scripts/fetch-testdata.sh", d.display());
+    d
+}
+
+fn read(dir: &Path, prefix: &str) -> (Vec<Tensor>, Tensor) {
+    let inputs = (0..)
+        .map(|i| dir.join(format!("{prefix}input_{i}.pb")))
+        .take_while(|p| p.is_file())
+        .map(|p| read_tensor_file(&p).unwrap().1)
+        .collect();
+    (inputs, read_tensor_file(&dir.join(format!("{prefix}output_0.pb"))).unwrap().1)
+}
+
+/// `--batch B --dim NAME=N` from `args.txt`.
+fn options(args: &str) -> smelt::Options {
+    let mut o = smelt::Options::default();
+    let words: Vec<&str> = args.split_whitespace().collect();
+    for w in words.chunks(2) {
+        match w {
+            ["--batch", b] => o.batch = Some(b.parse().unwrap()),
+            ["--dim", d] => {
+                let (n, v) = d.split_once('=').unwrap();
+                o.dims.push((n.to_string(), v.parse().unwrap()));
+            }
+            _ => panic!("args.txt: {args}"),
+        }
+    }
+    o
+}
+
+/// Runs one case at one size, unfused and fused; returns the worst error.
+fn check(case: &str, prefix: &str, opts: smelt::Options) -> f64 {
+    let d = dir(case);
+    let (inputs, want) = read(&d, prefix);
+    let mut s = smelt::Session::open(d.join("model.onnx").to_str().unwrap(), opts).unwrap_or_else(|e| panic!("{case}: {e}"));
+    let unfused = smelt_runtime::cpu::run(&s.source, &inputs).unwrap_or_else(|e| panic!("{case}: {e}"));
+    let compiled = s.compile().unwrap_or_else(|e| panic!("{case}: {e}"));
+    let fused = smelt_runtime::cpu::run(&compiled.graph, &inputs).unwrap_or_else(|e| panic!("{case}: {e}"));
+    let mut worst: f64 = 0.0;
+    for (what, got) in [("unfused", &unfused[0]), ("fused", &fused[0])] {
+        let c = smelt::compare(got, &want, 1e-3, 1e-4);
+        assert!(c.ok, "{case} {prefix}{what} against onnxruntime: {c:?}");
+        worst = worst.max(c.max_abs);
+    }
+    worst
+}
+
+#[test]
+fn exports_match_onnxruntime() {
+    for case in CASES {
+        // The TorchScript exports have symbolic batch and sequence.
+        let opts = if case.starts_with("torchscript") && case != "torchscript_vit" {
+            options("--batch 2 --dim sequence=16")
+        } else if case.starts_with("torchscript") {
+            options("--batch 2")
+        } else {
+            smelt::Options::default()
+        };
+        let err = check(case, "", opts);
+        println!("{case}: max abs error {err:.3e}");
+    }
+}
+
+#[test]
+fn symbolic_dims_take_other_sizes() {
+    for case in CASES.iter().filter(|c| dir(c).join("args.txt").is_file()) {
+        let args = std::fs::read_to_string(dir(case).join("args.txt")).unwrap();
+        let err = check(case, "dim_", options(&args));
+        println!("{case} {}: max abs error {err:.3e}", args.trim());
+    }
+}
+
+#[test]
+fn dims_are_checked() {
+    let model = dir("torchscript_bert").join("model.onnx");
+    let run = |args: &[&str]| {
+        let out = common::smelt().arg("inspect").arg(&model).args(args).output().unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (code, err) = run(&[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("dimension 1 is symbolic (sequence)") && err.contains("--dim sequence=N"), "{err}");
+    let (code, err) = run(&["--dim", "seq=8"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("no input of the model has a dimension named seq") && err.contains("batch, sequence"), "{err}");
+    let (code, err) = run(&["--dim", "sequence=0"]);
+    assert_eq!(code, Some(2), "{err}");
+    let (code, err) = run(&["--dim", "sequence=8", "--batch", "3"]);
+    assert_eq!(code, Some(0), "{err}");
+}
+
+#[test]
+fn external_data_is_read_from_the_models_folder_only() {
+    let d = dir("dynamo_bert");
+    let tmp = std::env::temp_dir().join(format!("smelt-external-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    // The model without its data file: an error naming the tensor and the file.
+    std::fs::copy(d.join("model.onnx"), tmp.join("model.onnx")).unwrap();
+    let out = common::smelt().arg("inspect").arg(tmp.join("model.onnx")).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("external data") && err.contains("model.onnx.data"), "{err}");
+    // A truncated data file: refused before reading past its end.
+    let data = std::fs::read(d.join("model.onnx.data")).unwrap();
+    std::fs::write(tmp.join("model.onnx.data"), &data[..data.len() / 2]).unwrap();
+    let out = common::smelt().arg("inspect").arg(tmp.join("model.onnx")).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("exceed its"), "{err}");
+    // A location outside the model's folder is refused.
+    let mut bytes = std::fs::read(d.join("model.onnx")).unwrap();
+    let at = bytes.windows(15).position(|w| w == b"model.onnx.data").unwrap();
+    bytes[at..at + 15].copy_from_slice(b"../../etc/pass\0");
+    std::fs::write(tmp.join("escape.onnx"), &bytes).unwrap();
+    let out = common::smelt().arg("inspect").arg(tmp.join("escape.onnx")).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("must be a relative path inside the model's folder"), "{err}");
+    std::fs::remove_dir_all(&tmp).ok();
+}
