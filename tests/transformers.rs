@@ -143,3 +143,51 @@ fn external_data_is_read_from_the_models_folder_only() {
     assert!(err.contains("must be a relative path inside the model's folder"), "{err}");
     std::fs::remove_dir_all(&tmp).ok();
 }
+
+/// What the emulator gave for one case: the worst kernel against its
+/// description and the output against onnxruntime.
+fn emulate(case: &str, policy: &str) -> (f64, smelt::Comparison, Tensor) {
+    let d = dir(case);
+    let (inputs, want) = read(&d, "");
+    let mut opts = if case.starts_with("torchscript") && case != "torchscript_vit" {
+        options("--batch 2 --dim sequence=16")
+    } else if case.starts_with("torchscript") {
+        options("--batch 2")
+    } else {
+        smelt::Options::default()
+    };
+    opts.precision.policy = policy.parse().unwrap();
+    let mut s = smelt::Session::open(d.join("model.onnx").to_str().unwrap(), opts).unwrap();
+    let compiled = s.compile().unwrap_or_else(|e| panic!("{case}: {e}"));
+    let planned = s.plan(&compiled).unwrap_or_else(|e| panic!("{case}: {e}"));
+    let program = s.program(&compiled, &planned).unwrap_or_else(|e| panic!("{case}: {e}"));
+    let blob = program.weights_blob(&compiled.graph).unwrap();
+    let mut exec = smelt_runtime::emu::executor(program, &blob, &|_| {}).unwrap_or_else(|e| panic!("{case}: {e}"));
+    let (outputs, checks) = exec.run_checked(&inputs, 1e-5).unwrap_or_else(|e| panic!("{case}: {e}"));
+    let bad: Vec<String> =
+        checks.iter().filter(|c| !c.ok).map(|c| format!("{} (node {}): {:.3e} of range", c.kernel, c.node, c.of_range)).collect();
+    assert!(bad.is_empty(), "{case} {policy}: kernels disagree with their descriptions:\n{}", bad.join("\n"));
+    let worst = checks.iter().map(|c| c.of_range).fold(0.0, f64::max);
+    let out = outputs.into_iter().next().unwrap();
+    (worst, smelt::compare(&out, &want, 1e-3, 1e-4), want)
+}
+
+/// The generated CUDA C of every export, run on the emulator: each kernel
+/// against its description, the output against onnxruntime; and under
+/// mixed-f16 (matmuls in half, layer norm and softmax in f32) within 0.5% of
+/// the output's range.
+#[test]
+fn generated_cuda_matches_onnxruntime_on_the_emulator() {
+    for case in CASES {
+        let (worst, c, _) = emulate(case, "f32");
+        assert!(c.ok, "{case} on the emulator against onnxruntime: {c:?}");
+        println!("{case}: emulator f32 max abs error {:.3e} (kernels within {worst:.1e} of range)", c.max_abs);
+    }
+    for case in ["dynamo_bert", "torchscript_gpt2", "dynamo_vit"] {
+        let (_, c, want) = emulate(case, "mixed-f16");
+        let v = want.to_f32_vec();
+        let range = v.iter().cloned().fold(f32::MIN, f32::max) - v.iter().cloned().fold(f32::MAX, f32::min);
+        println!("{case}: emulator mixed-f16 max abs error {:.3e} ({:.2}% of range)", c.max_abs, 100.0 * c.max_abs / range as f64);
+        assert!(c.max_abs <= 0.005 * range as f64, "{case} mixed-f16: {c:?}");
+    }
+}

@@ -1,7 +1,9 @@
 //! GEMM kernels as data: `act(alpha * op(A) @ op(B) + beta * C)` with
 //! 16x16 shared-memory tiles, one thread per output element, the bias and
-//! activation applied in registers. The same description renders to CUDA C
-//! and runs on the CPU.
+//! activation applied in registers; batched (`MatMul` with numpy batch
+//! broadcasting) over the grid's z dimension, each operand's batch offset
+//! from its own strides, so a broadcast operand is never copied. The same
+//! description renders to CUDA C and runs on the CPU.
 
 use crate::elementwise::strides;
 use smelt_ir::{Act, DType, KernelGraph, KernelOp, NodeId, Op, Tensor};
@@ -36,12 +38,24 @@ pub struct Gemm {
     pub dtype: DType,
     /// Element type of A (another float type is converted as it is loaded).
     pub a_dtype: DType,
+    /// The output's batch dims (empty for a Gemm): one z block per matrix.
+    pub batch: Vec<usize>,
+    /// Per batch dim, A's and B's element strides (0 where broadcast).
+    pub batch_strides: (Vec<usize>, Vec<usize>),
+    /// The output shape.
+    pub output: Vec<usize>,
 }
+
+/// Most matrices in one batched launch (CUDA's grid z limit).
+const MAX_BATCH: usize = 65_535;
 
 impl Gemm {
     /// The description of node `id`, if it is a (fused) Gemm.
     pub fn of(g: &KernelGraph, id: NodeId) -> Option<Gemm> {
         let node = g.node(id);
+        if let KernelOp::Op(Op::MatMul) = node.op {
+            return Gemm::matmul(g, id);
+        }
         let (trans_a, trans_b, alpha, beta, act) = match node.op {
             KernelOp::Op(Op::Gemm { trans_a, trans_b, alpha, beta }) => (trans_a, trans_b, alpha, beta, Act::None),
             KernelOp::FusedGemm { trans_a, trans_b, alpha, beta, act } => (trans_a, trans_b, alpha, beta, act),
@@ -63,7 +77,70 @@ impl Gemm {
             suffix += &format!("_a{}", a.dtype);
         }
         let name = format!("gemm{t}{act_tag}_m{m}n{n}k{k}{suffix}");
-        Some(Gemm { name, m, n, k, trans_a, trans_b, alpha, beta, bias, act, dtype: out.dtype, a_dtype: a.dtype })
+        Some(Gemm {
+            name,
+            m,
+            n,
+            k,
+            trans_a,
+            trans_b,
+            alpha,
+            beta,
+            bias,
+            act,
+            dtype: out.dtype,
+            a_dtype: a.dtype,
+            batch: Vec::new(),
+            batch_strides: (Vec::new(), Vec::new()),
+            output: vec![m, n],
+        })
+    }
+
+    /// A batched matrix product with numpy semantics (a rank-1 operand is a
+    /// row or a column vector).
+    fn matmul(g: &KernelGraph, id: NodeId) -> Option<Gemm> {
+        let ins = g.inputs_of(id);
+        let (a, b) = (g.ty(ins[0]), g.ty(ins[1]));
+        let out = &g.node(id).outputs[0];
+        if !out.dtype.is_float() || a.dtype != out.dtype || b.dtype != out.dtype {
+            return None;
+        }
+        let a2 = if a.shape.len() == 1 { vec![1, a.shape[0]] } else { a.shape.clone() };
+        let b2 = if b.shape.len() == 1 { vec![b.shape[0], 1] } else { b.shape.clone() };
+        let (m, k, n) = (a2[a2.len() - 2], a2[a2.len() - 1], b2[b2.len() - 1]);
+        let (ab, bb) = (&a2[..a2.len() - 2], &b2[..b2.len() - 2]);
+        let batch = smelt_ir::broadcast(ab, bb)?;
+        if batch.iter().product::<usize>() > MAX_BATCH {
+            return None;
+        }
+        let scaled = |s: Vec<usize>, size: usize| s.into_iter().map(|x| x * size).collect::<Vec<_>>();
+        let batch_strides =
+            (scaled(smelt_ir::broadcast_strides(ab, &batch), m * k), scaled(smelt_ir::broadcast_strides(bb, &batch), k * n));
+        let suffix = if out.dtype == DType::F32 { String::new() } else { format!("_{}", out.dtype) };
+        let dims = |s: &[usize]| s.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x");
+        let name = format!("matmul_{}_{}{suffix}", dims(&a.shape), dims(&b.shape));
+        Some(Gemm {
+            name,
+            m,
+            n,
+            k,
+            trans_a: false,
+            trans_b: false,
+            alpha: 1.0,
+            beta: 0.0,
+            bias: None,
+            act: Act::None,
+            dtype: out.dtype,
+            a_dtype: a.dtype,
+            batch,
+            batch_strides,
+            output: out.shape.clone(),
+        })
+    }
+
+    /// Matrices computed (the grid's z extent).
+    pub fn batches(&self) -> usize {
+        self.batch.iter().product()
     }
 
     /// Launch geometry: (grid x, grid y) of TILE x TILE blocks.
@@ -76,18 +153,21 @@ impl Gemm {
         let (ty, load, store) = crate::c_type(self.dtype);
         let (aty, aload, _) = crate::c_type(self.a_dtype);
         let (m, n, k) = (self.m, self.n, self.k);
+        // Batch offsets, for a batched product only (a Gemm's text stays as it was).
+        let batched = !self.batch.is_empty();
+        let (ao, bo, oo) = if batched { ("ao + ", "bo + ", "oo + ") } else { ("", "", "") };
         let a_at = |r: &str, c: &str| {
             if self.trans_a {
-                format!("a[(unsigned long long)({c}) * {m} + ({r})]")
+                format!("a[{ao}(unsigned long long)({c}) * {m} + ({r})]")
             } else {
-                format!("a[(unsigned long long)({r}) * {k} + ({c})]")
+                format!("a[{ao}(unsigned long long)({r}) * {k} + ({c})]")
             }
         };
         let b_at = |r: &str, c: &str| {
             if self.trans_b {
-                format!("b[(unsigned long long)({c}) * {k} + ({r})]")
+                format!("b[{bo}(unsigned long long)({c}) * {k} + ({r})]")
             } else {
-                format!("b[(unsigned long long)({r}) * {n} + ({c})]")
+                format!("b[{bo}(unsigned long long)({r}) * {n} + ({c})]")
             }
         };
         let mut s = String::from("#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n\n");
@@ -102,6 +182,14 @@ impl Gemm {
         );
         s += &format!("    __shared__ float as[{TILE}][{TILE}];\n    __shared__ float bs[{TILE}][{TILE}];\n");
         s += &format!("    int tx = threadIdx.x, ty = threadIdx.y;\n    int row = blockIdx.y * {TILE} + ty, col = blockIdx.x * {TILE} + tx;\n    float acc = 0.0f;\n");
+        // This block's matrix: each operand's offset from its batch strides.
+        if batched {
+            s += &format!("    unsigned long long z = blockIdx.z, ao = 0, bo = 0, oo = z * {}ull;\n", m * n);
+        }
+        for d in (0..self.batch.len()).rev() {
+            let (sa, sb) = (self.batch_strides.0[d], self.batch_strides.1[d]);
+            s += &format!("    ao += (z % {0}ull) * {sa}ull; bo += (z % {0}ull) * {sb}ull; z /= {0}ull;\n", self.batch[d]);
+        }
         s += &format!("    for (int t = 0; t < {k}; t += {TILE}) {{\n");
         s += &format!("        as[ty][tx] = (row < {m} && t + tx < {k}) ? {aload}({}) : 0.0f;\n", a_at("row", "t + tx"));
         s += &format!("        bs[ty][tx] = (t + ty < {k} && col < {n}) ? {load}({}) : 0.0f;\n", b_at("t + ty", "col"));
@@ -116,7 +204,7 @@ impl Gemm {
             );
         }
         s += &format!("    v = {};\n", act_c(self.act, "v"));
-        s += &format!("    out[(unsigned long long)row * {n} + col] = {store}(v);\n}}\n");
+        s += &format!("    out[{oo}(unsigned long long)row * {n} + col] = {store}(v);\n}}\n");
         s
     }
 
@@ -126,23 +214,31 @@ impl Gemm {
         let (av, bv) = (a.to_f32_vec(), b.to_f32_vec());
         let cv = c.map(|c| c.to_f32_vec());
         let (m, n, k) = (self.m, self.n, self.k);
-        let mut out = Vec::with_capacity(m * n);
-        for row in 0..m {
-            for col in 0..n {
-                let mut acc = 0.0f32;
-                for j in 0..k {
-                    let x = if self.trans_a { av[j * m + row] } else { av[row * k + j] };
-                    let y = if self.trans_b { bv[col * k + j] } else { bv[j * n + col] };
-                    acc += x * y;
+        let mut out = Vec::with_capacity(self.batches() * m * n);
+        for z in 0..self.batches() {
+            let (mut rem, mut ao, mut bo) = (z, 0, 0);
+            for d in (0..self.batch.len()).rev() {
+                ao += (rem % self.batch[d]) * self.batch_strides.0[d];
+                bo += (rem % self.batch[d]) * self.batch_strides.1[d];
+                rem /= self.batch[d];
+            }
+            for row in 0..m {
+                for col in 0..n {
+                    let mut acc = 0.0f32;
+                    for j in 0..k {
+                        let x = if self.trans_a { av[ao + j * m + row] } else { av[ao + row * k + j] };
+                        let y = if self.trans_b { bv[bo + col * k + j] } else { bv[bo + j * n + col] };
+                        acc += x * y;
+                    }
+                    let mut v = self.alpha * acc;
+                    if let (Some(cv), Some(st)) = (&cv, &self.bias) {
+                        v += self.beta * cv[row * st[0] + col * st[1]];
+                    }
+                    out.push(self.act.apply(v));
                 }
-                let mut v = self.alpha * acc;
-                if let (Some(cv), Some(st)) = (&cv, &self.bias) {
-                    v += self.beta * cv[row * st[0] + col * st[1]];
-                }
-                out.push(self.act.apply(v));
             }
         }
-        Tensor::from_f32(vec![m, n], out).cast(self.dtype)
+        Tensor::from_f32(self.output.clone(), out).cast(self.dtype)
     }
 }
 

@@ -7,6 +7,7 @@ use crate::gemm::{Gemm, TILE};
 use crate::layout::Layout;
 use crate::pool::Pool;
 use crate::reduce::Reduction;
+use crate::select::Select;
 use crate::CodegenError;
 use smelt_ir::traits::Lowering;
 use smelt_ir::{KernelGraph, NodeId, OpSet, Tensor};
@@ -29,6 +30,8 @@ pub enum Kernel {
     Gemm(Gemm),
     /// (Fused) convolution.
     Conv(Conv),
+    /// Masks, lookups and movement on any dtype.
+    Select(Select),
 }
 
 /// Launch geometry, and the trailing scalar argument (an element or row
@@ -96,6 +99,9 @@ impl Kernel {
         if let Some(l) = Layout::of(g, id) {
             return Some(Kernel::Layout(l));
         }
+        if let Some(s) = Select::of(g, id) {
+            return Some(Kernel::Select(s));
+        }
         Elementwise::of(g, id).map(Kernel::Elementwise)
     }
 
@@ -108,6 +114,7 @@ impl Kernel {
             Kernel::Layout(k) => &k.name,
             Kernel::Gemm(k) => &k.name,
             Kernel::Conv(k) => &k.name,
+            Kernel::Select(k) => &k.name,
         }
     }
 
@@ -120,10 +127,11 @@ impl Kernel {
             Kernel::Layout(k) => k.name = name,
             Kernel::Gemm(k) => k.name = name,
             Kernel::Conv(k) => k.name = name,
+            Kernel::Select(k) => k.name = name,
         }
     }
 
-    /// The kind, for reports: `elementwise`, `pool`, `reduction`, `layout`, `gemm`, `conv`.
+    /// The kind, for reports: `elementwise`, `pool`, `reduction`, `layout`, `gemm`, `conv`, `select`.
     pub fn kind(&self) -> &'static str {
         match self {
             Kernel::Elementwise(_) => "elementwise",
@@ -132,6 +140,7 @@ impl Kernel {
             Kernel::Layout(_) => "layout",
             Kernel::Gemm(_) => "gemm",
             Kernel::Conv(_) => "conv",
+            Kernel::Select(_) => "select",
         }
     }
 
@@ -144,6 +153,7 @@ impl Kernel {
             Kernel::Layout(k) => k.cuda(),
             Kernel::Gemm(k) => k.cuda(),
             Kernel::Conv(k) => k.cuda(),
+            Kernel::Select(k) => k.cuda(),
         }
     }
 
@@ -154,9 +164,10 @@ impl Kernel {
             Kernel::Pool(k) => linear(k.numel()),
             Kernel::Reduction(k) => linear(k.row_count()),
             Kernel::Layout(k) => linear(k.numel()),
+            Kernel::Select(k) => linear(k.numel()),
             Kernel::Gemm(k) => {
                 let (x, y) = k.grid();
-                Launch { grid: [x.max(1), y.max(1), 1], block: [TILE, TILE, 1], count: None }
+                Launch { grid: [x.max(1), y.max(1), k.batches().max(1)], block: [TILE, TILE, 1], count: None }
             }
             Kernel::Conv(k) => Launch { grid: k.grid().map(|d| d.max(1)), block: [crate::conv::THREADS, 1, 1], count: None },
         }
@@ -165,12 +176,13 @@ impl Kernel {
     /// Multiply-adds (GEMM, conv) or elements produced, for FLOP-rate reports.
     pub fn flops(&self) -> usize {
         match self {
-            Kernel::Gemm(k) => 2 * k.m * k.n * k.k,
+            Kernel::Gemm(k) => 2 * k.m * k.n * k.k * k.batches(),
             Kernel::Conv(k) => 2 * k.macs(),
             Kernel::Elementwise(k) => k.numel() * k.expr.nodes.len(),
             Kernel::Pool(k) => k.numel() * k.attrs.kernel.iter().product::<usize>(),
             Kernel::Reduction(k) => k.pre.iter().product(),
             Kernel::Layout(k) => k.numel(),
+            Kernel::Select(k) => k.numel(),
         }
     }
 
@@ -183,6 +195,7 @@ impl Kernel {
             Kernel::Layout(k) => k.run_cpu(inputs),
             Kernel::Gemm(k) => k.run_cpu(inputs[0], inputs[1], inputs.get(2).copied()),
             Kernel::Conv(k) => k.run_cpu(inputs),
+            Kernel::Select(k) => k.run_cpu(inputs),
         }
     }
 }

@@ -49,7 +49,8 @@ pub struct Layout {
     pub arity: usize,
 }
 
-fn row_strides(shape: &[usize]) -> Vec<usize> {
+/// Row-major element strides of `shape`.
+pub(crate) fn row_strides(shape: &[usize]) -> Vec<usize> {
     let mut s = vec![1; shape.len()];
     for d in (0..shape.len().saturating_sub(1)).rev() {
         s[d] = s[d + 1] * shape[d + 1];

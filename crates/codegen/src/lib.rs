@@ -17,6 +17,7 @@ pub mod pool;
 pub mod program;
 pub mod ptxas;
 pub mod reduce;
+pub mod select;
 
 pub use cache::Cache;
 pub use error::CodegenError;

@@ -135,6 +135,11 @@ fn params(k: &Kernel, n: usize) -> Vec<String> {
         Kernel::Conv(c) => c.params().into_iter().map(String::from).collect(),
         Kernel::Gemm(_) => ["a", "b", "c"].iter().take(n).map(|s| s.to_string()).chain(["out".to_string()]).collect(),
         Kernel::Pool(_) => vec!["in".into(), "out".into()],
+        Kernel::Reduction(r) => (0..r.inputs.len())
+            .map(|i| format!("in{i}"))
+            .chain(["scale", "bias"].iter().take(r.extra.len()).map(|s| s.to_string()))
+            .chain(["out".to_string()])
+            .collect(),
         _ => (0..n).map(|i| format!("in{i}")).chain(["out".to_string()]).collect(),
     };
     p.truncate(n + 1);

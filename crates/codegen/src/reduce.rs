@@ -1,13 +1,14 @@
-//! Reduction kernels as data: global average pooling and (log-)softmax,
-//! each reading its input through an optional elementwise prologue (a
-//! `fused_reduction`), so the prologue's value never reaches memory. One
-//! thread per reduced row; the row is walked in registers.
+//! Reduction kernels as data: global average pooling, (log-)softmax and
+//! layer normalization, each reading its input through an optional
+//! elementwise prologue (a `fused_reduction`: the residual add before a
+//! layer norm), so the prologue's value never reaches memory. One thread
+//! per reduced row; the row is walked in registers, statistics in f32.
 
 use crate::elementwise::{expr_c, strides};
 use smelt_ir::{DType, Expr, ExprNode, KernelGraph, KernelOp, NodeId, Op, Tensor};
 
 /// What is reduced.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Kind {
     /// Mean over all spatial positions of each (n, c) plane.
     GlobalAveragePool,
@@ -17,6 +18,16 @@ pub enum Kind {
         axis: usize,
         /// Log of the softmax.
         log: bool,
+    },
+    /// Layer normalization over dims `axis..`, with a scale and an optional
+    /// bias (the kernel's last operands, one value per normalized element).
+    LayerNorm {
+        /// First normalized dim.
+        axis: usize,
+        /// Added to the variance.
+        epsilon: f32,
+        /// Whether a bias operand follows the scale.
+        bias: bool,
     },
 }
 
@@ -38,6 +49,9 @@ pub struct Reduction {
     pub output: Vec<usize>,
     /// The output dtype.
     pub out: DType,
+    /// Dtypes of the reduction's own operands after the prologue's (a
+    /// layer norm's scale and bias).
+    pub extra: Vec<DType>,
 }
 
 impl Reduction {
@@ -61,9 +75,19 @@ impl Reduction {
             Op::GlobalAveragePool => Kind::GlobalAveragePool,
             Op::Softmax { axis } => Kind::Softmax { axis, log: false },
             Op::LogSoftmax { axis } => Kind::Softmax { axis, log: true },
+            Op::LayerNorm { axis, epsilon } => Kind::LayerNorm { axis, epsilon, bias: ins.len() > expr.arity() + 1 },
             _ => return None,
         };
         let out = &node.outputs[0];
+        let (ins, extra) = ins.split_at(expr.arity().min(ins.len()));
+        if let Kind::LayerNorm { axis, .. } = kind {
+            // One scale (and bias) value per normalized element.
+            let len: usize = out.shape[axis..].iter().product();
+            if extra.iter().any(|v| g.ty(*v).numel() != len || !g.ty(*v).dtype.is_float()) {
+                return None;
+            }
+        }
+        let extra: Vec<DType> = extra.iter().map(|v| g.ty(*v).dtype).collect();
         let pre = ins.iter().fold(Vec::new(), |acc: Vec<usize>, v| smelt_ir::broadcast(&acc, &g.ty(*v).shape).unwrap_or(acc));
         if !out.dtype.is_float() || ins.iter().any(|v| !g.ty(*v).dtype.is_float()) {
             return None;
@@ -75,8 +99,9 @@ impl Reduction {
         let name = match kind {
             Kind::GlobalAveragePool => format!("{fused}gap_{dims}{suffix}"),
             Kind::Softmax { axis, log } => format!("{fused}{}softmax_a{axis}_{dims}{suffix}", if log { "log" } else { "" }),
+            Kind::LayerNorm { axis, .. } => format!("{fused}layer_norm_a{axis}_{dims}{suffix}"),
         };
-        Some(Reduction { name, kind, expr, pre, inputs, output: out.shape.clone(), out: out.dtype })
+        Some(Reduction { name, kind, expr, pre, inputs, output: out.shape.clone(), out: out.dtype, extra })
     }
 
     /// Rows reduced: one thread each.
@@ -97,6 +122,7 @@ impl Reduction {
                 let outer: usize = self.pre[..axis].iter().product();
                 (outer * inner, self.pre[axis], inner)
             }
+            Kind::LayerNorm { axis, .. } => (self.pre[..axis].iter().product(), self.pre[axis..].iter().product(), 1),
         }
     }
 
@@ -108,6 +134,8 @@ impl Reduction {
         s += &format!("// {}: {:?} of {} over {:?}\n", self.name, self.kind, self.expr, self.pre);
         let params: Vec<String> =
             self.inputs.iter().enumerate().map(|(i, (d, _))| format!("const {}* __restrict__ in{i}", ty(*d))).collect();
+        let extras: String =
+            ["scale", "bias"].iter().zip(&self.extra).map(|(n, d)| format!("const {}* __restrict__ {n}, ", ty(*d))).collect();
         // The prologue, evaluated at one flat index of `pre`.
         s += &format!("__device__ __forceinline__ float value_{}({}, unsigned long long f) {{\n", self.name, params.join(", "));
         s += &expr_c(&self.expr, &self.pre, &self.inputs, "f");
@@ -115,7 +143,7 @@ impl Reduction {
         let args: Vec<String> = (0..self.inputs.len()).map(|i| format!("in{i}")).collect();
         let args = args.join(", ");
         s += &format!(
-            "extern \"C\" __global__ void {}({}, {}* __restrict__ out, unsigned long long rows) {{\n",
+            "extern \"C\" __global__ void {}({}, {extras}{}* __restrict__ out, unsigned long long rows) {{\n",
             self.name,
             params.join(", "),
             ty(self.out)
@@ -145,6 +173,18 @@ impl Reduction {
                     store(v)
                 );
             }
+            Kind::LayerNorm { epsilon, bias, .. } => {
+                let f = &self.name;
+                let load = |d: DType, x: &str| format!("{}({x})", crate::c_type(d).1);
+                s += &format!("    float mean = 0.0f;\n    for (unsigned long long k = 0; k < {len}ull; ++k) mean += value_{f}({args}, base + k);\n    mean /= {len}.0f;\n");
+                s += &format!("    float var = 0.0f;\n    for (unsigned long long k = 0; k < {len}ull; ++k) {{ float d = value_{f}({args}, base + k) - mean; var += d * d; }}\n");
+                s += &format!("    float inv = rsqrtf(var / {len}.0f + {});\n", crate::c_f32(epsilon));
+                let b = if bias { format!(" + {}", load(self.extra[1], "bias[k]")) } else { String::new() };
+                s += &format!(
+                    "    for (unsigned long long k = 0; k < {len}ull; ++k) out[base + k] = {};\n}}\n",
+                    store(&format!("(value_{f}({args}, base + k) - mean) * inv * {}{b}", load(self.extra[0], "scale[k]")))
+                );
+            }
         }
         s
     }
@@ -152,6 +192,8 @@ impl Reduction {
     /// Runs the description on the CPU as the kernel does (f32 arithmetic,
     /// the prologue recomputed at each read).
     pub fn run_cpu(&self, inputs: &[&Tensor]) -> Tensor {
+        let (inputs, extra) = inputs.split_at(self.inputs.len());
+        let extra: Vec<Vec<f32>> = extra.iter().map(|t| t.to_f32_vec()).collect();
         let vals: Vec<Vec<f32>> = inputs.iter().map(|t| t.to_f32_vec()).collect();
         let mut scratch = Vec::new();
         let mut a = vec![0f32; inputs.len()];
@@ -186,6 +228,15 @@ impl Reduction {
                     for k in 0..len {
                         let v = value(base + k * inner);
                         out[base + k * inner] = if log { v - m - sum.ln() } else { (v - m).exp() / sum };
+                    }
+                }
+                Kind::LayerNorm { epsilon, bias, .. } => {
+                    let mean = (0..len).map(|k| value(base + k)).sum::<f32>() / len as f32;
+                    let var: f32 = (0..len).map(|k| (value(base + k) - mean).powi(2)).sum();
+                    let inv = 1.0 / (var / len as f32 + epsilon).sqrt();
+                    for k in 0..len {
+                        let b = if bias { extra[1][k] } else { 0.0 };
+                        out[base + k] = (value(base + k) - mean) * inv * extra[0][k] + b;
                     }
                 }
             }

@@ -252,11 +252,16 @@ pub fn infer_kernel(op: &KernelOp, ins: &[&TensorType]) -> Result<Vec<TensorType
         KernelOp::Elementwise { expr } => elementwise(expr, ins)?,
         KernelOp::ConcatInPlace { axis } => concat(*axis, ins)?,
         KernelOp::FusedReduction { expr, reduction } => {
-            let pre = elementwise(expr, ins)?;
+            // The prologue reads the first inputs; the reduction's own
+            // operands (a layer norm's scale and bias) follow.
+            let k = expr.arity().min(ins.len());
+            let pre = elementwise(expr, &ins[..k])?;
             if !reduction.is_fusable_reduction() {
                 return Err(format!("{} cannot take an elementwise prologue", reduction.name()));
             }
-            return infer(reduction, &[&pre]);
+            let mut all = vec![&pre];
+            all.extend_from_slice(&ins[k..]);
+            return infer(reduction, &all);
         }
     }])
 }

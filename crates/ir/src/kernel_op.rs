@@ -98,9 +98,10 @@ pub enum KernelOp {
         /// The expression; `$i` is input i.
         expr: Expr,
     },
-    /// A reduction (global average pool, softmax) of a value that an
-    /// elementwise expression computes on the fly from the inputs, so the
-    /// value never reaches memory.
+    /// A reduction (global average pool, softmax, layer norm) of a value
+    /// that an elementwise expression computes on the fly from the inputs,
+    /// so the value never reaches memory. Inputs: the expression's, then
+    /// the reduction's own operands (a layer norm's scale and bias).
     FusedReduction {
         /// The elementwise prologue; `$i` is input i.
         expr: Expr,

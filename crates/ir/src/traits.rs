@@ -115,24 +115,27 @@ impl Op {
                 t(K::View, P::Follows, I::No, L::Nothing)
             }
             Op::Conv(_) | Op::Gemm { .. } => layer(L::Kernel),
-            Op::MatMul => Traits { widens_first_operand: false, ..layer(L::CpuOnly) },
+            Op::MatMul => Traits { widens_first_operand: false, ..layer(L::Kernel) },
             Op::BatchNorm { .. } => t(K::Normalization, P::Sensitive, I::Any, L::Kernel),
-            Op::LayerNorm { .. } => t(K::Normalization, P::Sensitive, I::No, L::CpuOnly),
+            // Its kernel reads the residual add before it as a prologue.
+            Op::LayerNorm { .. } => Traits { takes_prologue: true, ..t(K::Normalization, P::Sensitive, I::No, L::Kernel) },
             Op::Lrn { .. } => t(K::Normalization, P::Half, I::No, L::Kernel),
             Op::Unary(_) | Op::Binary(_) | Op::Clip { .. } | Op::Sum => t(K::Elementwise, P::Half, I::Any, L::Kernel),
             Op::Cast { .. } => t(K::Elementwise, P::Fixed, I::No, L::Kernel),
             // Bool results: float operands are brought to one precision.
-            Op::Compare(_) | Op::Logic(_) | Op::Not | Op::IsNaN => t(K::Elementwise, P::Follows, I::No, L::CpuOnly),
+            Op::Compare(_) | Op::Logic(_) | Op::Not | Op::IsNaN => t(K::Elementwise, P::Follows, I::No, L::Kernel),
             // Masks select between scores and -inf: kept in f32 by the mixed policies.
-            Op::Where => t(K::Elementwise, P::Sensitive, I::No, L::CpuOnly),
+            Op::Where => t(K::Elementwise, P::Sensitive, I::No, L::Kernel),
             Op::MaxPool(_) => t(K::Movement, P::Follows, I::No, L::Kernel),
             Op::AveragePool { .. } => t(K::Window, P::Half, I::No, L::Kernel),
             Op::GlobalAveragePool | Op::Softmax { .. } | Op::LogSoftmax { .. } => prologue(P::Sensitive, L::Kernel),
             Op::Reduce { .. } => prologue(P::Sensitive, L::CpuOnly),
             Op::Concat { .. } | Op::Transpose { .. } => t(K::Movement, P::Follows, I::No, L::Kernel),
-            Op::Split { .. } | Op::Slice { .. } | Op::Pad { .. } | Op::Expand { .. } | Op::Tile { .. } | Op::Gather { .. } => {
-                t(K::Movement, P::Follows, I::No, L::CpuOnly)
+            Op::Slice { .. } | Op::Pad { .. } | Op::Expand { .. } | Op::Tile { .. } | Op::Gather { .. } => {
+                t(K::Movement, P::Follows, I::No, L::Kernel)
             }
+            // One kernel per output is still to come.
+            Op::Split { .. } => t(K::Movement, P::Follows, I::No, L::CpuOnly),
         }
     }
 

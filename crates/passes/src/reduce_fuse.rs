@@ -46,7 +46,8 @@ pub fn run(g: &mut KernelGraph) -> Result<Stats, IrError> {
                 let pins = g.inputs_of(p);
                 let expr = Expr::of_kernel(&g.node(p).op, pins.len()).expect("checked above");
                 let reduction = node.op.semantic().cloned().expect("a semantic reduction, checked above");
-                let ins: Vec<ValueId> = pins.iter().map(|v| map[v]).collect();
+                // The prologue's inputs, then the reduction's own operands.
+                let ins: Vec<ValueId> = pins.iter().chain(&g.inputs_of(id)[1..]).map(|v| map[v]).collect();
                 let new = out.add(KernelOp::FusedReduction { expr, reduction: Box::new(reduction) }, node.name.clone(), &ins)?;
                 out.set_origin(new, [g.origin(p), g.origin(id)].concat());
                 new

@@ -230,7 +230,18 @@ pub(super) fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
                     (0..parts).map(|i| chunk.min(d.saturating_sub(i * chunk))).collect()
                 }
             };
-            emit(im, cx, Op::Split { axis: ax, sizes }, &[x])
+            if sizes.iter().sum::<usize>() != shape[ax] {
+                return Err(cx.bad(format!("invalid ONNX: split sizes {sizes:?} do not add up to {} along axis {ax}", shape[ax])));
+            }
+            // One slice per part: each is its own kernel, reading only its part.
+            let mut start = 0;
+            let mut parts = Vec::with_capacity(sizes.len());
+            for &n in &sizes {
+                let (s, e) = (start as i64, (start + n) as i64);
+                parts.push(emit(im, cx, Op::Slice { axes: vec![ax], starts: vec![s], ends: vec![e], steps: vec![1] }, &[x])?.remove(0));
+                start += n;
+            }
+            Ok(parts)
         }
         "Slice" => {
             let x = cx.need(0)?;

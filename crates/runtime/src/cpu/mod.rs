@@ -193,13 +193,16 @@ impl Eval for KernelOp {
             }
             KernelOp::Elementwise { expr } => float(elementwise::fused(expr, args, &o.shape)),
             KernelOp::FusedReduction { expr, reduction } => {
+                let k = expr.arity().min(args.len());
                 let pre_ty = smelt_ir::infer_kernel(
                     &KernelOp::Elementwise { expr: expr.clone() },
-                    &args.iter().map(|a| a.ty()).collect::<Vec<_>>(),
+                    &args[..k].iter().map(|a| a.ty()).collect::<Vec<_>>(),
                 )?
                 .remove(0);
-                let pre = tensor_of(&pre_ty, elementwise::fused(expr, args, &pre_ty.shape));
-                eval(reduction, &[Arc::new(pre)], out)
+                let pre = tensor_of(&pre_ty, elementwise::fused(expr, &args[..k], &pre_ty.shape));
+                let mut all = vec![Arc::new(pre)];
+                all.extend_from_slice(&args[k..]);
+                eval(reduction, &all, out)
             }
         }
     }

@@ -61,7 +61,9 @@ fn parse_param(p: &str) -> Option<Param> {
             None => (false, after),
         };
         let ok = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-        return (ok(&ty) && ok(name)).then(|| Param { name: name.to_string(), ty, pointer: true, constant, restrict });
+        // Multi-word pointee types: `long long`, `unsigned char`.
+        let ty = ty.split_whitespace().collect::<Vec<_>>().join(" ");
+        return (ty.split(' ').all(ok) && ok(name)).then(|| Param { name: name.to_string(), ty, pointer: true, constant, restrict });
     }
     let (ty, name) = rest.rsplit_once(' ')?;
     let ok = ty.split_whitespace().all(|w| w.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'));

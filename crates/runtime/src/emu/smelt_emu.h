@@ -49,6 +49,8 @@ inline float __int_as_float(unsigned int x) { float f; std::memcpy(&f, &x, 4); r
 inline int __float_as_int(float f) { int x; std::memcpy(&x, &f, 4); return x; }
 inline int __popc(unsigned int x) { return __builtin_popcount(x); }
 inline int __ffs(int x) { return __builtin_ffs(x); }
+// CUDA's reciprocal square root (the device version is within 2 ulp of this).
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 
 struct __half { unsigned short x; };
 inline __half __float2half(float f) {
