@@ -18,7 +18,8 @@ Output, per case, under <out>/<exporter>_<model>/:
                                   (it traces the sequence length): batch 3,
                                   sequence 8 (for --batch 3 --dim sequence=8)
     args.txt                      the smelt arguments for the dim_ files
-and finally <out>/.done. onnxruntime runs with graph optimizations off; its
+<out>/plan_bert/model.onnx, a larger BERT for planning only, and finally
+<out>/.done. onnxruntime runs with graph optimizations off; its
 outputs are checked against PyTorch's (atol 1e-4) before they are written.
 
 Usage: make_transformers.py [--out DIR]
@@ -141,6 +142,19 @@ def main():
                 with open(os.path.join(d, "args.txt"), "w") as f:
                     f.write(f"--batch 3{dims}\n")
             print(f"make_transformers: {exporter}_{name}", flush=True)
+    # For planning only (no reference outputs): the memory target, a
+    # Hugging Face BERT with hidden 256, 4 heads, 4 layers, intermediate
+    # 1024, planned at batch 8 and sequence 512 (`--batch 8 --dim sequence=512`).
+    import transformers as tf
+    torch.manual_seed(4)
+    bert = tf.BertModel(tf.BertConfig(hidden_size=256, num_attention_heads=4, num_hidden_layers=4, intermediate_size=1024))
+    d = os.path.join(args.out, "plan_bert")
+    os.makedirs(d, exist_ok=True)
+    names = ["input_ids", "attention_mask"]
+    torch.onnx.export(LastHidden(bert).eval(), text_inputs(2, 16, 12), os.path.join(d, "model.onnx"), dynamo=False,
+                      opset_version=17, input_names=names, output_names=["y"],
+                      dynamic_axes={n: {0: "batch", 1: "sequence"} for n in names})
+    print("make_transformers: plan_bert", flush=True)
     open(os.path.join(args.out, ".done"), "w").close()
 
 

@@ -159,10 +159,15 @@ impl Session {
             return Err(Error::Usage("--batch must be at least 1".into()));
         }
         let graph = if let Some(name) = spec.strip_prefix("zoo:") {
-            if !options.dims.is_empty() {
-                return Err(Error::Usage(format!("--dim does not apply to zoo:{name} (its only size option is --batch)")));
+            let mut sequence = None;
+            for (dim, n) in &options.dims {
+                if dim != "sequence" || !zoo::takes_sequence(name) {
+                    let what = if zoo::takes_sequence(name) { "sequence" } else { "none: its only size option is --batch" };
+                    return Err(Error::Usage(format!("--dim {dim}: zoo:{name} has no dimension {dim} (it has {what})")));
+                }
+                sequence = Some(*n);
             }
-            zoo::get(name, options.batch.unwrap_or(1))?
+            zoo::get_sized(name, options.batch.unwrap_or(1), sequence)?
         } else {
             let path = Path::new(spec);
             if path.extension().is_some_and(|e| e == "tir") {

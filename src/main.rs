@@ -269,7 +269,8 @@ pub(crate) struct ModelArgs {
     pub(crate) batch: Option<usize>,
     /// Size of a named symbolic input dimension, as NAME=N (`--dim
     /// sequence=512`); repeatable. A symbolic first dimension is the batch
-    /// (--batch, default 1); any other needs --dim.
+    /// (--batch, default 1); any other needs --dim. The zoo transformers
+    /// take `--dim sequence=N` (default 128).
     #[arg(long = "dim", value_name = "NAME=N", value_parser = dim_size)]
     pub(crate) dims: Vec<(String, usize)>,
     /// Turn fusion off everywhere (for comparison).

@@ -108,6 +108,16 @@ fn samples() -> Vec<(KernelOp, Vec<TensorType>)> {
     v.push((KernelOp::Op(Op::Expand { shape: vec![3, 4, 5, 5] }), vec![f32t(&[4, 1, 5])]));
     v.push((KernelOp::Op(Op::IsNaN), vec![x.clone()]));
     v.push((KernelOp::Op(Op::Where), vec![b(&[1, 4, 5, 5]), f32t(&[4, 1, 1]), f32t(&[5])]));
+    // Attention: more queries than one block's rows and more keys than one
+    // tile; an additive mask broadcast over heads; a scale before the score;
+    // keys shared by every batch element.
+    let attention = |expr: &str, score, nan_to_zero| KernelOp::Attention { expr: expr.parse::<Expr>().unwrap(), score, nan_to_zero };
+    v.push((
+        attention("add($0,$1)", 0, true),
+        vec![f32t(&[2, 3, 70, 8]), f32t(&[2, 3, 8, 20]), f32t(&[2, 3, 20, 6]), f32t(&[2, 1, 70, 20])],
+    ));
+    v.push((attention("mul($0,$1)", 1, false), vec![f32t(&[2, 3, 5, 8]), f32t(&[3, 8, 17]), f32t(&[2, 3, 17, 8]), f32t(&[])]));
+    v.push((attention("$0", 0, false), vec![f32t(&[4, 33, 16]), f32t(&[4, 16, 33]), f32t(&[4, 33, 16])]));
     for (op, _) in &v {
         covered(op);
     }
@@ -123,7 +133,8 @@ fn covered(op: &KernelOp) {
         | KernelOp::FusedGemm { .. }
         | KernelOp::Elementwise { .. }
         | KernelOp::FusedReduction { .. }
-        | KernelOp::ConcatInPlace { .. } => {}
+        | KernelOp::ConcatInPlace { .. }
+        | KernelOp::Attention { .. } => {}
     }
 }
 

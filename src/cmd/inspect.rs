@@ -63,5 +63,9 @@ fn print_inspect(r: &Inspect, stats: &smelt_passes::pipeline::Stats) -> Result<(
     if let Some(f) = &stats.fusion {
         outln!("\nfusion: {} iterations, {} e-nodes, stop reason {}, {:.1} ms", f.iterations, f.egraph_nodes, f.stop_reason, f.millis);
     }
+    if let Some(a) = stats.attention.as_ref().filter(|a| a.blocks > 0) {
+        let how = if a.fused == a.blocks { "the scores never reach memory" } else { "the others keep their score tensors" };
+        outln!("attention: {} of {} softmax-product blocks fused into one kernel each ({how})", a.fused, a.blocks);
+    }
     Ok(())
 }

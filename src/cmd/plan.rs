@@ -78,7 +78,15 @@ fn print_text(a: &PlanArgs, report: &MemoryReport, plain_report: &MemoryReport, 
         outln!("  activations by dtype   {}  (every value once)", per(&report.activations_by_dtype));
         outln!("  cast kernels           {}  (casts nothing could absorb)", report.cast_kernels);
         if let Some(p) = &stats.precision {
-            let kept: Vec<String> = p.kept_f32.iter().map(|k| format!("{} ({}: {})", k.node, k.op, k.reason)).collect();
+            let mut kept: Vec<String> = p.kept_f32.iter().map(|k| format!("{} ({}: {})", k.node, k.op, k.reason)).collect();
+            if kept.len() > 8 {
+                // Many layers: counts per op and reason (`--json` lists every node).
+                let mut by: std::collections::BTreeMap<(String, String), usize> = Default::default();
+                for k in &p.kept_f32 {
+                    *by.entry((k.op.clone(), k.reason.clone())).or_default() += 1;
+                }
+                kept = by.into_iter().map(|((op, why), n)| format!("{n} x {op} ({why})")).collect();
+            }
             outln!("  kept in f32            {}", if kept.is_empty() { "nothing".to_string() } else { kept.join(", ") });
         }
     }

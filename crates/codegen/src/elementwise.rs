@@ -242,7 +242,7 @@ pub fn expr_c(expr: &Expr, shape: &[usize], inputs: &[(DType, Vec<usize>)], idx:
 
 /// C statements evaluating `expr` in f32 from the inputs `a0`, `a1`, ...
 /// and `return`ing the result.
-fn expr_body(expr: &Expr) -> String {
+pub(crate) fn expr_body(expr: &Expr) -> String {
     let mut s = String::new();
     for (j, n) in expr.nodes.iter().enumerate() {
         let v = match *n {

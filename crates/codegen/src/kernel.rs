@@ -1,6 +1,7 @@
 //! One kernel of any kind: the description every node of a fused graph
 //! lowers to, with its launch geometry, and the CPU run of it.
 
+use crate::attention::Attention;
 use crate::conv::Conv;
 use crate::elementwise::Elementwise;
 use crate::gemm::{Gemm, TILE};
@@ -32,6 +33,8 @@ pub enum Kernel {
     Conv(Conv),
     /// Masks, lookups and movement on any dtype.
     Select(Select),
+    /// Fused attention.
+    Attention(Attention),
 }
 
 /// Launch geometry, and the trailing scalar argument (an element or row
@@ -87,6 +90,9 @@ impl Kernel {
         if let Some(c) = Conv::of(g, id) {
             return Some(Kernel::Conv(c));
         }
+        if let Some(a) = Attention::of(g, id) {
+            return Some(Kernel::Attention(a));
+        }
         if let Some(m) = Gemm::of(g, id) {
             return Some(Kernel::Gemm(m));
         }
@@ -115,6 +121,7 @@ impl Kernel {
             Kernel::Gemm(k) => &k.name,
             Kernel::Conv(k) => &k.name,
             Kernel::Select(k) => &k.name,
+            Kernel::Attention(k) => &k.name,
         }
     }
 
@@ -128,10 +135,11 @@ impl Kernel {
             Kernel::Gemm(k) => k.name = name,
             Kernel::Conv(k) => k.name = name,
             Kernel::Select(k) => k.name = name,
+            Kernel::Attention(k) => k.name = name,
         }
     }
 
-    /// The kind, for reports: `elementwise`, `pool`, `reduction`, `layout`, `gemm`, `conv`, `select`.
+    /// The kind, for reports: `elementwise`, `pool`, `reduction`, `layout`, `gemm`, `conv`, `select`, `attention`.
     pub fn kind(&self) -> &'static str {
         match self {
             Kernel::Elementwise(_) => "elementwise",
@@ -141,6 +149,7 @@ impl Kernel {
             Kernel::Gemm(_) => "gemm",
             Kernel::Conv(_) => "conv",
             Kernel::Select(_) => "select",
+            Kernel::Attention(_) => "attention",
         }
     }
 
@@ -154,6 +163,7 @@ impl Kernel {
             Kernel::Gemm(k) => k.cuda(),
             Kernel::Conv(k) => k.cuda(),
             Kernel::Select(k) => k.cuda(),
+            Kernel::Attention(k) => k.cuda(),
         }
     }
 
@@ -165,6 +175,7 @@ impl Kernel {
             Kernel::Reduction(k) => linear(k.row_count()),
             Kernel::Layout(k) => linear(k.numel()),
             Kernel::Select(k) => linear(k.numel()),
+            Kernel::Attention(k) => Launch { grid: k.grid(), block: [crate::attention::ROWS, 1, 1], count: None },
             Kernel::Gemm(k) => {
                 let (x, y) = k.grid();
                 Launch { grid: [x.max(1), y.max(1), k.batches().max(1)], block: [TILE, TILE, 1], count: None }
@@ -183,6 +194,7 @@ impl Kernel {
             Kernel::Reduction(k) => k.pre.iter().product(),
             Kernel::Layout(k) => k.numel(),
             Kernel::Select(k) => k.numel(),
+            Kernel::Attention(k) => 2 * k.macs(),
         }
     }
 
@@ -196,6 +208,7 @@ impl Kernel {
             Kernel::Gemm(k) => k.run_cpu(inputs[0], inputs[1], inputs.get(2).copied()),
             Kernel::Conv(k) => k.run_cpu(inputs),
             Kernel::Select(k) => k.run_cpu(inputs),
+            Kernel::Attention(k) => k.run_cpu(inputs),
         }
     }
 }

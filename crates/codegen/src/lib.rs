@@ -5,6 +5,7 @@
 //! from the memory plan. NVRTC ([`nvrtc`]) compiles the CUDA C to PTX with
 //! an on-disk [`Cache`]; [`ptxas`] reports registers and spills.
 
+pub mod attention;
 pub mod cache;
 pub mod conv;
 pub mod elementwise;

@@ -135,6 +135,12 @@ fn params(k: &Kernel, n: usize) -> Vec<String> {
         Kernel::Conv(c) => c.params().into_iter().map(String::from).collect(),
         Kernel::Gemm(_) => ["a", "b", "c"].iter().take(n).map(|s| s.to_string()).chain(["out".to_string()]).collect(),
         Kernel::Pool(_) => vec!["in".into(), "out".into()],
+        Kernel::Attention(a) => ["q", "kt", "v"]
+            .iter()
+            .map(|s| s.to_string())
+            .chain((0..a.extras.len()).map(|k| format!("e{k}")))
+            .chain(["out".to_string()])
+            .collect(),
         Kernel::Reduction(r) => (0..r.inputs.len())
             .map(|i| format!("in{i}"))
             .chain(["scale", "bias"].iter().take(r.extra.len()).map(|s| s.to_string()))

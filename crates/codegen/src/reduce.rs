@@ -67,9 +67,11 @@ impl Reduction {
                 e.push(ExprNode::Input(0));
                 (e, op.clone())
             }
-            KernelOp::FusedConv { .. } | KernelOp::FusedGemm { .. } | KernelOp::Elementwise { .. } | KernelOp::ConcatInPlace { .. } => {
-                return None
-            }
+            KernelOp::FusedConv { .. }
+            | KernelOp::FusedGemm { .. }
+            | KernelOp::Elementwise { .. }
+            | KernelOp::ConcatInPlace { .. }
+            | KernelOp::Attention { .. } => return None,
         };
         let kind = match inner {
             Op::GlobalAveragePool => Kind::GlobalAveragePool,

@@ -35,6 +35,22 @@ impl Builder {
         self.g.add_input(name, TensorType::new(DType::F32, shape))
     }
 
+    /// A new graph input of any type.
+    pub fn input_typed(&mut self, name: &str, ty: TensorType) -> Res {
+        self.g.add_input(name, ty)
+    }
+
+    /// A constant holding `data`.
+    pub fn constant(&mut self, name: String, data: Tensor) -> ValueId {
+        self.g.add_constant(name, data)
+    }
+
+    /// A constant known by name and type only: the commands that need values
+    /// fill it (`Session::fill_weights`), the others never allocate it.
+    pub fn weight_ref(&mut self, name: String, ty: TensorType) -> ValueId {
+        self.g.add_weight_ref(name, ty)
+    }
+
     /// A constant of `shape` whose elements are `f(rng)`.
     pub fn weight(&mut self, name: String, shape: &[usize], mut f: impl FnMut(&mut Rng) -> f32) -> ValueId {
         let data = (0..shape.iter().product::<usize>()).map(|_| f(&mut self.rng)).collect();

@@ -122,7 +122,8 @@ impl Expr {
             crate::KernelOp::FusedConv { .. }
             | crate::KernelOp::FusedGemm { .. }
             | crate::KernelOp::FusedReduction { .. }
-            | crate::KernelOp::ConcatInPlace { .. } => None,
+            | crate::KernelOp::ConcatInPlace { .. }
+            | crate::KernelOp::Attention { .. } => None,
         }
     }
 

@@ -251,6 +251,7 @@ pub fn infer_kernel(op: &KernelOp, ins: &[&TensorType]) -> Result<Vec<TensorType
         KernelOp::FusedGemm { trans_a, trans_b, .. } => gemm(*trans_a, *trans_b, ins, true)?,
         KernelOp::Elementwise { expr } => elementwise(expr, ins)?,
         KernelOp::ConcatInPlace { axis } => concat(*axis, ins)?,
+        KernelOp::Attention { expr, score, .. } => return attention(expr, *score, ins).map(|t| vec![t]),
         KernelOp::FusedReduction { expr, reduction } => {
             // The prologue reads the first inputs; the reduction's own
             // operands (a layer norm's scale and bias) follow.
@@ -264,6 +265,33 @@ pub fn infer_kernel(op: &KernelOp, ins: &[&TensorType]) -> Result<Vec<TensorType
             return infer(reduction, &all);
         }
     }])
+}
+
+/// The output of fused attention, and the scores' type: see
+/// [`KernelOp::Attention`].
+pub fn attention_types(expr: &Expr, score: usize, ins: &[&TensorType]) -> Result<(TensorType, TensorType), String> {
+    arity(ins, 3, usize::MAX)?;
+    let (q, kt, v) = (ins[0], ins[1], ins[2]);
+    if [q, kt, v].iter().any(|t| t.shape.len() < 2) {
+        return Err(format!("attention needs q, k and v of rank at least 2, got {q}, {kt}, {v}"));
+    }
+    let scores = matmul(&[q, kt])?;
+    let out = matmul(&[&scores, v])?;
+    let extras = &ins[3..];
+    if score > extras.len() {
+        return Err(format!("score input {score} of {} prologue inputs", extras.len() + 1));
+    }
+    let mut pre: Vec<&TensorType> = extras.to_vec();
+    pre.insert(score, &scores);
+    let s = elementwise(expr, &pre)?;
+    if s.shape != scores.shape {
+        return Err(format!("the prologue's inputs broadcast to {s}, beyond the scores {scores}"));
+    }
+    Ok((TensorType::new(v.dtype, out.shape), s))
+}
+
+fn attention(expr: &Expr, score: usize, ins: &[&TensorType]) -> Result<TensorType, String> {
+    attention_types(expr, score, ins).map(|(o, _)| o)
 }
 
 fn elementwise(expr: &Expr, ins: &[&TensorType]) -> Result<TensorType, String> {

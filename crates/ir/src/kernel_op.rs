@@ -114,7 +114,28 @@ pub enum KernelOp {
         /// Concatenation axis.
         axis: usize,
     },
+    /// Attention in one kernel: `softmax(expr(q @ kt, extras...)) @ v`, the
+    /// softmax along the keys, so the `[.., queries, keys]` scores never
+    /// reach memory. Inputs: q `[.., Sq, D]`, kt `[.., D, Sk]` (the keys
+    /// transposed, as exports compute them), v `[.., Sk, Dv]`, then the
+    /// extras (masks, scales) that broadcast to the scores' shape.
+    Attention {
+        /// The scores' prologue; `$score` is the product, the other inputs
+        /// are the extras in order.
+        expr: Expr,
+        /// Which input of `expr` is the product.
+        score: usize,
+        /// A row whose softmax is NaN (every key masked with -inf) gives
+        /// zeros, as exports spell `where(isnan(p), 0, p)`.
+        nan_to_zero: bool,
+    },
 }
+
+/// The largest head dimension (of q and k, and of v) the fused attention
+/// kernel keeps in registers; fusion leaves larger heads unfused.
+pub const ATTENTION_MAX_HEAD: usize = 128;
+/// The most matrices (batch times heads) one attention launch computes.
+pub const ATTENTION_MAX_BATCH: usize = 65_535;
 
 impl From<Op> for KernelOp {
     fn from(op: Op) -> KernelOp {
@@ -155,6 +176,7 @@ impl OpSet for KernelOp {
             KernelOp::Elementwise { .. } => "elementwise",
             KernelOp::FusedReduction { .. } => "fused_reduction",
             KernelOp::ConcatInPlace { .. } => "concat_in_place",
+            KernelOp::Attention { .. } => "attention",
         }
     }
     fn infer(&self, ins: &[&TensorType]) -> Result<Vec<TensorType>, String> {
@@ -170,7 +192,8 @@ impl OpSet for KernelOp {
             | KernelOp::FusedGemm { .. }
             | KernelOp::Elementwise { .. }
             | KernelOp::FusedReduction { .. }
-            | KernelOp::ConcatInPlace { .. } => None,
+            | KernelOp::ConcatInPlace { .. }
+            | KernelOp::Attention { .. } => None,
         }
     }
     fn from_op(op: Op) -> KernelOp {

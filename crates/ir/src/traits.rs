@@ -164,6 +164,8 @@ impl KernelOp {
             KernelOp::Elementwise { .. } => t(K::Elementwise, P::Half, I::Any, L::Kernel),
             KernelOp::FusedReduction { .. } => t(K::Reduction, P::Sensitive, I::No, L::Kernel),
             KernelOp::ConcatInPlace { .. } => t(K::Movement, P::Follows, I::No, L::Alias),
+            // Products in the inputs' precision, the softmax in f32 registers.
+            KernelOp::Attention { .. } => t(K::Layer, P::Half, I::No, L::Kernel),
         }
     }
 }

@@ -1,20 +1,198 @@
 //! Built-in models with deterministic random weights: they run with no
-//! files. `zoo:resnet50` is smelt's embedded default.
+//! files. `zoo:resnet50` is smelt's embedded default. The transformers
+//! (`bert_base`, `bert_large`, `gpt2`) take a sequence length and hold
+//! their weights by reference: planning BERT-large allocates none of its
+//! 1.3 GB, and the commands that need values fill them from their names.
 
 use crate::builder::{Builder, Res};
+use crate::dtype::{DType, TensorType};
 use crate::error::IrError;
 use crate::graph::{Graph, ValueId};
+use crate::op::{BinaryOp, Op, UnaryOp};
+use crate::tensor::Tensor;
 
 /// The names of the built-in models.
-pub const NAMES: [&str; 2] = ["resnet50", "mobilenet_v2"];
+pub const NAMES: [&str; 5] = ["resnet50", "mobilenet_v2", "bert_base", "bert_large", "gpt2"];
+
+/// The sequence length of the transformers when none is given.
+pub const DEFAULT_SEQUENCE: usize = 128;
 
 /// The built-in model `name` at batch size `batch`.
 pub fn get(name: &str, batch: usize) -> Result<Graph, IrError> {
+    get_sized(name, batch, None)
+}
+
+/// Whether `name` takes a sequence length (`--dim sequence=N`).
+pub fn takes_sequence(name: &str) -> bool {
+    matches!(name, "bert_base" | "bert_large" | "gpt2")
+}
+
+/// The built-in model `name` at batch size `batch` and, for the
+/// transformers, sequence length `sequence` (default [`DEFAULT_SEQUENCE`]).
+pub fn get_sized(name: &str, batch: usize, sequence: Option<usize>) -> Result<Graph, IrError> {
+    let seq = sequence.unwrap_or(DEFAULT_SEQUENCE);
     match name {
         "resnet50" => resnet50(batch),
         "mobilenet_v2" => mobilenet_v2(batch),
+        "bert_base" => bert(&Transformer::BERT_BASE, batch, seq),
+        "bert_large" => bert(&Transformer::BERT_LARGE, batch, seq),
+        "gpt2" => gpt2(&Transformer::GPT2, batch, seq),
         _ => Err(IrError::UnknownModel { name: name.to_string(), known: NAMES.join(", ") }),
     }
+}
+
+/// The sizes of a transformer.
+#[derive(Clone, Copy, Debug)]
+pub struct Transformer {
+    /// Layers.
+    pub layers: usize,
+    /// Hidden size.
+    pub hidden: usize,
+    /// Attention heads.
+    pub heads: usize,
+    /// Feed-forward size.
+    pub ffn: usize,
+    /// Vocabulary.
+    pub vocab: usize,
+    /// Longest sequence (position embeddings).
+    pub positions: usize,
+}
+
+impl Transformer {
+    /// BERT-base: 12 layers, hidden 768, 12 heads.
+    pub const BERT_BASE: Transformer = Transformer { layers: 12, hidden: 768, heads: 12, ffn: 3072, vocab: 30522, positions: 512 };
+    /// BERT-large: 24 layers, hidden 1024, 16 heads.
+    pub const BERT_LARGE: Transformer = Transformer { layers: 24, hidden: 1024, heads: 16, ffn: 4096, vocab: 30522, positions: 512 };
+    /// GPT-2 small: 12 layers, hidden 768, 12 heads, causal.
+    pub const GPT2: Transformer = Transformer { layers: 12, hidden: 768, heads: 12, ffn: 3072, vocab: 50257, positions: 1024 };
+}
+
+/// Weights by reference, named per layer as Hugging Face names them.
+struct Weights<'a> {
+    g: &'a mut Builder,
+}
+
+impl Weights<'_> {
+    fn get(&mut self, name: String, shape: &[usize]) -> ValueId {
+        self.g.weight_ref(name, TensorType::new(DType::F32, shape.to_vec()))
+    }
+    /// `x [n, k] @ w [k, out] + b`, one GEMM with its bias.
+    fn linear(&mut self, name: &str, x: ValueId, out: usize) -> Res {
+        let k = self.g.ty(x).shape[1];
+        let w = self.get(format!("{name}.weight"), &[out, k]);
+        let b = self.get(format!("{name}.bias"), &[out]);
+        self.g.op(Op::Gemm { trans_a: false, trans_b: true, alpha: 1.0, beta: 1.0 }, &[x, w, b])
+    }
+    fn layer_norm(&mut self, name: &str, x: ValueId) -> Res {
+        let shape = &self.g.ty(x).shape;
+        let (axis, h) = (shape.len() - 1, shape[shape.len() - 1]);
+        let s = self.get(format!("{name}.weight"), &[h]);
+        let b = self.get(format!("{name}.bias"), &[h]);
+        self.g.op(Op::LayerNorm { axis, epsilon: 1e-5 }, &[x, s, b])
+    }
+}
+
+/// Multi-head attention of `x [b*s, hidden]`: `mask` is added to the
+/// scores (`[b or 1, 1, s or 1, s]`). Returns `[b*s, hidden]` before the
+/// output projection.
+fn attention(w: &mut Weights, t: &Transformer, name: &str, x: ValueId, mask: ValueId, (b, s): (usize, usize)) -> Res {
+    let (nh, hd) = (t.heads, t.hidden / t.heads);
+    let heads = |w: &mut Weights, which: &str, perm: Vec<usize>| -> Res {
+        let y = w.linear(&format!("{name}.{which}"), x, t.hidden)?;
+        let y = w.g.op(Op::Reshape { shape: vec![b, s, nh, hd] }, &[y])?;
+        w.g.op(Op::Transpose { perm }, &[y])
+    };
+    let q = heads(w, "query", vec![0, 2, 1, 3])?;
+    let kt = heads(w, "key", vec![0, 2, 3, 1])?;
+    let v = heads(w, "value", vec![0, 2, 1, 3])?;
+    let scores = w.g.op(Op::MatMul, &[q, kt])?;
+    let scale = w.g.constant(format!("{name}.scale"), Tensor::from_f32(vec![], vec![1.0 / (hd as f32).sqrt()]));
+    let scores = w.g.op(Op::Binary(BinaryOp::Mul), &[scores, scale])?;
+    let scores = w.g.op(Op::Binary(BinaryOp::Add), &[scores, mask])?;
+    let p = w.g.softmax(scores)?;
+    let o = w.g.op(Op::MatMul, &[p, v])?;
+    let o = w.g.op(Op::Transpose { perm: vec![0, 2, 1, 3] }, &[o])?;
+    w.g.op(Op::Reshape { shape: vec![b * s, t.hidden] }, &[o])
+}
+
+/// Token and position embeddings of `ids [b, s]`: `[b*s, hidden]`.
+fn embeddings(w: &mut Weights, t: &Transformer, (word, pos): (&str, &str), ids: ValueId, (b, s): (usize, usize)) -> Res {
+    let table = w.get(format!("{word}.weight"), &[t.vocab, t.hidden]);
+    let x = w.g.op(Op::Gather { axis: 0 }, &[table, ids])?;
+    let positions = w.get(format!("{pos}.weight"), &[t.positions, t.hidden]);
+    let p = w.g.op(Op::Slice { axes: vec![0], starts: vec![0], ends: vec![s as i64], steps: vec![1] }, &[positions])?;
+    let x = w.g.op(Op::Binary(BinaryOp::Add), &[x, p])?;
+    w.g.op(Op::Reshape { shape: vec![b * s, t.hidden] }, &[x])
+}
+
+fn check_sequence(t: &Transformer, s: usize) -> Result<(), IrError> {
+    if s == 0 || s > t.positions {
+        return Err(IrError::Usage(format!("--dim sequence={s}: this model takes sequences of 1 to {} tokens", t.positions)));
+    }
+    Ok(())
+}
+
+/// BERT (post-norm encoder) with its padding mask: inputs `input_ids` and
+/// `attention_mask` (i64 `[batch, sequence]`), output the last hidden state.
+pub fn bert(t: &Transformer, batch: usize, seq: usize) -> Result<Graph, IrError> {
+    check_sequence(t, seq)?;
+    let mut g = Builder::new(7);
+    let ids = g.input_typed("input_ids", TensorType::new(DType::I64, vec![batch, seq]))?;
+    let mask = g.input_typed("attention_mask", TensorType::new(DType::I64, vec![batch, seq]))?;
+    let w = &mut Weights { g: &mut g };
+    let bs = (batch, seq);
+    let x = embeddings(w, t, ("embeddings.word_embeddings", "embeddings.position_embeddings"), ids, bs)?;
+    let mut x = w.layer_norm("embeddings.LayerNorm", x)?;
+    // (1 - mask) * -10000, broadcast over heads and queries.
+    let m = w.g.op(Op::Cast { to: DType::F32 }, &[mask])?;
+    let one = w.g.constant("mask.one".into(), Tensor::from_f32(vec![], vec![1.0]));
+    let big = w.g.constant("mask.min".into(), Tensor::from_f32(vec![], vec![-10000.0]));
+    let m = w.g.op(Op::Binary(BinaryOp::Sub), &[one, m])?;
+    let m = w.g.op(Op::Binary(BinaryOp::Mul), &[m, big])?;
+    let m = w.g.op(Op::Reshape { shape: vec![batch, 1, 1, seq] }, &[m])?;
+    for l in 0..t.layers {
+        let name = format!("encoder.layer.{l}");
+        let a = attention(w, t, &format!("{name}.attention.self"), x, m, bs)?;
+        let a = w.linear(&format!("{name}.attention.output.dense"), a, t.hidden)?;
+        let a = w.g.add(a, x)?;
+        x = w.layer_norm(&format!("{name}.attention.output.LayerNorm"), a)?;
+        let f = w.linear(&format!("{name}.intermediate.dense"), x, t.ffn)?;
+        let f = w.g.op(Op::Unary(UnaryOp::Gelu), &[f])?;
+        let f = w.linear(&format!("{name}.output.dense"), f, t.hidden)?;
+        let f = w.g.add(f, x)?;
+        x = w.layer_norm(&format!("{name}.output.LayerNorm"), f)?;
+    }
+    let y = g.op(Op::Reshape { shape: vec![batch, seq, t.hidden] }, &[x])?;
+    g.finish("last_hidden_state", y)
+}
+
+/// GPT-2 (pre-norm decoder, causal): input `input_ids` (i64 `[batch,
+/// sequence]`), output the last hidden state.
+pub fn gpt2(t: &Transformer, batch: usize, seq: usize) -> Result<Graph, IrError> {
+    check_sequence(t, seq)?;
+    let mut g = Builder::new(8);
+    let ids = g.input_typed("input_ids", TensorType::new(DType::I64, vec![batch, seq]))?;
+    // Query i sees keys j <= i: -1e9 above the diagonal.
+    let causal: Vec<f32> = (0..seq * seq).map(|p| if p % seq > p / seq { -1e9 } else { 0.0 }).collect();
+    let mask = g.constant("causal_mask".into(), Tensor::from_f32(vec![1, 1, seq, seq], causal));
+    let w = &mut Weights { g: &mut g };
+    let bs = (batch, seq);
+    let mut x = embeddings(w, t, ("wte", "wpe"), ids, bs)?;
+    for l in 0..t.layers {
+        let name = format!("h.{l}");
+        let h = w.layer_norm(&format!("{name}.ln_1"), x)?;
+        let a = attention(w, t, &format!("{name}.attn"), h, mask, bs)?;
+        let a = w.linear(&format!("{name}.attn.c_proj"), a, t.hidden)?;
+        x = w.g.add(x, a)?;
+        let h = w.layer_norm(&format!("{name}.ln_2"), x)?;
+        let f = w.linear(&format!("{name}.mlp.c_fc"), h, t.ffn)?;
+        let f = w.g.op(Op::Unary(UnaryOp::GeluTanh), &[f])?;
+        let f = w.linear(&format!("{name}.mlp.c_proj"), f, t.hidden)?;
+        x = w.g.add(x, f)?;
+    }
+    let x = w.layer_norm("ln_f", x)?;
+    let y = g.op(Op::Reshape { shape: vec![batch, seq, t.hidden] }, &[x])?;
+    g.finish("last_hidden_state", y)
 }
 
 /// ResNet-50 v1.5 (stride on the 3x3 conv), ImageNet shapes.

@@ -4,6 +4,7 @@
 //! issue lands.
 #![deny(missing_docs)]
 
+pub mod attention;
 pub mod concat;
 pub mod dce;
 pub mod ew_cluster;
@@ -38,4 +39,40 @@ impl PassError {
             PassError::Bug { .. } => true,
         }
     }
+}
+
+/// A copy of `g` in topological order without the nodes in `skip`, each
+/// node either made anew by `make(out, id, map)` (`Some`: the new node,
+/// its inputs found through `map`) or copied; outputs follow their nodes.
+/// The passes that replace groups of nodes by one (`reduce-fuse`,
+/// `attention`) share it.
+pub(crate) fn rebuild(
+    g: &smelt_ir::KernelGraph,
+    skip: &std::collections::HashSet<smelt_ir::NodeId>,
+    mut make: impl FnMut(
+        &mut smelt_ir::KernelGraph,
+        smelt_ir::NodeId,
+        &std::collections::HashMap<smelt_ir::ValueId, smelt_ir::ValueId>,
+    ) -> Result<Option<smelt_ir::NodeId>, smelt_ir::IrError>,
+) -> Result<smelt_ir::KernelGraph, smelt_ir::IrError> {
+    use smelt_ir::ValueId;
+    let mut out = smelt_ir::KernelGraph::new();
+    let mut map = std::collections::HashMap::new();
+    for id in g.topo_order()? {
+        if skip.contains(&id) {
+            continue;
+        }
+        let new = match make(&mut out, id, &map)? {
+            Some(n) => n,
+            None => {
+                let ins: Vec<ValueId> = g.inputs_of(id).iter().map(|v| map[v]).collect();
+                out.copy_node_from(g, id, &ins)?
+            }
+        };
+        for slot in 0..g.node(id).outputs.len() as u32 {
+            map.insert(ValueId { node: id, slot }, ValueId { node: new, slot });
+        }
+    }
+    out.set_outputs(g.outputs().iter().map(|(n, v)| (n.clone(), map[v])).collect());
+    Ok(out)
 }

@@ -1,15 +1,16 @@
 //! The order of passes, with the verifier after each in debug builds:
 //! `dce` on the semantic graph, then with fusion on `fuse` (egg: the
 //! semantic graph in, the kernel graph out), `precision` (a no-op at f32),
-//! `ew-cluster`, `reduce-fuse`, `concat`, `final-dce` on the kernel graph.
+//! `ew-cluster`, `reduce-fuse`, `attention`, `concat`, `final-dce` on the
+//! kernel graph.
 //! Without fusion, the semantic graph is lifted to the kernel level op for
 //! op and `precision` runs on it.
 
-use crate::{concat, dce, ew_cluster, fusion, precision, reduce_fuse, PassError};
+use crate::{attention, concat, dce, ew_cluster, fusion, precision, reduce_fuse, PassError};
 use smelt_ir::{Graph, KernelGraph, OpSet};
 
 /// The names of the passes, in order (for `--dump-ir`).
-pub const PASSES: [&str; 7] = ["dce", "fuse", "precision", "ew-cluster", "reduce-fuse", "concat", "final-dce"];
+pub const PASSES: [&str; 8] = ["dce", "fuse", "precision", "ew-cluster", "reduce-fuse", "attention", "concat", "final-dce"];
 
 /// Options of the pipeline.
 #[derive(Clone, Debug)]
@@ -39,6 +40,8 @@ pub struct Stats {
     pub ew_cluster: Option<ew_cluster::Stats>,
     /// Elementwise prologues fused into reductions.
     pub reduce_fuse: Option<reduce_fuse::Stats>,
+    /// Attention blocks fused into one kernel.
+    pub attention: Option<attention::Stats>,
     /// In-place concatenation.
     pub concat: Option<concat::Stats>,
     /// Mixed precision (absent at f32).
@@ -102,6 +105,9 @@ pub fn run_with(graph: &Graph, opts: &Options, after: &mut dyn FnMut(&str, &Kern
     stats.reduce_fuse = Some(reduce_fuse::run(&mut graph).map_err(|source| PassError::Bug { pass: "reduce-fuse", source })?);
     verify_if(&graph, "reduce-fuse")?;
     after("reduce-fuse", &graph, &stats.reduce_fuse);
+    stats.attention = Some(attention::run(&mut graph).map_err(|source| PassError::Bug { pass: "attention", source })?);
+    verify_if(&graph, "attention")?;
+    after("attention", &graph, &stats.attention);
     stats.concat = Some(concat::run(&mut graph));
     verify_if(&graph, "concat")?;
     after("concat", &graph, &stats.concat);

@@ -160,6 +160,9 @@ fn classifiers(g: &KernelGraph) -> Vec<NodeId> {
             let op = &g.node(n).op;
             if op.traits().kind == Kind::Layer {
                 found.push(n);
+            } else if op.traits().kind == Kind::Normalization {
+                // A normalized output (a transformer's final layer norm) has
+                // no classifier; the layers before it feed an f32 norm.
             } else if !(op.is_input() || op.is_persistent()) {
                 stack.extend(g.inputs_of(n).iter().filter(|v| !g.node(v.node).op.is_persistent()).map(|v| v.node));
             }
@@ -230,10 +233,21 @@ pub fn run(g: &mut KernelGraph, opts: &Options) -> Result<Stats, IrError> {
                     None => {
                         // A constant is converted once; a parameter or state
                         // changes between steps, so it is cast where it is read.
-                        let c = match g.weight(v.node).filter(|_| g.node(v.node).op.is_constant()) {
+                        let constant = g.node(v.node).op.is_constant();
+                        let c = match g.weight(v.node).filter(|_| constant) {
                             Some(w) => {
                                 stats.weights_converted += 1;
                                 out.add_shared_constant(format!("{}.{d}", g.node(v.node).name), Arc::new(w.cast(d)))
+                            }
+                            // A constant known by name only (a text file's, a
+                            // zoo transformer's, when planning): its converted
+                            // copy is a weight too, not an activation.
+                            None if constant => {
+                                stats.weights_converted += 1;
+                                out.add_weight_ref(
+                                    format!("{}.{d}", g.node(v.node).name),
+                                    smelt_ir::TensorType::new(d, g.ty(v).shape.clone()),
+                                )
                             }
                             None => {
                                 stats.casts_inserted += 1;

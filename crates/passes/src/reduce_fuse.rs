@@ -34,34 +34,17 @@ pub fn run(g: &mut KernelGraph) -> Result<Stats, IrError> {
         }
     }
     let absorbed: HashSet<NodeId> = absorb.values().copied().collect();
-    let mut out = KernelGraph::new();
-    let mut map: HashMap<ValueId, ValueId> = HashMap::new();
-    for id in g.topo_order()? {
-        if absorbed.contains(&id) {
-            continue;
-        }
-        let node = g.node(id);
-        let new = match absorb.get(&id) {
-            Some(&p) => {
-                let pins = g.inputs_of(p);
-                let expr = Expr::of_kernel(&g.node(p).op, pins.len()).expect("checked above");
-                let reduction = node.op.semantic().cloned().expect("a semantic reduction, checked above");
-                // The prologue's inputs, then the reduction's own operands.
-                let ins: Vec<ValueId> = pins.iter().chain(&g.inputs_of(id)[1..]).map(|v| map[v]).collect();
-                let new = out.add(KernelOp::FusedReduction { expr, reduction: Box::new(reduction) }, node.name.clone(), &ins)?;
-                out.set_origin(new, [g.origin(p), g.origin(id)].concat());
-                new
-            }
-            None => {
-                let ins: Vec<ValueId> = g.inputs_of(id).iter().map(|v| map[v]).collect();
-                out.copy_node_from(g, id, &ins)?
-            }
-        };
-        for slot in 0..node.outputs.len() as u32 {
-            map.insert(ValueId { node: id, slot }, ValueId { node: new, slot });
-        }
-    }
-    out.set_outputs(g.outputs().iter().map(|(n, v)| (n.clone(), map[v])).collect());
+    let out = crate::rebuild(g, &absorbed, |out, id, map| {
+        let Some(&p) = absorb.get(&id) else { return Ok(None) };
+        let pins = g.inputs_of(p);
+        let expr = Expr::of_kernel(&g.node(p).op, pins.len()).expect("checked above");
+        let reduction = g.node(id).op.semantic().cloned().expect("a semantic reduction, checked above");
+        // The prologue's inputs, then the reduction's own operands.
+        let ins: Vec<ValueId> = pins.iter().chain(&g.inputs_of(id)[1..]).map(|v| map[v]).collect();
+        let new = out.add(KernelOp::FusedReduction { expr, reduction: Box::new(reduction) }, g.node(id).name.clone(), &ins)?;
+        out.set_origin(new, [g.origin(p), g.origin(id)].concat());
+        Ok(Some(new))
+    })?;
     let stats = Stats { fused: absorb.len() };
     *g = out;
     Ok(stats)

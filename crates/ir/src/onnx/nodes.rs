@@ -633,6 +633,12 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
             let (Some(x), Some(y)) = (im.konst(a), im.konst(b)) else {
                 return Err(cx.unsupported("Mod of a run-time tensor (only shape arithmetic on constants is folded)"));
             };
+            let shape = crate::infer::broadcast(x.shape(), y.shape())
+                .ok_or_else(|| cx.bad(format!("{} and {} do not broadcast", x.ty(), y.ty())))?;
+            let n = crate::infer::checked_numel(&shape).map_err(|m| cx.bad(m))?;
+            if n.saturating_mul(8) > FOLD_FREELY_BYTES.max(x.ty().bytes()).max(y.ty().bytes()) {
+                return Err(cx.too_large(format!("a folded Mod of {n} elements from {} and {}", x.ty(), y.ty())));
+            }
             Ok(konst(fold::modulo(&x, &y, cx.int("fmod", 0)? != 0).map_err(|m| cx.bad(m))?))
         }
         "Range" => {
@@ -652,8 +658,8 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
             // Keep element (i, j) of the last two dims where j - i >= k
             // (upper) or j - i <= k (lower): a constant mask and a select.
             let (n, m) = (xt.shape[xt.shape.len() - 2], xt.shape[xt.shape.len() - 1]);
-            if n.saturating_mul(m) > 1 << 28 {
-                return Err(cx.too_large(format!("a {n}x{m} triangle mask (at most 2^28 elements)")));
+            if n.saturating_mul(m) > 1 << 26 {
+                return Err(cx.too_large(format!("a {n}x{m} triangle mask (at most 2^26 elements)")));
             }
             let upper = cx.int("upper", 1)? != 0;
             let keep = (0..n * m).map(|p| {

@@ -176,6 +176,22 @@ impl Eval for KernelOp {
         match self {
             KernelOp::Op(op) => eval(op, args, out),
             KernelOp::ConcatInPlace { axis } => Ok(vec![layout::concat(args, *axis, o)]),
+            KernelOp::Attention { expr, score, nan_to_zero } => {
+                // The unfused computation: scores, prologue, softmax, product.
+                let tys: Vec<&TensorType> = args.iter().map(|a| a.ty()).collect();
+                let (_, s_ty) = smelt_ir::attention_types(expr, *score, &tys)?;
+                let qk_ty = TensorType::new(DType::F32, s_ty.shape.clone());
+                let qk = Arc::new(tensor_of(&qk_ty, matmul::matmul(&args[0], &args[1], &qk_ty)));
+                let mut pre: Vec<Arc<Tensor>> = args[3..].to_vec();
+                pre.insert(*score, qk);
+                let s = tensor_of(&TensorType::new(DType::F32, s_ty.shape.clone()), elementwise::fused(expr, &pre, &s_ty.shape));
+                let mut p = norm::softmax(&s, s_ty.shape.len() - 1, false);
+                if *nan_to_zero {
+                    p.iter_mut().filter(|x| x.is_nan()).for_each(|x| *x = 0.0);
+                }
+                let p = Tensor::from_f32(s_ty.shape.clone(), p);
+                float(matmul::matmul(&p, &args[2], o))
+            }
             KernelOp::FusedConv { conv: c, bias, residual, act } => {
                 let b = if *bias { Some(args[2].as_ref()) } else { None };
                 let mut y = conv::conv(c, &args[0], &args[1], b, o)?;

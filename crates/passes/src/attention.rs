@@ -1,0 +1,147 @@
+//! Fused attention: `matmul(softmax(prologue(matmul(q, kt), extras...)), v)`
+//! becomes one `attention` kernel, so the scores never reach memory. Runs
+//! after `reduce-fuse`, when every exporter's spelling has one normal form:
+//! the scale and additive masks are the softmax's prologue (a
+//! `fused_reduction`), `where(is_nan(p), 0, p)` (exports guarding rows
+//! where every key is masked) and a cast to the second product's precision
+//! may sit between the softmax and the product. Anything else between them,
+//! a softmax or a product used twice, or shapes the kernel does not take:
+//! the graph is left as it is (and `smelt inspect` shows no `attention`).
+
+use smelt_ir::kernel_op::{ATTENTION_MAX_BATCH, ATTENTION_MAX_HEAD};
+use smelt_ir::{Expr, ExprNode, IrError, KernelGraph, KernelOp, NodeId, Op, OpSet, ValueId};
+use std::collections::{HashMap, HashSet};
+
+/// What the pass did.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Stats {
+    /// Attention blocks fused into one kernel.
+    pub fused: usize,
+    /// Softmax-then-product blocks seen (fused or not).
+    pub blocks: usize,
+}
+
+/// One block to fuse.
+struct Block {
+    q: ValueId,
+    kt: ValueId,
+    v: ValueId,
+    extras: Vec<ValueId>,
+    expr: Expr,
+    score: usize,
+    nan_to_zero: bool,
+    absorbed: Vec<NodeId>,
+}
+
+/// Fuses the attention blocks of `g`.
+pub fn run(g: &mut KernelGraph) -> Result<Stats, IrError> {
+    let outputs: HashSet<NodeId> = g.outputs().iter().map(|(_, v)| v.node).collect();
+    let mut stats = Stats::default();
+    let mut blocks: HashMap<NodeId, Block> = HashMap::new();
+    for id in g.node_ids() {
+        if !matches!(g.node(id).op, KernelOp::Op(Op::MatMul)) {
+            continue;
+        }
+        if let Some(b) = block(g, id, &outputs, &mut stats) {
+            blocks.insert(id, b);
+        }
+    }
+    if blocks.is_empty() {
+        return Ok(stats);
+    }
+    let absorbed: HashSet<NodeId> = blocks.values().flat_map(|b| b.absorbed.iter().copied()).collect();
+    let out = crate::rebuild(g, &absorbed, |out, id, map| {
+        let Some(b) = blocks.get(&id) else { return Ok(None) };
+        let ins: Vec<ValueId> = [b.q, b.kt, b.v].iter().chain(&b.extras).map(|v| map[v]).collect();
+        let op = KernelOp::Attention { expr: b.expr.clone(), score: b.score, nan_to_zero: b.nan_to_zero };
+        let new = out.add(op, g.node(id).name.clone(), &ins)?;
+        let origin: Vec<NodeId> =
+            b.absorbed.iter().flat_map(|&n| g.origin(n).iter().copied()).chain(g.origin(id).iter().copied()).collect();
+        out.set_origin(new, origin);
+        Ok(Some(new))
+    })?;
+    stats.fused = blocks.len();
+    *g = out;
+    Ok(stats)
+}
+
+/// Whether `n` is a float-to-float cast kernel of one input.
+fn is_cast(g: &KernelGraph, n: NodeId) -> bool {
+    let ins = g.inputs_of(n);
+    let float = ins.len() == 1 && g.ty(ins[0]).dtype.is_float() && g.node(n).outputs[0].dtype.is_float();
+    float
+        && match &g.node(n).op {
+            KernelOp::Op(Op::Cast { .. }) => true,
+            KernelOp::Elementwise { expr } => matches!(expr.nodes.as_slice(), [ExprNode::Input(0), ExprNode::Cast(_, 0)]),
+            _ => false,
+        }
+}
+
+/// Whether value `v` is a constant whose every element is 0.
+fn is_zero(g: &KernelGraph, v: ValueId) -> bool {
+    g.node(v.node).op.is_constant() && g.weight(v.node).is_some_and(|w| w.to_f32_vec().iter().all(|&x| x == 0.0))
+}
+
+/// The block whose second product is `m2`, if it has the attention form.
+fn block(g: &KernelGraph, m2: NodeId, outputs: &HashSet<NodeId>, stats: &mut Stats) -> Option<Block> {
+    let private = |n: NodeId, users: usize| g.users_of(n).len() == users && !outputs.contains(&n);
+    let (p_in, v) = (g.inputs_of(m2)[0], g.inputs_of(m2)[1]);
+    let mut absorbed = Vec::new();
+    let mut cur = p_in.node;
+    if is_cast(g, cur) && private(cur, 1) {
+        absorbed.push(cur);
+        cur = g.inputs_of(cur)[0].node;
+    }
+    let mut nan_to_zero = false;
+    if let KernelOp::Op(Op::Where) = g.node(cur).op {
+        let w = g.inputs_of(cur);
+        let test = w[0].node;
+        let guards = matches!(g.node(test).op, KernelOp::Op(Op::IsNaN)) && g.inputs_of(test)[0] == w[2] && is_zero(g, w[1]);
+        if !(guards && private(cur, 1) && private(test, 1)) {
+            return None;
+        }
+        absorbed.extend([cur, test]);
+        nan_to_zero = true;
+        cur = w[2].node;
+    }
+    let softmax = cur;
+    let shape = &g.node(softmax).outputs[0].shape;
+    let last = shape.len().checked_sub(1)?;
+    let (expr, pre) = match &g.node(softmax).op {
+        KernelOp::Op(Op::Softmax { axis }) if *axis == last => {
+            let mut e = Expr::default();
+            e.push(ExprNode::Input(0));
+            (e, g.inputs_of(softmax))
+        }
+        KernelOp::FusedReduction { expr, reduction } if matches!(**reduction, Op::Softmax { axis } if axis == last) => {
+            (expr.clone(), g.inputs_of(softmax))
+        }
+        _ => return None,
+    };
+    stats.blocks += 1;
+    // The softmax is read by the product (and the NaN guard) only.
+    if !private(softmax, if nan_to_zero { 2 } else { 1 }) {
+        return None;
+    }
+    // The prologue input that is the scores' product.
+    let score =
+        pre.iter().position(|s| matches!(g.node(s.node).op, KernelOp::Op(Op::MatMul)) && &g.ty(*s).shape == shape && private(s.node, 1))?;
+    let qk = pre[score].node;
+    let (q, kt) = (g.inputs_of(qk)[0], g.inputs_of(qk)[1]);
+    let extras: Vec<ValueId> = pre.iter().enumerate().filter(|&(k, _)| k != score).map(|(_, v)| *v).collect();
+    // Shapes and dtypes the kernel takes (its description decides).
+    let mut tys = vec![g.ty(q), g.ty(kt), g.ty(v)];
+    tys.extend(extras.iter().map(|e| g.ty(*e)));
+    let (out, scores) = smelt_ir::attention_types(&expr, score, &tys).ok()?;
+    if out != g.node(m2).outputs[0] || tys.iter().any(|t| !t.dtype.is_float()) {
+        return None;
+    }
+    // What the kernel holds: heads in registers, a grid row per matrix.
+    let head = |t: &smelt_ir::TensorType| t.shape.last().copied().unwrap_or(0);
+    let batches: usize = scores.shape[..scores.shape.len() - 2].iter().product();
+    if head(tys[0]) > ATTENTION_MAX_HEAD || head(tys[2]) > ATTENTION_MAX_HEAD || batches > ATTENTION_MAX_BATCH {
+        return None;
+    }
+    absorbed.extend([softmax, qk]);
+    Some(Block { q, kt, v, extras, expr, score, nan_to_zero, absorbed })
+}
