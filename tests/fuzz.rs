@@ -195,6 +195,12 @@ fn seeds() -> (Vec<Seed<Vec<u8>>>, Vec<Seed<String>>) {
             }
         }
     }
+    // Transformer exports (TorchScript: weights inside the file).
+    for case in ["torchscript_bert", "torchscript_gpt2", "torchscript_tenc", "torchscript_vit"] {
+        if let Ok(b) = std::fs::read(common::testdata().join("transformers").join(case).join("model.onnx")) {
+            onnx.push((format!("transformers/{case}"), b));
+        }
+    }
     let mut tir: Vec<(String, String)> =
         (0..12).map(|s| (format!("random graph {s}"), smelt_ir::text::print(&common::random_graph(s)))).collect();
     tir.push(("zoo:mobilenet_v2".into(), smelt_ir::text::print(&smelt_ir::zoo::mobilenet_v2(1).unwrap())));
@@ -212,7 +218,23 @@ fn interesting(r: &mut Rng) -> i64 {
     }
 }
 
-const OPS: [&str; 40] = [
+const OPS: [&str; 56] = [
+    "Where",
+    "Equal",
+    "Less",
+    "GreaterOrEqual",
+    "LessOrEqual",
+    "And",
+    "Or",
+    "Xor",
+    "Not",
+    "IsNaN",
+    "Range",
+    "Mod",
+    "Trilu",
+    "GatherElements",
+    "GatherND",
+    "CastLike",
     "Conv",
     "Relu",
     "Add",

@@ -108,6 +108,12 @@ fn samples() -> Vec<(KernelOp, Vec<TensorType>)> {
     v.push((KernelOp::Op(Op::Expand { shape: vec![3, 4, 5, 5] }), vec![f32t(&[4, 1, 5])]));
     v.push((KernelOp::Op(Op::IsNaN), vec![x.clone()]));
     v.push((KernelOp::Op(Op::Where), vec![b(&[1, 4, 5, 5]), f32t(&[4, 1, 1]), f32t(&[5])]));
+    for act in [Act::Gelu, Act::GeluTanh] {
+        v.push((
+            KernelOp::FusedGemm { trans_a: false, trans_b: true, alpha: 1.0, beta: 1.0, act },
+            vec![f32t(&[2, 8]), f32t(&[6, 8]), f32t(&[6])],
+        ));
+    }
     // Attention: more queries than one block's rows and more keys than one
     // tile; an additive mask broadcast over heads; a scale before the score;
     // keys shared by every batch element.

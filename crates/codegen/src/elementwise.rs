@@ -261,7 +261,7 @@ pub(crate) fn expr_body(expr: &Expr) -> String {
     s
 }
 
-fn unary_c(u: UnaryOp, x: &str) -> String {
+pub(crate) fn unary_c(u: UnaryOp, x: &str) -> String {
     match u {
         UnaryOp::Relu => format!("fmaxf({x}, 0.0f)"),
         UnaryOp::Sigmoid => format!("1.0f / (1.0f + expf(-{x}))"),

@@ -250,5 +250,7 @@ pub fn act_c(act: Act, x: &str) -> String {
         Act::Clip(lo, hi) => format!("fminf(fmaxf({x}, {}), {})", crate::c_f32(lo), crate::c_f32(hi)),
         Act::Sigmoid => format!("1.0f / (1.0f + expf(-{x}))"),
         Act::Silu => format!("{x} / (1.0f + expf(-{x}))"),
+        Act::Gelu => crate::elementwise::unary_c(smelt_ir::UnaryOp::Gelu, x),
+        Act::GeluTanh => crate::elementwise::unary_c(smelt_ir::UnaryOp::GeluTanh, x),
     }
 }

@@ -20,6 +20,10 @@ pub enum Act {
     Sigmoid,
     /// x * sigmoid(x) (SiLU, swish).
     Silu,
+    /// GELU, exact (erf) form.
+    Gelu,
+    /// GELU, tanh approximation (GPT-2's).
+    GeluTanh,
 }
 
 impl Act {
@@ -32,6 +36,8 @@ impl Act {
             Act::Clip(lo, hi) => x.max(lo).min(hi),
             Act::Sigmoid => 1.0 / (1.0 + (-x).exp()),
             Act::Silu => x / (1.0 + (-x).exp()),
+            Act::Gelu => crate::op::apply_unary(UnaryOp::Gelu, x),
+            Act::GeluTanh => crate::op::apply_unary(UnaryOp::GeluTanh, x),
         }
     }
 }
@@ -44,6 +50,8 @@ impl fmt::Display for Act {
             Act::Clip(lo, hi) => write!(f, "clip({lo:?},{hi:?})"),
             Act::Sigmoid => f.write_str("sigmoid"),
             Act::Silu => f.write_str("silu"),
+            Act::Gelu => f.write_str("gelu"),
+            Act::GeluTanh => f.write_str("gelu_tanh"),
         }
     }
 }
@@ -56,6 +64,8 @@ impl std::str::FromStr for Act {
             "relu" => Act::Relu,
             "sigmoid" => Act::Sigmoid,
             "silu" => Act::Silu,
+            "gelu" => Act::Gelu,
+            "gelu_tanh" => Act::GeluTanh,
             _ => {
                 let inner = s.strip_prefix("clip(").and_then(|r| r.strip_suffix(')')).ok_or_else(|| format!("unknown activation {s:?}"))?;
                 let (lo, hi) = inner.split_once(',').ok_or_else(|| format!("bad clip {s:?}"))?;

@@ -38,10 +38,12 @@ pub fn rules() -> Vec<Rewrite<Fl, FusionAnalysis>> {
     ]
 }
 
-/// `?k` is an activation a kernel epilogue applies: relu, sigmoid or clip.
+/// `?k` is an activation a kernel epilogue applies: relu, sigmoid, GELU
+/// (both forms) or clip.
 fn is_activation(eg: &mut EG, _: Id, s: &Subst) -> bool {
     let k = s[var("?k")];
-    symbol_of(eg, k).is_some_and(|s| matches!(s.as_str(), "relu" | "sigmoid")) || matches!(op_of(eg, k), Some(Op::Clip { .. }))
+    symbol_of(eg, k).is_some_and(|s| matches!(s.as_str(), "relu" | "sigmoid" | "gelu" | "gelu_tanh"))
+        || matches!(op_of(eg, k), Some(Op::Clip { .. }))
 }
 
 /// The conv's output type, from its bound attributes and operands.
