@@ -117,13 +117,26 @@ fn samples() -> Vec<(KernelOp, Vec<TensorType>)> {
     // Attention: more queries than one block's rows and more keys than one
     // tile; an additive mask broadcast over heads; a scale before the score;
     // keys shared by every batch element.
-    let attention = |expr: &str, score, nan_to_zero| KernelOp::Attention { expr: expr.parse::<Expr>().unwrap(), score, nan_to_zero };
+    let attention = |expr: &str, score, nan_to_zero| KernelOp::Attention {
+        expr: expr.parse::<Expr>().unwrap(),
+        score,
+        nan_to_zero,
+        perms: Default::default(),
+    };
     v.push((
         attention("add($0,$1)", 0, true),
         vec![f32t(&[2, 3, 70, 8]), f32t(&[2, 3, 8, 20]), f32t(&[2, 3, 20, 6]), f32t(&[2, 1, 70, 20])],
     ));
     v.push((attention("mul($0,$1)", 1, false), vec![f32t(&[2, 3, 5, 8]), f32t(&[3, 8, 17]), f32t(&[2, 3, 17, 8]), f32t(&[])]));
     v.push((attention("$0", 0, false), vec![f32t(&[4, 33, 16]), f32t(&[4, 16, 33]), f32t(&[4, 33, 16])]));
+    // Transposes folded into the indexing: heads split out of [b, s, h, d].
+    let permuted = KernelOp::Attention {
+        expr: "add($0,$1)".parse::<Expr>().unwrap(),
+        score: 0,
+        nan_to_zero: true,
+        perms: [vec![0, 2, 1, 3], vec![0, 2, 3, 1], vec![0, 2, 1, 3]],
+    };
+    v.push((permuted, vec![f32t(&[2, 70, 3, 8]), f32t(&[2, 20, 3, 8]), f32t(&[2, 20, 3, 6]), f32t(&[2, 1, 1, 20])]));
     for (op, _) in &v {
         covered(op);
     }

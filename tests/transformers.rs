@@ -69,6 +69,10 @@ fn check(case: &str, prefix: &str, opts: smelt::Options) -> f64 {
         _ => false,
     });
     assert!(softmax.is_none(), "{case}: softmax {:?} left unfused", softmax.map(|n| &compiled.graph.node(n).name));
+    // The fused graph prints and parses back (attention, select, layer norm kernels).
+    let printed = smelt_ir::text::print(&compiled.graph);
+    let parsed = smelt_ir::text::parse_as::<smelt_ir::KernelOp>(&printed).unwrap_or_else(|e| panic!("{case}: {e}"));
+    assert_eq!(smelt_ir::text::print(&parsed), printed, "{case}: the fused graph round-trips");
     // Both layers' attention is one kernel each.
     let attention =
         compiled.graph.node_ids().filter(|&n| matches!(compiled.graph.node(n).op, smelt_ir::KernelOp::Attention { .. })).count();

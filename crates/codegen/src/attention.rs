@@ -39,6 +39,9 @@ pub struct Attention {
     pub dv: usize,
     /// Per batch dim, the element strides of q, kt and v (0 where broadcast).
     pub batch_strides: [Vec<usize>; 3],
+    /// The element strides of q, kt and v along their last two dims as
+    /// read (rows, columns): a folded transpose makes them other than dense.
+    pub mat_strides: [(usize, usize); 3],
     /// Dtypes of q, kt, v.
     pub dtypes: [DType; 3],
     /// The extras: dtype and element strides in the scores' index space.
@@ -51,11 +54,24 @@ impl Attention {
     /// The description of node `id`, if it is fused attention.
     pub fn of(g: &KernelGraph, id: NodeId) -> Option<Attention> {
         let node = g.node(id);
-        let KernelOp::Attention { expr, score, nan_to_zero } = &node.op else { return None };
+        let KernelOp::Attention { expr, score, nan_to_zero, perms } = &node.op else { return None };
         let ins = g.inputs_of(id);
         let tys: Vec<&smelt_ir::TensorType> = ins.iter().map(|v| g.ty(*v)).collect();
-        let (out, scores) = smelt_ir::attention_types(expr, *score, &tys).ok()?;
-        let (q, kt, v) = (tys[0], tys[1], tys[2]);
+        let (out, scores) = smelt_ir::attention_types(expr, *score, perms, &tys).ok()?;
+        // Each operand as read: its shape and element strides after its permutation.
+        let read: Vec<(smelt_ir::TensorType, Vec<usize>)> = (0..3)
+            .map(|k| {
+                let dense = crate::layout::row_strides(&tys[k].shape);
+                match perms[k].as_slice() {
+                    [] => (tys[k].clone(), dense),
+                    p => (
+                        smelt_ir::TensorType::new(tys[k].dtype, p.iter().map(|&i| tys[k].shape[i]).collect::<Vec<_>>()),
+                        p.iter().map(|&i| dense[i]).collect(),
+                    ),
+                }
+            })
+            .collect();
+        let (q, kt, v) = (&read[0].0, &read[1].0, &read[2].0);
         if tys.iter().any(|t| !t.dtype.is_float()) {
             return None;
         }
@@ -70,13 +86,21 @@ impl Attention {
         if batch.iter().product::<usize>() > ATTENTION_MAX_BATCH {
             return None;
         }
-        let bst = |t: &smelt_ir::TensorType| -> Vec<usize> {
-            let n = t.shape.len();
-            let mat: usize = t.shape[n - 2..].iter().product();
-            strides(&t.shape[..n - 2], &batch).into_iter().map(|s| s * mat).collect()
+        // Batch strides: the operand's own strides along its batch dims
+        // (aligned to the output's from the right), 0 where it broadcasts.
+        let bst = |(t, st): &(smelt_ir::TensorType, Vec<usize>)| -> Vec<usize> {
+            let n = t.shape.len() - 2;
+            (0..batch.len())
+                .map(|d| match (d + n).checked_sub(batch.len()) {
+                    Some(k) if t.shape[k] != 1 => st[k],
+                    _ => 0,
+                })
+                .collect()
         };
+        let mat = |(_, st): &(smelt_ir::TensorType, Vec<usize>)| (st[st.len() - 2], st[st.len() - 1]);
+        let mat_strides = [mat(&read[0]), mat(&read[1]), mat(&read[2])];
         let extras = tys[3..].iter().map(|t| (t.dtype, strides(&t.shape, &scores.shape))).collect();
-        let batch_strides = [bst(q), bst(kt), bst(v)];
+        let batch_strides = [bst(&read[0]), bst(&read[1]), bst(&read[2])];
         let dims = batch.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x");
         let suffix = if out.dtype == DType::F32 { String::new() } else { format!("_{}", out.dtype) };
         Some(Attention {
@@ -90,6 +114,7 @@ impl Attention {
             d,
             dv,
             batch_strides,
+            mat_strides,
             dtypes: [q.dtype, kt.dtype, v.dtype],
             extras,
             out: out.dtype,
@@ -177,9 +202,10 @@ impl Attention {
             );
         }
         s += &format!("    int row = blockIdx.x * {ROWS} + threadIdx.x;\n    bool live = row < {sq};\n");
+        let [(qr, qc), (kr, kc), (vr, vc)] = self.mat_strides;
         s += &format!(
             "    float qr[{d}];\n    for (int i = 0; i < {d}; ++i) qr[i] = live ? {} : 0.0f;\n",
-            load(self.dtypes[0], "q[qo + (unsigned long long)row * ".to_string() + &format!("{d}ull + i]"))
+            load(self.dtypes[0], format!("q[qo + (unsigned long long)row * {qr}ull + (unsigned long long)i * {qc}ull]"))
         );
         s += &format!("    float acc[{dv}];\n    for (int i = 0; i < {dv}; ++i) acc[i] = 0.0f;\n");
         s += "    float m = __int_as_float(0xff800000), l = 0.0f;\n";
@@ -187,12 +213,12 @@ impl Attention {
         s += &format!(
             "        for (int e = threadIdx.x; e < {}; e += {ROWS}) {{ int i = e / {KEYS}, j = e % {KEYS}; ks[i][j] = t + j < {sk} ? {} : 0.0f; }}\n",
             d * KEYS,
-            load(self.dtypes[1], format!("kt[ko + (unsigned long long)i * {sk}ull + t + j]"))
+            load(self.dtypes[1], format!("kt[ko + (unsigned long long)i * {kr}ull + (unsigned long long)(t + j) * {kc}ull]"))
         );
         s += &format!(
             "        for (int e = threadIdx.x; e < {}; e += {ROWS}) {{ int j = e / {dv}, c = e % {dv}; vs[j][c] = t + j < {sk} ? {} : 0.0f; }}\n",
             KEYS * dv,
-            load(self.dtypes[2], format!("v[vo + (unsigned long long)(t + j) * {dv}ull + c]"))
+            load(self.dtypes[2], format!("v[vo + (unsigned long long)(t + j) * {vr}ull + (unsigned long long)c * {vc}ull]"))
         );
         s += "        __syncthreads();\n";
         s += &format!("        if (live) for (int j = 0; j < {KEYS} && t + j < {sk}; ++j) {{\n");
@@ -227,6 +253,7 @@ impl Attention {
         let (q, kt, v) = (inputs[0].to_f32_vec(), inputs[1].to_f32_vec(), inputs[2].to_f32_vec());
         let extras: Vec<Vec<f32>> = inputs[3..].iter().map(|t| t.to_f32_vec()).collect();
         let (sq, sk, d, dv) = (self.sq, self.sk, self.d, self.dv);
+        let [(qr, qc), (kr, kc), (vr, vc)] = self.mat_strides;
         let shape = self.scores();
         let mut out = vec![0f32; self.batches() * sq * dv];
         let mut a = vec![0f32; self.extras.len() + 1];
@@ -245,7 +272,7 @@ impl Attention {
                 for j in 0..sk {
                     let mut sc = 0f32;
                     for i in 0..d {
-                        sc += q[off[0] + row * d + i] * kt[off[1] + i * sk + j];
+                        sc += q[off[0] + row * qr + i * qc] * kt[off[1] + i * kr + j * kc];
                     }
                     let f = (z * sq + row) * sk + j;
                     for (k, a) in a.iter_mut().enumerate() {
@@ -268,7 +295,7 @@ impl Attention {
                         let (c, p) = ((m - mn).exp(), (x - mn).exp());
                         l = l * c + p;
                         for (i, acc) in acc.iter_mut().enumerate() {
-                            *acc = *acc * c + p * v[off[2] + j * dv + i];
+                            *acc = *acc * c + p * v[off[2] + j * vr + i * vc];
                         }
                         m = mn;
                     }

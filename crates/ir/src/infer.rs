@@ -251,7 +251,7 @@ pub fn infer_kernel(op: &KernelOp, ins: &[&TensorType]) -> Result<Vec<TensorType
         KernelOp::FusedGemm { trans_a, trans_b, .. } => gemm(*trans_a, *trans_b, ins, true)?,
         KernelOp::Elementwise { expr } => elementwise(expr, ins)?,
         KernelOp::ConcatInPlace { axis } => concat(*axis, ins)?,
-        KernelOp::Attention { expr, score, .. } => return attention(expr, *score, ins).map(|t| vec![t]),
+        KernelOp::Attention { expr, score, perms, .. } => return attention_types(expr, *score, perms, ins).map(|(t, _)| vec![t]),
         KernelOp::FusedReduction { expr, reduction } => {
             // The prologue reads the first inputs; the reduction's own
             // operands (a layer norm's scale and bias) follow.
@@ -269,9 +269,22 @@ pub fn infer_kernel(op: &KernelOp, ins: &[&TensorType]) -> Result<Vec<TensorType
 
 /// The output of fused attention, and the scores' type: see
 /// [`KernelOp::Attention`].
-pub fn attention_types(expr: &Expr, score: usize, ins: &[&TensorType]) -> Result<(TensorType, TensorType), String> {
+pub fn attention_types(
+    expr: &Expr,
+    score: usize,
+    perms: &[Vec<usize>; 3],
+    ins: &[&TensorType],
+) -> Result<(TensorType, TensorType), String> {
     arity(ins, 3, usize::MAX)?;
-    let (q, kt, v) = (ins[0], ins[1], ins[2]);
+    let mut read = Vec::with_capacity(3);
+    for (t, perm) in ins.iter().zip(perms) {
+        if perm.is_empty() {
+            read.push((*t).clone());
+        } else {
+            read.push(infer(&Op::Transpose { perm: perm.clone() }, &[t])?.remove(0));
+        }
+    }
+    let (q, kt, v) = (&read[0], &read[1], &read[2]);
     if [q, kt, v].iter().any(|t| t.shape.len() < 2) {
         return Err(format!("attention needs q, k and v of rank at least 2, got {q}, {kt}, {v}"));
     }
@@ -288,10 +301,6 @@ pub fn attention_types(expr: &Expr, score: usize, ins: &[&TensorType]) -> Result
         return Err(format!("the prologue's inputs broadcast to {s}, beyond the scores {scores}"));
     }
     Ok((TensorType::new(v.dtype, out.shape), s))
-}
-
-fn attention(expr: &Expr, score: usize, ins: &[&TensorType]) -> Result<TensorType, String> {
-    attention_types(expr, score, ins).map(|(o, _)| o)
 }
 
 fn elementwise(expr: &Expr, ins: &[&TensorType]) -> Result<TensorType, String> {

@@ -128,6 +128,10 @@ pub enum KernelOp {
         /// A row whose softmax is NaN (every key masked with -inf) gives
         /// zeros, as exports spell `where(isnan(p), 0, p)`.
         nan_to_zero: bool,
+        /// q, kt and v are inputs 0, 1, 2 read through these permutations
+        /// of their dims (a transpose folded into the kernel's indexing);
+        /// empty: as stored.
+        perms: [Vec<usize>; 3],
     },
 }
 

@@ -30,6 +30,7 @@ struct Block {
     expr: Expr,
     score: usize,
     nan_to_zero: bool,
+    perms: [Vec<usize>; 3],
     absorbed: Vec<NodeId>,
 }
 
@@ -53,7 +54,7 @@ pub fn run(g: &mut KernelGraph) -> Result<Stats, IrError> {
     let out = crate::rebuild(g, &absorbed, |out, id, map| {
         let Some(b) = blocks.get(&id) else { return Ok(None) };
         let ins: Vec<ValueId> = [b.q, b.kt, b.v].iter().chain(&b.extras).map(|v| map[v]).collect();
-        let op = KernelOp::Attention { expr: b.expr.clone(), score: b.score, nan_to_zero: b.nan_to_zero };
+        let op = KernelOp::Attention { expr: b.expr.clone(), score: b.score, nan_to_zero: b.nan_to_zero, perms: b.perms.clone() };
         let new = out.add(op, g.node(id).name.clone(), &ins)?;
         let origin: Vec<NodeId> =
             b.absorbed.iter().flat_map(|&n| g.origin(n).iter().copied()).chain(g.origin(id).iter().copied()).collect();
@@ -127,21 +128,41 @@ fn block(g: &KernelGraph, m2: NodeId, outputs: &HashSet<NodeId>, stats: &mut Sta
     let score =
         pre.iter().position(|s| matches!(g.node(s.node).op, KernelOp::Op(Op::MatMul)) && &g.ty(*s).shape == shape && private(s.node, 1))?;
     let qk = pre[score].node;
-    let (q, kt) = (g.inputs_of(qk)[0], g.inputs_of(qk)[1]);
+    let (mut q, mut kt, mut v) = (g.inputs_of(qk)[0], g.inputs_of(qk)[1], v);
+    // A transpose read only by this block is folded into the kernel's
+    // indexing (the heads split out of the hidden dim, keys transposed).
+    let mut perms: [Vec<usize>; 3] = Default::default();
+    let mut folded = Vec::new();
+    for (k, x) in [&mut q, &mut kt, &mut v].into_iter().enumerate() {
+        if let KernelOp::Op(Op::Transpose { perm }) = &g.node(x.node).op {
+            if private(x.node, 1) {
+                perms[k] = perm.clone();
+                folded.push(x.node);
+                *x = g.inputs_of(x.node)[0];
+            }
+        }
+    }
     let extras: Vec<ValueId> = pre.iter().enumerate().filter(|&(k, _)| k != score).map(|(_, v)| *v).collect();
     // Shapes and dtypes the kernel takes (its description decides).
     let mut tys = vec![g.ty(q), g.ty(kt), g.ty(v)];
     tys.extend(extras.iter().map(|e| g.ty(*e)));
-    let (out, scores) = smelt_ir::attention_types(&expr, score, &tys).ok()?;
+    let (out, scores) = smelt_ir::attention_types(&expr, score, &perms, &tys).ok()?;
     if out != g.node(m2).outputs[0] || tys.iter().any(|t| !t.dtype.is_float()) {
         return None;
     }
     // What the kernel holds: heads in registers, a grid row per matrix.
-    let head = |t: &smelt_ir::TensorType| t.shape.last().copied().unwrap_or(0);
+    // Head dims: q's as read (its last dim after the permutation) and v's (the output's last).
+    let qs = &g.ty(q).shape;
+    let d = match perms[0].last() {
+        Some(&p) => qs[p],
+        None => qs.last().copied().unwrap_or(0),
+    };
+    let dv = out.shape.last().copied().unwrap_or(0);
     let batches: usize = scores.shape[..scores.shape.len() - 2].iter().product();
-    if head(tys[0]) > ATTENTION_MAX_HEAD || head(tys[2]) > ATTENTION_MAX_HEAD || batches > ATTENTION_MAX_BATCH {
+    if d > ATTENTION_MAX_HEAD || dv > ATTENTION_MAX_HEAD || batches > ATTENTION_MAX_BATCH {
         return None;
     }
     absorbed.extend([softmax, qk]);
-    Some(Block { q, kt, v, extras, expr, score, nan_to_zero, absorbed })
+    absorbed.extend(folded);
+    Some(Block { q, kt, v, extras, expr, score, nan_to_zero, perms, absorbed })
 }

@@ -293,9 +293,14 @@ pub fn kernel_attrs_of(op: &KernelOp) -> Vec<(&'static str, Attr)> {
         }
         KernelOp::Elementwise { expr } => vec![("expr", Str(expr.to_string()))],
         KernelOp::ConcatInPlace { axis } => vec![("axis", Int(*axis as i64))],
-        KernelOp::Attention { expr, score, nan_to_zero } => {
-            vec![("expr", Str(expr.to_string())), ("score", Int(*score as i64)), ("nan_to_zero", Bool(*nan_to_zero))]
-        }
+        KernelOp::Attention { expr, score, nan_to_zero, perms } => vec![
+            ("expr", Str(expr.to_string())),
+            ("score", Int(*score as i64)),
+            ("nan_to_zero", Bool(*nan_to_zero)),
+            ("perm_q", ints(&perms[0])),
+            ("perm_kt", ints(&perms[1])),
+            ("perm_v", ints(&perms[2])),
+        ],
         KernelOp::FusedReduction { expr, reduction } => {
             let mut a = vec![("expr", Str(expr.to_string())), ("reduction", Str(reduction.name().to_string()))];
             a.extend(attrs_of(reduction));
@@ -320,7 +325,12 @@ pub fn kernel_op_from(name: &str, mut a: Attrs) -> Result<KernelOp, String> {
         },
         "elementwise" => KernelOp::Elementwise { expr: a.parsed("expr")? },
         "concat_in_place" => KernelOp::ConcatInPlace { axis: a.usize("axis")? },
-        "attention" => KernelOp::Attention { expr: a.parsed("expr")?, score: a.usize("score")?, nan_to_zero: a.bool("nan_to_zero")? },
+        "attention" => KernelOp::Attention {
+            expr: a.parsed("expr")?,
+            score: a.usize("score")?,
+            nan_to_zero: a.bool("nan_to_zero")?,
+            perms: [a.usizes("perm_q")?, a.usizes("perm_kt")?, a.usizes("perm_v")?],
+        },
         "fused_reduction" => {
             let expr = a.parsed("expr")?;
             let inner = match a.take("reduction")? {

@@ -176,10 +176,15 @@ impl Eval for KernelOp {
         match self {
             KernelOp::Op(op) => eval(op, args, out),
             KernelOp::ConcatInPlace { axis } => Ok(vec![layout::concat(args, *axis, o)]),
-            KernelOp::Attention { expr, score, nan_to_zero } => {
-                // The unfused computation: scores, prologue, softmax, product.
+            KernelOp::Attention { expr, score, nan_to_zero, perms } => {
+                // The unfused computation: transposes, scores, prologue, softmax, product.
                 let tys: Vec<&TensorType> = args.iter().map(|a| a.ty()).collect();
-                let (_, s_ty) = smelt_ir::attention_types(expr, *score, &tys)?;
+                let (_, s_ty) = smelt_ir::attention_types(expr, *score, perms, &tys)?;
+                let mut args = args.to_vec();
+                for (a, perm) in args.iter_mut().zip(perms).filter(|(_, p)| !p.is_empty()) {
+                    let t = smelt_ir::infer(&Op::Transpose { perm: perm.clone() }, &[a.ty()])?.remove(0);
+                    *a = Arc::new(layout::transpose(a, perm, &t));
+                }
                 let qk_ty = TensorType::new(DType::F32, s_ty.shape.clone());
                 let qk = Arc::new(tensor_of(&qk_ty, matmul::matmul(&args[0], &args[1], &qk_ty)));
                 let mut pre: Vec<Arc<Tensor>> = args[3..].to_vec();
