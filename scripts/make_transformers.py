@@ -2,8 +2,9 @@
 """Export small random-init transformers as users export them, with
 onnxruntime's outputs as the reference.
 
-Models (seeded random weights, no download): PyTorch's nn.TransformerEncoder,
-and Hugging Face BERT (with a padding attention mask), GPT-2 (causal, with a
+Models (seeded random weights, no download): PyTorch's nn.TransformerEncoder
+and nn.TransformerDecoder (causal, with cross-attention; exported with
+static shapes), and Hugging Face BERT (with a padding attention mask), GPT-2 (causal, with a
 padding mask) and ViT, built from configs. Each is exported twice, as a user
 of torch.onnx.export would: by the TorchScript exporter (dynamo=False,
 opset 17, batch and sequence as symbolic dimensions named "batch" and
@@ -14,8 +15,8 @@ Output, per case, under <out>/<exporter>_<model>/:
     model.onnx (+ model.onnx.data)
     input_<i>.pb, output_0.pb     the exported shapes: batch 2, sequence 16
     dim_input_<i>.pb, dim_output_0.pb
-                                  TorchScript exports but the encoder's
-                                  (it traces the sequence length): batch 3,
+                                  TorchScript exports but the encoder's and decoder's
+                                  (they trace their sequence lengths): batch 3,
                                   sequence 8 (for --batch 3 --dim sequence=8)
     args.txt                      the smelt arguments for the dim_ files
 <out>/plan_bert/model.onnx, a larger BERT for planning only, and finally
@@ -49,6 +50,18 @@ class LastHidden(torch.nn.Module):
         return self.m(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
 
+class CausalDecoder(torch.nn.Module):
+    """nn.TransformerDecoder with a causal target mask and cross-attention."""
+
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, tgt, memory):
+        mask = torch.nn.Transformer.generate_square_subsequent_mask(tgt.shape[1])
+        return self.m(tgt, memory, tgt_mask=mask, tgt_is_causal=True)
+
+
 class Pixels(torch.nn.Module):
     def __init__(self, m):
         super().__init__()
@@ -74,6 +87,12 @@ def models():
     enc = torch.nn.TransformerEncoder(layer, LAYERS, enable_nested_tensor=False)
     yield "tenc", enc, ["x"], {"x": {0: "batch", 1: "sequence"}}, lambda b, s, seed: (
         torch.randn(b, s, H, generator=torch.Generator().manual_seed(seed)),)
+    torch.manual_seed(5)
+    layer = torch.nn.TransformerDecoderLayer(H, HEADS, FF, dropout=0.0, batch_first=True)
+    dec = torch.nn.TransformerDecoder(layer, LAYERS)
+    yield "tdec", CausalDecoder(dec), ["tgt", "memory"], None, lambda b, s, seed: (
+        torch.randn(b, s, H, generator=torch.Generator().manual_seed(seed)),
+        torch.randn(b, 12, H, generator=torch.Generator().manual_seed(seed + 1)))
     names = ["input_ids", "attention_mask"]
     axes = {n: {0: "batch", 1: "sequence"} for n in names}
     torch.manual_seed(1)
@@ -135,7 +154,7 @@ def main():
             # The TorchScript export of nn.TransformerEncoder traces its
             # sequence length into Reshape targets: onnxruntime cannot run it
             # at another length either.
-            if exporter == "torchscript" and name != "tenc":
+            if exporter == "torchscript" and name not in ("tenc", "tdec"):
                 seq = 8 if name != "vit" else 16
                 reference(path, module, names, make_inputs(3, seq, 11), "dim_", d)
                 dims = "" if name == "vit" else " --dim sequence=8"

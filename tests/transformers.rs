@@ -1,5 +1,6 @@
 //! Transformers as users export them (`scripts/make_transformers.py`):
-//! PyTorch's nn.TransformerEncoder and Hugging Face BERT, GPT-2 and ViT,
+//! PyTorch's nn.TransformerEncoder and nn.TransformerDecoder (causal, with
+//! cross-attention) and Hugging Face BERT, GPT-2 and ViT,
 //! each from the TorchScript and the dynamo exporter, imported and run on
 //! the CPU reference executor, unfused and fused, against onnxruntime; the
 //! TorchScript exports also at another batch and sequence (`--dim`).
@@ -10,12 +11,14 @@ use smelt_ir::onnx::read_tensor_file;
 use smelt_ir::Tensor;
 use std::path::{Path, PathBuf};
 
-const CASES: [&str; 8] = [
+const CASES: [&str; 10] = [
     "torchscript_tenc",
+    "torchscript_tdec",
     "torchscript_bert",
     "torchscript_gpt2",
     "torchscript_vit",
     "dynamo_tenc",
+    "dynamo_tdec",
     "dynamo_bert",
     "dynamo_gpt2",
     "dynamo_vit",
@@ -34,6 +37,25 @@ fn read(dir: &Path, prefix: &str) -> (Vec<Tensor>, Tensor) {
         .map(|p| read_tensor_file(&p).unwrap().1)
         .collect();
     (inputs, read_tensor_file(&dir.join(format!("{prefix}output_0.pb"))).unwrap().1)
+}
+
+/// The sizes each export is run at: the TorchScript exports with dynamic
+/// axes have a symbolic batch (and sequence); the others are static.
+fn export_options(case: &str) -> smelt::Options {
+    match case {
+        "torchscript_tenc" | "torchscript_bert" | "torchscript_gpt2" => options("--batch 2 --dim sequence=16"),
+        "torchscript_vit" => options("--batch 2"),
+        _ => smelt::Options::default(),
+    }
+}
+
+/// Attention blocks per export: two layers, and the decoder's cross-attention.
+fn attention_blocks(case: &str) -> usize {
+    if case.ends_with("tdec") {
+        4
+    } else {
+        2
+    }
 }
 
 /// `--batch B --dim NAME=N` from `args.txt`.
@@ -76,7 +98,7 @@ fn check(case: &str, prefix: &str, opts: smelt::Options) -> f64 {
     // Both layers' attention is one kernel each.
     let attention =
         compiled.graph.node_ids().filter(|&n| matches!(compiled.graph.node(n).op, smelt_ir::KernelOp::Attention { .. })).count();
-    assert_eq!(attention, 2, "{case}: attention blocks fused");
+    assert_eq!(attention, attention_blocks(case), "{case}: attention blocks fused");
     let mut worst: f64 = 0.0;
     for (what, got) in [("unfused", &unfused[0]), ("fused", &fused[0])] {
         let c = smelt::compare(got, &want, 1e-3, 1e-4);
@@ -90,13 +112,7 @@ fn check(case: &str, prefix: &str, opts: smelt::Options) -> f64 {
 fn exports_match_onnxruntime() {
     for case in CASES {
         // The TorchScript exports have symbolic batch and sequence.
-        let opts = if case.starts_with("torchscript") && case != "torchscript_vit" {
-            options("--batch 2 --dim sequence=16")
-        } else if case.starts_with("torchscript") {
-            options("--batch 2")
-        } else {
-            smelt::Options::default()
-        };
+        let opts = export_options(case);
         let err = check(case, "", opts);
         println!("{case}: max abs error {err:.3e}");
     }
@@ -181,13 +197,7 @@ fn external_data_is_read_from_the_models_folder_only() {
 fn emulate(case: &str, policy: &str) -> (f64, smelt::Comparison, Tensor) {
     let d = dir(case);
     let (inputs, want) = read(&d, "");
-    let mut opts = if case.starts_with("torchscript") && case != "torchscript_vit" {
-        options("--batch 2 --dim sequence=16")
-    } else if case.starts_with("torchscript") {
-        options("--batch 2")
-    } else {
-        smelt::Options::default()
-    };
+    let mut opts = export_options(case);
     opts.precision.policy = policy.parse().unwrap();
     let mut s = smelt::Session::open(d.join("model.onnx").to_str().unwrap(), opts).unwrap();
     let compiled = s.compile().unwrap_or_else(|e| panic!("{case}: {e}"));
