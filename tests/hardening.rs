@@ -25,6 +25,8 @@ const REFUSED: &[(&str, &str)] = &[
     ("split_num_outputs_huge.onnx", "node \"sp0\" (Split): invalid ONNX: num_outputs is 1000000000"),
     ("cos_empty_value.onnx", "node \"cos0\" (ConstantOfShape): invalid ONNX: value must hold one element, got f32[0]"),
     ("zero_elem_huge.onnx", "input \"z\": too large: shape [0, 1099511627776] exceeds 1 TiB"),
+    // Found by reading the transformer import: 2^30 empty index tuples, in an 87-byte file.
+    ("gathernd_empty_tuples_huge.onnx", "node \"y\" (GatherND): too large: 1073741824 empty index tuples"),
     ("conv_pads_huge.onnx", "node \"conv0\" (Conv): too large: output shape"),
     ("conv_dil_huge.onnx", "node \"conv0\" (Conv): window"),
     ("pad_i64max.onnx", "node \"pad0\" (Pad): too large: output shape"),

@@ -699,8 +699,14 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
                 return Err(cx.bad(format!("invalid ONNX: indices of depth {k} into {dt}")));
             }
             let lead: usize = dt.shape[..k].iter().product();
-            let mut flat = Vec::with_capacity(idx.ty().numel() / k.max(1));
-            for tuple in idx.to_i64_vec().chunks(k.max(1)) {
+            let ishape = idx.shape()[..idx.shape().len() - 1].to_vec();
+            let tuples = crate::infer::checked_numel(&ishape).map_err(|m| cx.bad(m))?;
+            // Index tuples of depth 0 each select all of data (no elements to read them from).
+            if k == 0 && tuples > 1 << 24 {
+                return Err(cx.too_large(format!("{tuples} empty index tuples")));
+            }
+            let mut flat = if k == 0 { vec![0; tuples] } else { Vec::with_capacity(tuples) };
+            for tuple in idx.to_i64_vec().chunks(k.max(1)).filter(|_| k > 0) {
                 let mut f = 0i64;
                 for (j, &v) in tuple.iter().enumerate().take(k) {
                     let e = dt.shape[j] as i64;
@@ -712,7 +718,6 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
                 }
                 flat.push(f);
             }
-            let ishape = idx.shape()[..idx.shape().len() - 1].to_vec();
             let flat_name = format!("{}:flat_indices", cx.name);
             im.env.insert(flat_name.clone(), Entry { konst: Some(Arc::new(Tensor::from_i64(ishape, flat))), value: None });
             let mut shape = vec![lead];
