@@ -280,3 +280,33 @@ fn zoo_transformers_fuse_attention_and_keep_their_numbers() {
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("zoo:resnet50 has no dimension sequence"), "{err}");
 }
+
+/// Every kernel of every export (f32 and mixed-f16) and of zoo:bert_base and
+/// zoo:gpt2 at sequence 128 (heads of 64) compiles with NVRTC, and ptxas
+/// finds no spills.
+#[test]
+fn every_kernel_compiles_with_nvrtc_without_spills() {
+    let Some(nv) = common::nvrtc_compiler("transformers") else { return };
+    let mut sources: Vec<(String, String)> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    let mut add = |s: &mut smelt::Session| {
+        let compiled = s.compile().unwrap();
+        let planned = s.plan(&compiled).unwrap();
+        let program = s.program(&compiled, &planned).unwrap();
+        sources.extend(program.sources().into_iter().filter(|(_, src)| seen.insert(src.clone())));
+    };
+    for case in CASES {
+        for policy in ["f32", "mixed-f16"] {
+            let mut opts = export_options(case);
+            opts.precision.policy = policy.parse().unwrap();
+            add(&mut smelt::Session::open(dir(case).join("model.onnx").to_str().unwrap(), opts).unwrap());
+        }
+    }
+    for spec in ["zoo:bert_base", "zoo:gpt2"] {
+        add(&mut smelt::Session::open(spec, options("--batch 2 --dim sequence=128")).unwrap());
+    }
+    let done = smelt_codegen::program::compile_all(&nv, &sources, 2, &|_| {}).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(done.len(), sources.len());
+    common::ptxas_has_no_spills(&done);
+    println!("{} distinct transformer kernels compiled with NVRTC", done.len());
+}
