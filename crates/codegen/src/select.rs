@@ -374,7 +374,7 @@ impl Select {
             }
             Kind::Cast => {
                 let order: Vec<usize> = src.iter().map(|s| s[0].expect("in range")).collect();
-                pick(inputs[0], &order).cast(self.out).reshaped(self.output.clone()).expect("count matches")
+                inputs[0].take(&order, self.output.clone()).cast(self.out)
             }
             Kind::Where => {
                 let c = inputs[0].to_i64_vec();
@@ -384,8 +384,7 @@ impl Select {
                     .iter()
                     .map(|s| if c[s[0].expect("in range")] != 0 { s[1].expect("in range") } else { xn + s[2].expect("in range") })
                     .collect();
-                let both = join(inputs[1], inputs[2]);
-                pick(&both, &order).reshaped(self.output.clone()).expect("count matches")
+                inputs[1].concat_flat(inputs[2]).expect("one dtype").take(&order, self.output.clone())
             }
             Kind::Gather { .. } | Kind::Slice { .. } | Kind::Repeat | Kind::Pad { .. } => {
                 let fill = match self.kind {
@@ -395,49 +394,10 @@ impl Select {
                 let order: Vec<Option<usize>> = src.iter().map(|s| s[0]).collect();
                 let data = inputs[0];
                 let filled = Tensor::full(&smelt_ir::TensorType::new(data.ty().dtype, vec![1]), fill);
-                let both = join(data, &filled);
                 let dn = data.ty().numel();
                 let order: Vec<usize> = order.into_iter().map(|o| o.unwrap_or(dn)).collect();
-                pick(&both, &order).reshaped(ty.shape).expect("count matches")
+                data.concat_flat(&filled).expect("one dtype").take(&order, ty.shape)
             }
         }
     }
-}
-
-/// The elements of `a` then `b` (one dtype), flat.
-fn join(a: &Tensor, b: &Tensor) -> Tensor {
-    macro_rules! cat {
-        ($var:ident, $x:expr, $y:expr) => {
-            TensorData::$var($x.iter().chain($y.iter()).copied().collect())
-        };
-    }
-    let d = match (a.data(), b.data()) {
-        (TensorData::F32(x), TensorData::F32(y)) => cat!(F32, x, y),
-        (TensorData::F16(x), TensorData::F16(y)) => cat!(F16, x, y),
-        (TensorData::BF16(x), TensorData::BF16(y)) => cat!(BF16, x, y),
-        (TensorData::I64(x), TensorData::I64(y)) => cat!(I64, x, y),
-        (TensorData::I32(x), TensorData::I32(y)) => cat!(I32, x, y),
-        (TensorData::Bool(x), TensorData::Bool(y)) => cat!(Bool, x, y),
-        _ => unreachable!("one dtype"),
-    };
-    let n = d.len();
-    Tensor::new(vec![n], d).expect("count matches")
-}
-
-/// The elements of `t` at `order`, flat.
-fn pick(t: &Tensor, order: &[usize]) -> Tensor {
-    macro_rules! at {
-        ($var:ident, $x:expr) => {
-            TensorData::$var(order.iter().map(|&i| $x[i]).collect())
-        };
-    }
-    let d = match t.data() {
-        TensorData::F32(x) => at!(F32, x),
-        TensorData::F16(x) => at!(F16, x),
-        TensorData::BF16(x) => at!(BF16, x),
-        TensorData::I64(x) => at!(I64, x),
-        TensorData::I32(x) => at!(I32, x),
-        TensorData::Bool(x) => at!(Bool, x),
-    };
-    Tensor::new(vec![order.len()], d).expect("count matches")
 }

@@ -231,6 +231,16 @@ impl CompareOp {
         }
     }
 
+    /// The comparison named `name` in the text format.
+    pub fn by_name(name: &str) -> Option<CompareOp> {
+        CompareOp::ALL.into_iter().find(|c| c.names().0 == name)
+    }
+
+    /// The comparison ONNX op type `op_type` imports as.
+    pub fn by_onnx_name(op_type: &str) -> Option<CompareOp> {
+        CompareOp::ALL.into_iter().find(|c| c.names().1 == op_type)
+    }
+
     /// The comparison of `a` and `b` (integers compare exactly, floats as IEEE does: NaN is unequal to all).
     pub fn apply<T: PartialOrd>(self, a: T, b: T) -> bool {
         match self {
@@ -265,6 +275,16 @@ impl LogicOp {
             LogicOp::Or => ("or", "Or"),
             LogicOp::Xor => ("xor", "Xor"),
         }
+    }
+
+    /// The function named `name` in the text format.
+    pub fn by_name(name: &str) -> Option<LogicOp> {
+        LogicOp::ALL.into_iter().find(|l| l.names().0 == name)
+    }
+
+    /// The function ONNX op type `op_type` imports as.
+    pub fn by_onnx_name(op_type: &str) -> Option<LogicOp> {
+        LogicOp::ALL.into_iter().find(|l| l.names().1 == op_type)
     }
 
     /// The function of `a` and `b`.

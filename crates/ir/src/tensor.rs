@@ -177,6 +177,45 @@ impl Tensor {
         Tensor { ty: TensorType::new(dtype, self.ty.shape.clone()), data }
     }
 
+    /// The elements at flat indices `order`, exactly (any dtype), as a
+    /// tensor of `shape` (whose element count is `order.len()`).
+    pub fn take(&self, order: &[usize], shape: Vec<usize>) -> Tensor {
+        macro_rules! at {
+            ($var:ident, $v:expr) => {
+                TensorData::$var(order.iter().map(|&i| $v[i]).collect())
+            };
+        }
+        let data = match &self.data {
+            TensorData::F32(v) => at!(F32, v),
+            TensorData::F16(v) => at!(F16, v),
+            TensorData::BF16(v) => at!(BF16, v),
+            TensorData::I64(v) => at!(I64, v),
+            TensorData::I32(v) => at!(I32, v),
+            TensorData::Bool(v) => at!(Bool, v),
+        };
+        Tensor::new(shape, data).expect("take: the shape holds one element per index")
+    }
+
+    /// The elements of `self` then of `other` (one dtype), flat, exactly;
+    /// `None` for two dtypes.
+    pub fn concat_flat(&self, other: &Tensor) -> Option<Tensor> {
+        macro_rules! cat {
+            ($var:ident, $x:expr, $y:expr) => {
+                TensorData::$var($x.iter().chain($y.iter()).copied().collect())
+            };
+        }
+        let data = match (&self.data, &other.data) {
+            (TensorData::F32(x), TensorData::F32(y)) => cat!(F32, x, y),
+            (TensorData::F16(x), TensorData::F16(y)) => cat!(F16, x, y),
+            (TensorData::BF16(x), TensorData::BF16(y)) => cat!(BF16, x, y),
+            (TensorData::I64(x), TensorData::I64(y)) => cat!(I64, x, y),
+            (TensorData::I32(x), TensorData::I32(y)) => cat!(I32, x, y),
+            (TensorData::Bool(x), TensorData::Bool(y)) => cat!(Bool, x, y),
+            _ => return None,
+        };
+        Tensor::new(vec![data.len()], data)
+    }
+
     /// A tensor of `ty` whose elements all equal `value`.
     pub fn full(ty: &TensorType, value: f64) -> Tensor {
         let n = ty.numel();

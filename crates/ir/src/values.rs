@@ -114,22 +114,15 @@ pub fn select(cond: &Tensor, x: &Tensor, y: &Tensor) -> Result<Tensor, String> {
     }
     let full = full_shape(&[cond.shape(), x.shape(), y.shape()])?;
     let c = bools(cond);
-    let ics = || offsets(cond.shape(), &full).zip(offsets(x.shape(), &full)).zip(offsets(y.shape(), &full));
-    macro_rules! pick {
-        ($var:ident, $a:expr, $b:expr) => {
-            TensorData::$var(ics().map(|((k, i), j)| if c[k] { $a[i] } else { $b[j] }).collect())
-        };
-    }
-    let data = match (x.data(), y.data()) {
-        (TensorData::F32(a), TensorData::F32(b)) => pick!(F32, a, b),
-        (TensorData::F16(a), TensorData::F16(b)) => pick!(F16, a, b),
-        (TensorData::BF16(a), TensorData::BF16(b)) => pick!(BF16, a, b),
-        (TensorData::I64(a), TensorData::I64(b)) => pick!(I64, a, b),
-        (TensorData::I32(a), TensorData::I32(b)) => pick!(I32, a, b),
-        (TensorData::Bool(a), TensorData::Bool(b)) => pick!(Bool, a, b),
-        _ => unreachable!("dtypes checked equal"),
-    };
-    Ok(Tensor::new(full, data).expect("count matches"))
+    // x's elements then y's, each output element taking one of them.
+    let both = x.concat_flat(y).expect("dtypes checked equal");
+    let xn = x.ty().numel();
+    let order: Vec<usize> = offsets(cond.shape(), &full)
+        .zip(offsets(x.shape(), &full))
+        .zip(offsets(y.shape(), &full))
+        .map(|((k, i), j)| if c[k] { i } else { xn + j })
+        .collect();
+    Ok(both.take(&order, full))
 }
 
 /// Integer arithmetic as ONNX defines it on integer tensors: wrapping on

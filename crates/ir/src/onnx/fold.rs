@@ -34,7 +34,7 @@ pub fn gather(data: &Tensor, indices: &Tensor, axis: usize) -> Result<Tensor, St
     let mut out_shape = shape[..axis].to_vec();
     out_shape.extend_from_slice(indices.shape());
     out_shape.extend_from_slice(&shape[axis + 1..]);
-    Ok(pick(data, &order, out_shape))
+    Ok(Tensor::take(data, &order, out_shape))
 }
 
 /// Concatenates constants along `axis`.
@@ -63,7 +63,7 @@ pub fn concat(parts: &[&Tensor], axis: usize) -> Result<Tensor, String> {
         }
     }
     let joined = join(parts);
-    Ok(pick(&joined, &order, out_shape))
+    Ok(Tensor::take(&joined, &order, out_shape))
 }
 
 /// Slices a 1-D constant (shape arithmetic only).
@@ -73,7 +73,7 @@ pub fn slice_1d(data: &Tensor, start: i64, end: i64, step: i64) -> Result<Tensor
     }
     let len = crate::infer::slice_len(data.shape()[0], start, end, step)?;
     let order: Vec<usize> = (0..len).map(|i| (start + i as i64 * step) as usize).collect();
-    Ok(pick(data, &order, vec![len]))
+    Ok(Tensor::take(data, &order, vec![len]))
 }
 
 /// Elementwise integer arithmetic on i64/i32 constants with broadcasting.
@@ -137,21 +137,6 @@ fn join(parts: &[&Tensor]) -> Tensor {
     Tensor::new(vec![n], data).expect("count matches").cast(dtype)
 }
 
-fn pick(data: &Tensor, order: &[usize], shape: Vec<usize>) -> Tensor {
-    let dtype = data.ty().dtype;
-    let out = match data.data() {
-        TensorData::I64(v) => TensorData::I64(order.iter().map(|&i| v[i]).collect()),
-        TensorData::I32(v) => TensorData::I32(order.iter().map(|&i| v[i]).collect()),
-        TensorData::Bool(v) => TensorData::Bool(order.iter().map(|&i| v[i]).collect()),
-        TensorData::F32(v) => TensorData::F32(order.iter().map(|&i| v[i]).collect()),
-        TensorData::F16(v) => TensorData::F16(order.iter().map(|&i| v[i]).collect()),
-        TensorData::BF16(v) => TensorData::BF16(order.iter().map(|&i| v[i]).collect()),
-    };
-    let t = Tensor::new(shape, out).expect("count matches");
-    debug_assert_eq!(t.ty().dtype, dtype);
-    t
-}
-
 /// `op` evaluated on constants, when it is one import folds: elementwise
 /// arithmetic, comparisons, boolean functions, `where` and broadcasts
 /// (`None`: emit the op instead). Floats compute in f32 as the kernels do,
@@ -181,7 +166,7 @@ pub fn op(op: &Op, args: &[&Tensor], out: &TensorType) -> Option<Result<Tensor, 
                 start[a] = starts[k];
                 step[a] = steps[k];
             }
-            Ok(pick(args[0], &strided(shape, &out.shape, |d, i| (start[d] + i as i64 * step[d]) as usize), out.shape.clone()))
+            Ok(Tensor::take(args[0], &strided(shape, &out.shape, |d, i| (start[d] + i as i64 * step[d]) as usize), out.shape.clone()))
         }
         Op::Transpose { perm } => {
             let shape = args[0].shape();
@@ -202,11 +187,11 @@ pub fn op(op: &Op, args: &[&Tensor], out: &TensorType) -> Option<Result<Tensor, 
                     off
                 })
                 .collect::<Vec<_>>();
-            Ok(pick(args[0], &order, out.shape.clone()))
+            Ok(Tensor::take(args[0], &order, out.shape.clone()))
         }
         Op::Expand { .. } => {
             let order: Vec<usize> = values::offsets(args[0].shape(), &out.shape).collect();
-            Ok(pick(args[0], &order, out.shape.clone()))
+            Ok(Tensor::take(args[0], &order, out.shape.clone()))
         }
         _ => return None,
     })
@@ -294,5 +279,5 @@ pub fn gather_elements(data: &Tensor, indices: &Tensor, axis: usize) -> Result<T
         }
         order.push(flat);
     }
-    Ok(pick(data, &order, is.to_vec()))
+    Ok(Tensor::take(data, &order, is.to_vec()))
 }

@@ -156,7 +156,7 @@ fn attributes(op_type: &str) -> Option<&'static [&'static str]> {
         "Add" | "Sub" | "Mul" | "Div" | "Pow" => &["broadcast", "axis"],
         "Max" | "Min" | "Sum" | "PRelu" | "MatMul" | "GlobalAveragePool" | "Identity" | "Expand" | "Tile" | "Not" | "IsNaN" | "Where"
         | "Range" | "And" | "Or" | "Xor" => &[],
-        t if CompareOp::ALL.iter().any(|c| c.names().1 == t) => &[],
+        t if CompareOp::by_onnx_name(t).is_some() => &[],
         "Mod" => &["fmod"],
         "Trilu" => &["upper"],
         "GatherElements" => &["axis"],
@@ -212,7 +212,7 @@ fn arity(op_type: &str, opset: i64) -> Option<(usize, usize, usize)> {
         t if UnaryOp::by_onnx_name(t).is_some() => (1, 1, 1),
         "Pow" | "MatMul" | "PRelu" | "Add" | "Sub" | "Mul" | "Div" | "Gather" | "Expand" | "Mod" | "GatherElements" | "GatherND"
         | "CastLike" | "And" | "Or" | "Xor" => (2, 2, 1),
-        t if CompareOp::ALL.iter().any(|c| c.names().1 == t) => (2, 2, 1),
+        t if CompareOp::by_onnx_name(t).is_some() => (2, 2, 1),
         "Not" | "IsNaN" => (1, 1, 1),
         "Where" | "Range" => (3, 3, 1),
         "Trilu" => (1, 2, 1),
@@ -412,12 +412,8 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
         "Not" => Some(Op::Not),
         "IsNaN" => Some(Op::IsNaN),
         "Where" => Some(Op::Where),
-        t if CompareOp::ALL.iter().any(|c| c.names().1 == t) => {
-            Some(Op::Compare(CompareOp::ALL.into_iter().find(|c| c.names().1 == t).expect("just found")))
-        }
-        t if LogicOp::ALL.iter().any(|l| l.names().1 == t) => {
-            Some(Op::Logic(LogicOp::ALL.into_iter().find(|l| l.names().1 == t).expect("just found")))
-        }
+        t if CompareOp::by_onnx_name(t).is_some() => CompareOp::by_onnx_name(t).map(Op::Compare),
+        t if LogicOp::by_onnx_name(t).is_some() => LogicOp::by_onnx_name(t).map(Op::Logic),
         "MatMul" => Some(Op::MatMul),
         "GlobalAveragePool" => Some(Op::GlobalAveragePool),
         _ => None,

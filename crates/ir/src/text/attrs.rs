@@ -226,12 +226,8 @@ pub fn op_from(name: &str, mut a: Attrs) -> Result<Op, String> {
         "not" => Ok(Op::Not),
         "is_nan" => Ok(Op::IsNaN),
         "where" => Ok(Op::Where),
-        name if CompareOp::ALL.iter().any(|c| c.names().0 == name) => {
-            Ok(Op::Compare(CompareOp::ALL.into_iter().find(|c| c.names().0 == name).expect("just found")))
-        }
-        name if LogicOp::ALL.iter().any(|l| l.names().0 == name) => {
-            Ok(Op::Logic(LogicOp::ALL.into_iter().find(|l| l.names().0 == name).expect("just found")))
-        }
+        name if CompareOp::by_name(name).is_some() => Ok(Op::Compare(CompareOp::by_name(name).expect("just found"))),
+        name if LogicOp::by_name(name).is_some() => Ok(Op::Logic(LogicOp::by_name(name).expect("just found"))),
         "max_pool" => Ok(Op::MaxPool(a.pool()?)),
         "avg_pool" => Ok(Op::AveragePool { pool: a.pool()?, count_include_pad: a.bool("count_include_pad")? }),
         "global_avg_pool" => Ok(Op::GlobalAveragePool),
