@@ -9,7 +9,11 @@ padding mask) and ViT, built from configs. Each is exported twice, as a user
 of torch.onnx.export would: by the TorchScript exporter (dynamo=False,
 opset 17, batch and sequence as symbolic dimensions named "batch" and
 "sequence") and by the dynamo exporter (dynamo=True, opset 18, static
-shapes, weights in an external `model.onnx.data` file).
+shapes, weights in an external `model.onnx.data` file). BERT and GPT-2 are
+also exported as Hugging Face optimum does (case prefix `opset14_`):
+TorchScript exporter, opset 14 (so LayerNorm arrives as ReduceMean, Sub,
+Pow, Sqrt, Div, Mul, Add), dimensions named "batch_size" and
+"sequence_length", BERT with token_type_ids.
 
 Output, per case, under <out>/<exporter>_<model>/:
     model.onnx (+ model.onnx.data)
@@ -50,6 +54,17 @@ class LastHidden(torch.nn.Module):
         return self.m(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
 
+class TokenTypes(torch.nn.Module):
+    """BERT called as optimum exports it: ids, mask and token types."""
+
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, input_ids, attention_mask, token_type_ids):
+        return self.m(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).last_hidden_state
+
+
 class CausalDecoder(torch.nn.Module):
     """nn.TransformerDecoder with a causal target mask and cross-attention."""
 
@@ -77,6 +92,12 @@ def text_inputs(batch, seq, seed):
     mask = torch.ones(batch, seq, dtype=torch.long)
     mask[-1, seq - seq // 3:] = 0  # the last sequence is padded
     return (ids, mask)
+
+
+def typed_inputs(batch, seq, seed):
+    ids, mask = text_inputs(batch, seq, seed)
+    types = torch.randint(0, 2, (batch, seq), generator=torch.Generator().manual_seed(seed + 1))
+    return (ids, mask, types)
 
 
 def models():
@@ -161,6 +182,22 @@ def main():
                 with open(os.path.join(d, "args.txt"), "w") as f:
                     f.write(f"--batch 3{dims}\n")
             print(f"make_transformers: {exporter}_{name}", flush=True)
+        if name in ("bert", "gpt2"):
+            # As optimum exports them (its default opset for both is 14).
+            if name == "bert":
+                module, names, make_inputs = TokenTypes(module.m).eval(), names + ["token_type_ids"], typed_inputs
+            d = os.path.join(args.out, f"opset14_{name}")
+            os.makedirs(d, exist_ok=True)
+            path = os.path.join(d, "model.onnx")
+            torch.onnx.export(module, make_inputs(2, 16, 10), path, dynamo=False, opset_version=14, input_names=names,
+                              output_names=["last_hidden_state"],
+                              dynamic_axes={n: {0: "batch_size", 1: "sequence_length"} for n in names})
+            onnx.checker.check_model(path)
+            reference(path, module, names, make_inputs(2, 16, 10), "", d)
+            reference(path, module, names, make_inputs(3, 8, 11), "dim_", d)
+            with open(os.path.join(d, "args.txt"), "w") as f:
+                f.write("--batch 3 --dim sequence_length=8\n")
+            print(f"make_transformers: opset14_{name}", flush=True)
     # For planning only (no reference outputs): the issue's memory target, a
     # Hugging Face BERT with hidden 256, 4 heads, 4 layers, intermediate
     # 1024, planned at batch 8 and sequence 512 (`--batch 8 --dim sequence=512`).

@@ -1,7 +1,8 @@
 //! Transformers as users export them (`scripts/make_transformers.py`):
 //! PyTorch's nn.TransformerEncoder and nn.TransformerDecoder (causal, with
 //! cross-attention) and Hugging Face BERT, GPT-2 and ViT,
-//! each from the TorchScript and the dynamo exporter, imported and run on
+//! each from the TorchScript and the dynamo exporter (BERT and GPT-2 also
+//! as optimum exports them: opset 14, LayerNorm decomposed), imported and run on
 //! the CPU reference executor, unfused and fused, against onnxruntime; the
 //! TorchScript exports also at another batch and sequence (`--dim`).
 
@@ -11,7 +12,7 @@ use smelt_ir::onnx::read_tensor_file;
 use smelt_ir::Tensor;
 use std::path::{Path, PathBuf};
 
-const CASES: [&str; 10] = [
+const CASES: [&str; 12] = [
     "torchscript_tenc",
     "torchscript_tdec",
     "torchscript_bert",
@@ -22,6 +23,8 @@ const CASES: [&str; 10] = [
     "dynamo_bert",
     "dynamo_gpt2",
     "dynamo_vit",
+    "opset14_bert",
+    "opset14_gpt2",
 ];
 
 fn dir(case: &str) -> PathBuf {
@@ -45,6 +48,7 @@ fn export_options(case: &str) -> smelt::Options {
     match case {
         "torchscript_tenc" | "torchscript_bert" | "torchscript_gpt2" => options("--batch 2 --dim sequence=16"),
         "torchscript_vit" => options("--batch 2"),
+        "opset14_bert" | "opset14_gpt2" => options("--batch 2 --dim sequence_length=16"),
         _ => smelt::Options::default(),
     }
 }

@@ -1,11 +1,11 @@
-//! Reduction kernels as data: global average pooling, (log-)softmax and
-//! layer normalization, each reading its input through an optional
+//! Reduction kernels as data: global average pooling, (log-)softmax,
+//! layer normalization and mean, sum or max over any axes, each reading its input through an optional
 //! elementwise prologue (a `fused_reduction`: the residual add before a
 //! layer norm), so the prologue's value never reaches memory. One thread
 //! per reduced row; the row is walked in registers, statistics in f32.
 
 use crate::elementwise::{expr_c, strides};
-use smelt_ir::{DType, Expr, ExprNode, KernelGraph, KernelOp, NodeId, Op, Tensor};
+use smelt_ir::{DType, Expr, ExprNode, KernelGraph, KernelOp, NodeId, Op, ReduceOp, Tensor};
 
 /// What is reduced.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -28,6 +28,14 @@ pub enum Kind {
         epsilon: f32,
         /// Whether a bias operand follows the scale.
         bias: bool,
+    },
+    /// Mean, sum or max over the axes set in `mask` (bit d: axis d of
+    /// `pre`); one output element per combination of the other axes.
+    Reduce {
+        /// Which reduction.
+        op: ReduceOp,
+        /// The reduced axes, as a bit set.
+        mask: u64,
     },
 }
 
@@ -78,6 +86,9 @@ impl Reduction {
             Op::Softmax { axis } => Kind::Softmax { axis, log: false },
             Op::LogSoftmax { axis } => Kind::Softmax { axis, log: true },
             Op::LayerNorm { axis, epsilon } => Kind::LayerNorm { axis, epsilon, bias: ins.len() > expr.arity() + 1 },
+            Op::Reduce { op, ref axes, .. } if axes.iter().all(|&a| a < 64) => {
+                Kind::Reduce { op, mask: axes.iter().fold(0, |m, &a| m | 1 << a) }
+            }
             _ => return None,
         };
         let out = &node.outputs[0];
@@ -102,6 +113,15 @@ impl Reduction {
             Kind::GlobalAveragePool => format!("{fused}gap_{dims}{suffix}"),
             Kind::Softmax { axis, log } => format!("{fused}{}softmax_a{axis}_{dims}{suffix}", if log { "log" } else { "" }),
             Kind::LayerNorm { axis, .. } => format!("{fused}layer_norm_a{axis}_{dims}{suffix}"),
+            Kind::Reduce { op, mask } => {
+                let axes: Vec<String> = (0..pre.len()).filter(|d| mask >> d & 1 == 1).map(|d| d.to_string()).collect();
+                let op = match op {
+                    ReduceOp::Mean => "mean",
+                    ReduceOp::Sum => "sum",
+                    ReduceOp::Max => "max",
+                };
+                format!("{fused}reduce_{op}_a{}_{dims}{suffix}", axes.join("_"))
+            }
         };
         Some(Reduction { name, kind, expr, pre, inputs, output: out.shape.clone(), out: out.dtype, extra })
     }
@@ -125,7 +145,27 @@ impl Reduction {
                 (outer * inner, self.pre[axis], inner)
             }
             Kind::LayerNorm { axis, .. } => (self.pre[..axis].iter().product(), self.pre[axis..].iter().product(), 1),
+            Kind::Reduce { mask, .. } => {
+                let n = |red: u64| (0..self.pre.len()).filter(|d| mask >> d & 1 == red).map(|d| self.pre[d]).product();
+                (n(0), n(1), 1)
+            }
         }
+    }
+
+    /// For a reduction over axes: (extent, stride in `pre`) of the kept
+    /// axes and of the reduced ones, outermost first. Other kinds: a row
+    /// is `len` elements `inner` apart, rows `inner` to a block.
+    fn split_axes(&self) -> (Axes, Axes) {
+        let (rows, len, inner) = self.rows();
+        let Kind::Reduce { mask, .. } = self.kind else {
+            return (vec![(rows / inner.max(1), len * inner), (inner, 1)], vec![(len, inner)]);
+        };
+        let st = crate::elementwise::strides(&self.pre, &self.pre);
+        let (mut kept, mut reduced) = (Vec::new(), Vec::new());
+        for (d, (&e, &s)) in self.pre.iter().zip(&st).enumerate() {
+            if mask >> d & 1 == 1 { &mut reduced } else { &mut kept }.push((e, s));
+        }
+        (kept, reduced)
     }
 
     /// The CUDA C source: `extern "C" __global__ void NAME(in0, ..., out, rows)`.
@@ -151,7 +191,8 @@ impl Reduction {
             ty(self.out)
         );
         s += "    unsigned long long r = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;\n    if (r >= rows) return;\n";
-        s += &format!("    unsigned long long base = (r / {inner}ull) * {len}ull * {inner}ull + r % {inner}ull;\n");
+        let (kept, reduced) = self.split_axes();
+        s += &format!("    unsigned long long base = {};\n", decompose_c("r", &kept));
         let store = |v: &str| match self.out {
             DType::F16 => format!("__float2half({v})"),
             DType::BF16 => format!("__float2bfloat16({v})"),
@@ -187,6 +228,19 @@ impl Reduction {
                     store(&format!("(value_{f}({args}, base + k) - mean) * inv * {}{b}", load(self.extra[0], "scale[k]")))
                 );
             }
+            Kind::Reduce { op, .. } => {
+                let (init, step) = match op {
+                    ReduceOp::Max => ("__int_as_float(0xff800000)", "acc = fmaxf(acc, v)"),
+                    ReduceOp::Mean | ReduceOp::Sum => ("0.0f", "acc += v"),
+                };
+                s += &format!(
+                    "    float acc = {init};\n    for (unsigned long long k = 0; k < {len}ull; ++k) {{ float v = value_{}({args}, base + {}); {step}; }}\n",
+                    self.name,
+                    decompose_c("k", &reduced)
+                );
+                let v = if op == ReduceOp::Mean { format!("acc / {}.0f", len.max(1)) } else { "acc".into() };
+                s += &format!("    out[r] = {};\n}}\n", store(&v));
+            }
         }
         s
     }
@@ -215,10 +269,11 @@ impl Reduction {
             self.expr.eval(&a, &mut scratch)
         };
         let (rows, len, inner) = self.rows();
+        let (kept, reduced) = self.split_axes();
         let n: usize = self.output.iter().product();
         let mut out = vec![0f32; n];
         for r in 0..rows {
-            let base = (r / inner) * len * inner + r % inner;
+            let base = decompose(r, &kept);
             match self.kind {
                 Kind::GlobalAveragePool => {
                     let acc: f32 = (0..len).map(|k| value(base + k)).sum();
@@ -241,8 +296,47 @@ impl Reduction {
                         out[base + k] = (value(base + k) - mean) * inv * extra[0][k] + b;
                     }
                 }
+                Kind::Reduce { op, .. } => {
+                    let vs = (0..len).map(|k| value(base + decompose(k, &reduced)));
+                    out[r] = match op {
+                        ReduceOp::Max => vs.fold(f32::NEG_INFINITY, f32::max),
+                        ReduceOp::Sum => vs.sum(),
+                        ReduceOp::Mean => vs.sum::<f32>() / len.max(1) as f32,
+                    };
+                }
             }
         }
         Tensor::from_f32(self.output.clone(), out).cast(self.out)
+    }
+}
+
+/// Axes as (extent, stride) pairs, outermost first.
+type Axes = Vec<(usize, usize)>;
+
+/// The flat offset of index `i` in the space of `axes` ((extent, stride),
+/// outermost first).
+fn decompose(mut i: usize, axes: &[(usize, usize)]) -> usize {
+    let mut off = 0;
+    for &(e, s) in axes.iter().rev() {
+        off += i % e.max(1) * s;
+        i /= e.max(1);
+    }
+    off
+}
+
+/// The same in CUDA C: an expression of the `unsigned long long` variable `i`.
+fn decompose_c(i: &str, axes: &[(usize, usize)]) -> String {
+    let mut terms = Vec::new();
+    let mut div = 1usize;
+    for &(e, s) in axes.iter().rev() {
+        if e > 1 && s > 0 {
+            terms.push(format!("({i} / {div}ull % {e}ull) * {s}ull"));
+        }
+        div *= e.max(1);
+    }
+    if terms.is_empty() {
+        "0ull".into()
+    } else {
+        terms.join(" + ")
     }
 }

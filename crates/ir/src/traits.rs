@@ -129,7 +129,7 @@ impl Op {
             Op::MaxPool(_) => t(K::Movement, P::Follows, I::No, L::Kernel),
             Op::AveragePool { .. } => t(K::Window, P::Half, I::No, L::Kernel),
             Op::GlobalAveragePool | Op::Softmax { .. } | Op::LogSoftmax { .. } => prologue(P::Sensitive, L::Kernel),
-            Op::Reduce { .. } => prologue(P::Sensitive, L::CpuOnly),
+            Op::Reduce { .. } => prologue(P::Sensitive, L::Kernel),
             Op::Concat { .. } | Op::Transpose { .. } => t(K::Movement, P::Follows, I::No, L::Kernel),
             Op::Slice { .. } | Op::Pad { .. } | Op::Expand { .. } | Op::Tile { .. } | Op::Gather { .. } => {
                 t(K::Movement, P::Follows, I::No, L::Kernel)
