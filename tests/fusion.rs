@@ -123,3 +123,68 @@ fn kernels_trace_back_to_every_model_node() {
     }
     println!("{traced} model nodes traced from their kernels");
 }
+
+/// A spelled-out layer norm over the last dim of x `f32[2,3,8]`: `square`
+/// is `pow(%2, %3)` or `mul(%2, %2)`, `tail` what follows the division.
+fn spelled_layer_norm(square: &str, tail: &str, output: &str, extra: &str) -> Graph {
+    let text = format!(
+        "graph {{\n  %0 \"x\" = input : f32[2,3,8]\n  %1 = reduce_mean(%0) {{axes=[2], keepdims=true}} : f32[2,3,1]\n  \
+         %2 = sub(%0, %1) : f32[2,3,8]\n  %3 \"two\" = const : f32[] = [2.0]\n  %4 = {square} : f32[2,3,8]\n  \
+         %5 = reduce_mean(%4) {{axes=[2], keepdims=true}} : f32[2,3,1]\n  %6 \"eps\" = const : f32[] = [1e-5]\n  \
+         %7 = add(%5, %6) : f32[2,3,1]\n  %8 = sqrt(%7) : f32[2,3,1]\n  %9 = div(%2, %8) : f32[2,3,8]\n  \
+         %10 \"gamma\" = const : f32[8]\n  %11 \"beta\" = const : f32[8]\n{tail}  output \"y\" = {output}\n{extra}}}\n"
+    );
+    let mut g = smelt_ir::text::parse(&text).unwrap();
+    let mut rng = smelt_ir::Rng::new(3);
+    for name in ["gamma", "beta"] {
+        let id = g.node_ids().find(|&n| g.node(n).name == name).unwrap();
+        let shape = g.node(id).outputs[0].shape.clone();
+        let n = shape.iter().product();
+        g.set_weight(id, smelt_ir::Tensor::from_f32(shape, (0..n).map(|_| rng.uniform() * 2.0 - 1.0).collect())).unwrap();
+    }
+    g
+}
+
+/// Opset 14's LayerNorm (mean, sub, pow, mean, add, sqrt, div, mul, add)
+/// becomes one `layer_norm` in each spelling, with the same numbers; an
+/// intermediate read elsewhere keeps the graph as it is.
+#[test]
+fn spelled_out_layer_norms_become_one_op() {
+    let affine = "  %12 = mul(%9, %10) : f32[2,3,8]\n  %13 = add(%11, %12) : f32[2,3,8]\n";
+    let cases = [
+        ("pow(%2, %3)", affine, "%13", "", 1),
+        ("mul(%2, %2)", affine, "%13", "", 1),
+        ("pow(%2, %3)", "  %12 = mul(%10, %9) : f32[2,3,8]\n", "%12", "", 1),
+        ("pow(%2, %3)", "", "%9", "", 1),
+        // The variance is an output too: not a layer norm alone.
+        ("pow(%2, %3)", affine, "%13", "  output \"var\" = %5\n", 0),
+        // Not a square.
+        ("mul(%2, %0)", affine, "%13", "", 0),
+    ];
+    let mut rng = smelt_ir::Rng::new(4);
+    let x = smelt_ir::Tensor::from_f32(vec![2, 3, 8], (0..48).map(|_| rng.uniform() * 4.0 - 2.0).collect());
+    for (square, tail, output, extra, want) in cases {
+        let g = spelled_layer_norm(square, tail, output, extra);
+        let f = fused(&g);
+        let is_layer_norm = |n: NodeId| match &f.node(n).op {
+            KernelOp::Op(op) => matches!(op, Op::LayerNorm { .. }),
+            KernelOp::FusedReduction { reduction, .. } => matches!(**reduction, Op::LayerNorm { .. }),
+            _ => false,
+        };
+        assert_eq!(f.node_ids().filter(|&n| is_layer_norm(n)).count(), want, "{square} {tail} {extra}");
+        if want == 1 {
+            assert_eq!(
+                f.node_ids().filter(|&n| f.node(n).op.is_kernel()).count(),
+                1,
+                "{square} {tail}: one kernel:\n{}",
+                smelt_ir::text::print(&f)
+            );
+        }
+        let a = smelt_runtime::cpu::run(&g, std::slice::from_ref(&x)).unwrap();
+        let b = smelt_runtime::cpu::run(&f, std::slice::from_ref(&x)).unwrap();
+        for (a, b) in a.iter().zip(&b) {
+            let c = smelt::compare(b, a, 1e-5, 1e-5);
+            assert!(c.ok, "{square} {tail} {extra}: {c:?}");
+        }
+    }
+}

@@ -95,6 +95,16 @@ fn check(case: &str, prefix: &str, opts: smelt::Options) -> f64 {
         _ => false,
     });
     assert!(softmax.is_none(), "{case}: softmax {:?} left unfused", softmax.map(|n| &compiled.graph.node(n).name));
+    // Every layer norm is one op, including those opset 14 spells out.
+    let reduce = compiled.graph.node_ids().find(|&n| match &compiled.graph.node(n).op {
+        smelt_ir::KernelOp::Op(op) => matches!(op, smelt_ir::Op::Reduce { .. }),
+        smelt_ir::KernelOp::FusedReduction { reduction, .. } => matches!(**reduction, smelt_ir::Op::Reduce { .. }),
+        _ => false,
+    });
+    assert!(reduce.is_none(), "{case}: reduction {:?} left unfused", reduce.map(|n| &compiled.graph.node(n).name));
+    if case.starts_with("opset14") {
+        assert_eq!(compiled.stats.layer_norm.as_ref().unwrap().fused, 5, "{case}: spelled-out layer norms");
+    }
     // The fused graph prints and parses back (attention, select, layer norm kernels).
     let printed = smelt_ir::text::print(&compiled.graph);
     let parsed = smelt_ir::text::parse_as::<smelt_ir::KernelOp>(&printed).unwrap_or_else(|e| panic!("{case}: {e}"));
@@ -229,7 +239,7 @@ fn generated_cuda_matches_onnxruntime_on_the_emulator() {
         assert!(c.ok, "{case} on the emulator against onnxruntime: {c:?}");
         println!("{case}: emulator f32 max abs error {:.3e} (kernels within {worst:.1e} of range)", c.max_abs);
     }
-    for case in ["dynamo_bert", "torchscript_gpt2", "dynamo_vit"] {
+    for case in ["dynamo_bert", "torchscript_gpt2", "dynamo_vit", "opset14_bert"] {
         let (_, c, want) = emulate(case, "mixed-f16");
         let v = want.to_f32_vec();
         let range = v.iter().cloned().fold(f32::MIN, f32::max) - v.iter().cloned().fold(f32::MAX, f32::min);

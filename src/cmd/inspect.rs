@@ -63,6 +63,9 @@ fn print_inspect(r: &Inspect, stats: &smelt_passes::pipeline::Stats) -> Result<(
     if let Some(f) = &stats.fusion {
         outln!("\nfusion: {} iterations, {} e-nodes, stop reason {}, {:.1} ms", f.iterations, f.egraph_nodes, f.stop_reason, f.millis);
     }
+    if let Some(l) = stats.layer_norm.as_ref().filter(|l| l.fused > 0) {
+        outln!("layer norm: {} spelled out (mean, sub, pow, sqrt, div...) made one op each", l.fused);
+    }
     if let Some(a) = stats.attention.as_ref().filter(|a| a.blocks > 0) {
         let how = if a.fused == a.blocks { "the scores never reach memory" } else { "the others keep their score tensors" };
         outln!("attention: {} of {} softmax-product blocks fused into one kernel each ({how})", a.fused, a.blocks);

@@ -9,6 +9,7 @@ pub mod concat;
 pub mod dce;
 pub mod ew_cluster;
 pub mod fusion;
+pub mod layer_norm;
 pub mod memory;
 pub mod pipeline;
 pub mod precision;
@@ -46,17 +47,17 @@ impl PassError {
 /// its inputs found through `map`) or copied; outputs follow their nodes.
 /// The passes that replace groups of nodes by one (`reduce-fuse`,
 /// `attention`) share it.
-pub(crate) fn rebuild(
-    g: &smelt_ir::KernelGraph,
+pub(crate) fn rebuild<O: smelt_ir::OpSet>(
+    g: &smelt_ir::Graph<O>,
     skip: &std::collections::HashSet<smelt_ir::NodeId>,
     mut make: impl FnMut(
-        &mut smelt_ir::KernelGraph,
+        &mut smelt_ir::Graph<O>,
         smelt_ir::NodeId,
         &std::collections::HashMap<smelt_ir::ValueId, smelt_ir::ValueId>,
     ) -> Result<Option<smelt_ir::NodeId>, smelt_ir::IrError>,
-) -> Result<smelt_ir::KernelGraph, smelt_ir::IrError> {
+) -> Result<smelt_ir::Graph<O>, smelt_ir::IrError> {
     use smelt_ir::ValueId;
-    let mut out = smelt_ir::KernelGraph::new();
+    let mut out = smelt_ir::Graph::new();
     let mut map = std::collections::HashMap::new();
     for id in g.topo_order()? {
         if skip.contains(&id) {

@@ -1,16 +1,17 @@
 //! The order of passes, with the verifier after each in debug builds:
 //! `dce` on the semantic graph, then with fusion on `fuse` (egg: the
-//! semantic graph in, the kernel graph out), `precision` (a no-op at f32),
+//! semantic graph in, the kernel graph out), `layer-norm` (spelled-out
+//! layer norms made one op), `precision` (a no-op at f32),
 //! `ew-cluster`, `reduce-fuse`, `attention`, `concat`, `final-dce` on the
 //! kernel graph.
 //! Without fusion, the semantic graph is lifted to the kernel level op for
 //! op and `precision` runs on it.
 
-use crate::{attention, concat, dce, ew_cluster, fusion, precision, reduce_fuse, PassError};
+use crate::{attention, concat, dce, ew_cluster, fusion, layer_norm, precision, reduce_fuse, PassError};
 use smelt_ir::{Graph, KernelGraph, OpSet};
 
 /// The names of the passes, in order (for `--dump-ir`).
-pub const PASSES: [&str; 8] = ["dce", "fuse", "precision", "ew-cluster", "reduce-fuse", "attention", "concat", "final-dce"];
+pub const PASSES: [&str; 9] = ["dce", "fuse", "layer-norm", "precision", "ew-cluster", "reduce-fuse", "attention", "concat", "final-dce"];
 
 /// Options of the pipeline.
 #[derive(Clone, Debug)]
@@ -36,6 +37,8 @@ pub struct Stats {
     pub dce_removed: usize,
     /// The e-graph run (absent without fusion).
     pub fusion: Option<fusion::Stats>,
+    /// Spelled-out layer norms made one op.
+    pub layer_norm: Option<layer_norm::Stats>,
     /// Elementwise clustering.
     pub ew_cluster: Option<ew_cluster::Stats>,
     /// Elementwise prologues fused into reductions.
@@ -97,6 +100,9 @@ pub fn run_with(graph: &Graph, opts: &Options, after: &mut dyn FnMut(&str, &Kern
     stats.fusion = Some(fusion);
     verify_if(&graph, "fuse")?;
     after("fuse", &graph, &stats.fusion);
+    stats.layer_norm = Some(layer_norm::run(&mut graph).map_err(|source| PassError::Bug { pass: "layer-norm", source })?);
+    verify_if(&graph, "layer-norm")?;
+    after("layer-norm", &graph, &stats.layer_norm);
     precision(&mut graph, &mut stats)?;
     after("precision", &graph, &stats.precision);
     stats.ew_cluster = Some(ew_cluster::run(&mut graph).map_err(|source| PassError::Bug { pass: "ew-cluster", source })?);
