@@ -123,6 +123,20 @@ fn samples() -> Vec<(KernelOp, Vec<TensorType>)> {
             vec![f32t(&[2, 8]), f32t(&[6, 8]), f32t(&[6])],
         ));
     }
+    // Products with an elementwise epilogue: a 3-D matmul with bias and
+    // GELU, a transposed Gemm read as [2,5,6] with a scale and a residual,
+    // a batched product with an f16 output.
+    let epilogue = |product: Op, expr: &str, shape: &[usize]| KernelOp::GemmEpilogue {
+        product: Box::new(product),
+        expr: expr.parse::<Expr>().unwrap(),
+        shape: shape.to_vec(),
+    };
+    v.push((epilogue(Op::MatMul, "gelu(add($0,$1))", &[2, 5, 6]), vec![f32t(&[2, 5, 8]), f32t(&[8, 6]), f32t(&[6])]));
+    v.push((
+        epilogue(Op::Gemm { trans_a: false, trans_b: true, alpha: 0.5, beta: 1.0 }, "add(mul($0,$1),$2)", &[2, 5, 6]),
+        vec![f32t(&[10, 8]), f32t(&[6, 8]), f32t(&[]), f32t(&[2, 5, 6])],
+    ));
+    v.push((epilogue(Op::MatMul, "cast_f16(relu($0))", &[2, 3, 4, 5]), vec![f32t(&[2, 3, 4, 8]), f32t(&[3, 8, 5])]));
     // Attention: more queries than one block's rows and more keys than one
     // tile; an additive mask broadcast over heads; a scale before the score;
     // keys shared by every batch element.
@@ -162,7 +176,8 @@ fn covered(op: &KernelOp) {
         | KernelOp::Elementwise { .. }
         | KernelOp::FusedReduction { .. }
         | KernelOp::ConcatInPlace { .. }
-        | KernelOp::Attention { .. } => {}
+        | KernelOp::Attention { .. }
+        | KernelOp::GemmEpilogue { .. } => {}
     }
 }
 

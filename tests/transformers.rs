@@ -105,6 +105,18 @@ fn check(case: &str, prefix: &str, opts: smelt::Options) -> f64 {
     if case.starts_with("opset14") {
         assert_eq!(compiled.stats.layer_norm.as_ref().unwrap().fused, 5, "{case}: spelled-out layer norms");
     }
+    // Every feed-forward activation (erf or tanh GELU, ReLU, in whatever
+    // spelling) runs in its GEMM's epilogue: no other kernel computes one.
+    let activation = compiled.graph.node_ids().find(|&n| {
+        let op = &compiled.graph.node(n).op;
+        let expr = smelt_ir::Expr::of_kernel(op, compiled.graph.inputs_of(n).len());
+        expr.is_some_and(|e| {
+            e.nodes.iter().any(|x| {
+                matches!(x, smelt_ir::ExprNode::Unary(smelt_ir::UnaryOp::Erf | smelt_ir::UnaryOp::Tanh | smelt_ir::UnaryOp::Relu, _))
+            })
+        })
+    });
+    assert!(activation.is_none(), "{case}: activation {:?} outside a GEMM epilogue", activation.map(|n| &compiled.graph.node(n).name));
     // The fused graph prints and parses back (attention, select, layer norm kernels).
     let printed = smelt_ir::text::print(&compiled.graph);
     let parsed = smelt_ir::text::parse_as::<smelt_ir::KernelOp>(&printed).unwrap_or_else(|e| panic!("{case}: {e}"));

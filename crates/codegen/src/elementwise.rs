@@ -28,6 +28,24 @@ pub struct Elementwise {
 
 pub use smelt_ir::broadcast_strides as strides;
 
+/// The last four operations of `expr`, outermost first, each after `_`
+/// (`_relu_add` for `relu(add($0, $1))`): part of a kernel's name.
+pub(crate) fn ops_tag(expr: &Expr) -> String {
+    expr.nodes
+        .iter()
+        .rev()
+        .filter_map(|n| match n {
+            ExprNode::Unary(u, _) => Some(Op::Unary(*u).name()),
+            ExprNode::Binary(b, ..) => Some(Op::Binary(*b).name()),
+            ExprNode::Clip(..) => Some("clip"),
+            ExprNode::Cast(..) => Some("cast"),
+            _ => None,
+        })
+        .take(4)
+        .map(|n| format!("_{n}"))
+        .collect()
+}
+
 fn shape_tag(shape: &[usize]) -> String {
     let letters = ["n", "c", "h", "w"];
     if shape.len() == 4 {
@@ -54,21 +72,8 @@ impl Elementwise {
         if !out.dtype.is_float() {
             return None;
         }
-        let ops: Vec<&str> = expr
-            .nodes
-            .iter()
-            .rev()
-            .filter_map(|n| match n {
-                ExprNode::Unary(u, _) => Some(Op::Unary(*u).name()),
-                ExprNode::Binary(b, ..) => Some(Op::Binary(*b).name()),
-                ExprNode::Clip(..) => Some("clip"),
-                ExprNode::Cast(..) => Some("cast"),
-                _ => None,
-            })
-            .take(4)
-            .collect();
         let suffix = if out.dtype == DType::F32 { String::new() } else { format!("_{}", out.dtype) };
-        let name = format!("ew_{}_{}{suffix}", ops.join("_"), shape_tag(&out.shape));
+        let name = format!("ew{}_{}{suffix}", ops_tag(&expr), shape_tag(&out.shape));
         let inputs = ins.iter().map(|v| (g.ty(*v).dtype, strides(&g.ty(*v).shape, &out.shape))).collect();
         Some(Elementwise { name, expr, shape: out.shape.clone(), inputs, out: out.dtype, vector: false })
     }
@@ -179,32 +184,44 @@ impl Elementwise {
     /// Runs the description on the CPU exactly as the kernel does (f32 in
     /// registers, inputs and output rounded to their dtypes).
     pub fn run_cpu(&self, inputs: &[&Tensor]) -> Tensor {
-        let vals: Vec<Vec<f32>> = inputs.iter().map(|t| t.to_f32_vec()).collect();
-        let n = self.numel();
-        let mut out = Vec::with_capacity(n);
-        let (mut a, mut scratch) = (vec![0f32; inputs.len()], Vec::new());
-        for i in 0..n {
-            let mut r = i;
-            let mut offs = vec![0usize; inputs.len()];
-            for d in (0..self.shape.len()).rev() {
-                let c = r % self.shape[d];
-                r /= self.shape[d];
-                for (k, (_, st)) in self.inputs.iter().enumerate() {
-                    offs[k] += c * st[d];
-                }
-            }
-            for k in 0..inputs.len() {
-                a[k] = vals[k][offs[k]];
-            }
-            out.push(self.expr.eval(&a, &mut scratch));
-        }
-        Tensor::from_f32(self.shape.clone(), out).cast(self.out)
+        eval_cpu(&self.expr, &self.shape, &self.inputs, inputs).cast(self.out)
     }
+}
+
+/// `expr` at every index of `shape` in f32, each input read through its
+/// strides in `layout`, as the generated code does.
+pub(crate) fn eval_cpu(expr: &Expr, shape: &[usize], layout: &[(DType, Vec<usize>)], inputs: &[&Tensor]) -> Tensor {
+    let vals: Vec<Vec<f32>> = inputs.iter().map(|t| t.to_f32_vec()).collect();
+    let n: usize = shape.iter().product();
+    let mut out = Vec::with_capacity(n);
+    let (mut a, mut scratch) = (vec![0f32; inputs.len()], Vec::new());
+    for i in 0..n {
+        let mut r = i;
+        let mut offs = vec![0usize; inputs.len()];
+        for d in (0..shape.len()).rev() {
+            let c = r % shape[d];
+            r /= shape[d];
+            for (k, (_, st)) in layout.iter().enumerate() {
+                offs[k] += c * st[d];
+            }
+        }
+        for k in 0..inputs.len() {
+            a[k] = vals[k][offs[k]];
+        }
+        out.push(expr.eval(&a, &mut scratch));
+    }
+    Tensor::from_f32(shape.to_vec(), out)
 }
 
 /// C statements that load each input at flat index `idx` of `shape` (through
 /// its broadcast strides), evaluate `expr` in f32 and `return` the result.
 pub fn expr_c(expr: &Expr, shape: &[usize], inputs: &[(DType, Vec<usize>)], idx: &str) -> String {
+    expr_c_at(expr, shape, inputs, idx, None)
+}
+
+/// As [`expr_c`], but input `register` (if any) is not loaded: it is the
+/// f32 variable `p` (a GEMM epilogue's product, still in registers).
+pub fn expr_c_at(expr: &Expr, shape: &[usize], inputs: &[(DType, Vec<usize>)], idx: &str, register: Option<usize>) -> String {
     let load = |d: DType, v: String| match d {
         DType::F16 => format!("__half2float({v})"),
         DType::BF16 => format!("__bfloat162float({v})"),
@@ -220,6 +237,10 @@ pub fn expr_c(expr: &Expr, shape: &[usize], inputs: &[(DType, Vec<usize>)], idx:
         }
     }
     for (k, (d, st)) in inputs.iter().enumerate() {
+        if register == Some(k) {
+            s += &format!("    float a{k} = p;\n");
+            continue;
+        }
         let at = if broadcast {
             let terms: Vec<String> = st
                 .iter()

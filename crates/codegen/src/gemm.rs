@@ -6,7 +6,7 @@
 //! description renders to CUDA C and runs on the CPU.
 
 use crate::elementwise::strides;
-use smelt_ir::{Act, DType, KernelGraph, KernelOp, NodeId, Op, Tensor};
+use smelt_ir::{Act, DType, Expr, KernelGraph, KernelOp, NodeId, Op, Tensor, TensorType};
 
 /// The tile edge.
 pub const TILE: usize = 16;
@@ -44,6 +44,25 @@ pub struct Gemm {
     pub batch_strides: (Vec<usize>, Vec<usize>),
     /// The output shape.
     pub output: Vec<usize>,
+    /// An elementwise expression applied to each result before it is
+    /// stored (a `gemm_epilogue`), if any.
+    pub epilogue: Option<Epilogue>,
+}
+
+/// What a `gemm_epilogue` applies to each result: `expr` with `$0` the
+/// result (f32, at its flat index in `shape`) and `$i` the kernel's
+/// operand after a and b number `i - 1`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Epilogue {
+    /// The expression.
+    pub expr: Expr,
+    /// The output shape (the product's elements, read in this shape).
+    pub shape: Vec<usize>,
+    /// Per expression input (the product first): dtype and element
+    /// strides in `shape`.
+    pub inputs: Vec<(DType, Vec<usize>)>,
+    /// The output dtype.
+    pub out: DType,
 }
 
 /// Most matrices in one batched launch (CUDA's grid z limit).
@@ -53,20 +72,39 @@ impl Gemm {
     /// The description of node `id`, if it is a (fused) Gemm.
     pub fn of(g: &KernelGraph, id: NodeId) -> Option<Gemm> {
         let node = g.node(id);
-        if let KernelOp::Op(Op::MatMul) = node.op {
-            return Gemm::matmul(g, id);
+        let ins = g.inputs_of(id);
+        let tys: Vec<&TensorType> = ins.iter().map(|v| g.ty(*v)).collect();
+        if let KernelOp::GemmEpilogue { product, expr, shape } = &node.op {
+            if !node.outputs[0].dtype.is_float() {
+                return None;
+            }
+            let product = KernelOp::Op(product.as_ref().clone());
+            let p = smelt_ir::infer_kernel(&product, &tys[..2]).ok()?.remove(0);
+            let mut gemm = Gemm::describe(&product, &tys[..2], &p)?;
+            let mut inputs = vec![(DType::F32, strides(shape, shape))];
+            inputs.extend(tys[2..].iter().map(|t| (t.dtype, strides(&t.shape, shape))));
+            gemm.name = format!("{}_epi{}", gemm.name, crate::elementwise::ops_tag(expr));
+            gemm.epilogue = Some(Epilogue { expr: expr.clone(), shape: shape.clone(), inputs, out: node.outputs[0].dtype });
+            return Some(gemm);
         }
-        let (trans_a, trans_b, alpha, beta, act) = match node.op {
+        Gemm::describe(&node.op, &tys, &node.outputs[0])
+    }
+
+    /// The description of `op` (matmul, gemm, fused gemm) on operands of
+    /// types `ins`, giving `out`.
+    fn describe(op: &KernelOp, ins: &[&TensorType], out: &TensorType) -> Option<Gemm> {
+        if let KernelOp::Op(Op::MatMul) = op {
+            return Gemm::matmul(ins, out);
+        }
+        let (trans_a, trans_b, alpha, beta, act) = match *op {
             KernelOp::Op(Op::Gemm { trans_a, trans_b, alpha, beta }) => (trans_a, trans_b, alpha, beta, Act::None),
             KernelOp::FusedGemm { trans_a, trans_b, alpha, beta, act } => (trans_a, trans_b, alpha, beta, act),
             _ => return None,
         };
-        let ins = g.inputs_of(id);
-        let out = &node.outputs[0];
         let (m, n) = (out.shape[0], out.shape[1]);
-        let a = g.ty(ins[0]);
+        let a = ins[0];
         let k = if trans_a { a.shape[0] } else { a.shape[1] };
-        let bias = ins.get(2).map(|c| strides(&g.ty(*c).shape, &out.shape));
+        let bias = ins.get(2).map(|c| strides(&c.shape, &out.shape));
         let act_tag = if act == Act::None { String::new() } else { format!("_{}", act.to_string().split('(').next().unwrap_or("act")) };
         let t = format!("{}{}", if trans_a { "_ta" } else { "" }, if trans_b { "_tb" } else { "" });
         let mut suffix = if out.dtype == DType::F32 { String::new() } else { format!("_{}", out.dtype) };
@@ -93,15 +131,14 @@ impl Gemm {
             batch: Vec::new(),
             batch_strides: (Vec::new(), Vec::new()),
             output: vec![m, n],
+            epilogue: None,
         })
     }
 
     /// A batched matrix product with numpy semantics (a rank-1 operand is a
     /// row or a column vector).
-    fn matmul(g: &KernelGraph, id: NodeId) -> Option<Gemm> {
-        let ins = g.inputs_of(id);
-        let (a, b) = (g.ty(ins[0]), g.ty(ins[1]));
-        let out = &g.node(id).outputs[0];
+    fn matmul(ins: &[&TensorType], out: &TensorType) -> Option<Gemm> {
+        let (a, b) = (ins[0], ins[1]);
         if !out.dtype.is_float() || a.dtype != out.dtype || b.dtype != out.dtype {
             return None;
         }
@@ -135,6 +172,7 @@ impl Gemm {
             batch,
             batch_strides,
             output: out.shape.clone(),
+            epilogue: None,
         })
     }
 
@@ -175,9 +213,26 @@ impl Gemm {
             "// {}: act={} (alpha {:?} * op(A)[{m}x{k}] @ op(B)[{k}x{n}] + beta {:?} * C), {TILE}x{TILE} tiles\n",
             self.name, self.act, self.alpha, self.beta
         );
-        let bias = if self.bias.is_some() { format!("const {ty}* __restrict__ c, ") } else { String::new() };
+        let mut bias = if self.bias.is_some() { format!("const {ty}* __restrict__ c, ") } else { String::new() };
+        let mut out_ty = ty;
+        if let Some(e) = &self.epilogue {
+            // The epilogue, evaluated at one flat index of the output.
+            let params: Vec<String> = e
+                .inputs
+                .iter()
+                .enumerate()
+                .skip(1)
+                .map(|(i, (d, _))| format!("const {}* __restrict__ in{i}", crate::c_type(*d).0))
+                .collect();
+            bias += &params.iter().map(|p| format!("{p}, ")).collect::<String>();
+            let params: String = params.iter().map(|p| format!(", {p}")).collect();
+            s += &format!("__device__ __forceinline__ float epilogue_{}(float p{params}, unsigned long long f) {{\n", self.name);
+            s += &crate::elementwise::expr_c_at(&e.expr, &e.shape, &e.inputs, "f", Some(0));
+            s += "}\n\n";
+            out_ty = crate::c_type(e.out).0;
+        }
         s += &format!(
-            "extern \"C\" __global__ void {}(const {aty}* __restrict__ a, const {ty}* __restrict__ b, {bias}{ty}* __restrict__ out) {{\n",
+            "extern \"C\" __global__ void {}(const {aty}* __restrict__ a, const {ty}* __restrict__ b, {bias}{out_ty}* __restrict__ out) {{\n",
             self.name
         );
         s += &format!("    __shared__ float as[{TILE}][{TILE}];\n    __shared__ float bs[{TILE}][{TILE}];\n");
@@ -204,15 +259,22 @@ impl Gemm {
             );
         }
         s += &format!("    v = {};\n", act_c(self.act, "v"));
-        s += &format!("    out[{oo}(unsigned long long)row * {n} + col] = {store}(v);\n}}\n");
+        match &self.epilogue {
+            Some(e) => {
+                let args: String = (1..e.inputs.len()).map(|i| format!(", in{i}")).collect();
+                s += &format!("    unsigned long long f = {oo}(unsigned long long)row * {n} + col;\n");
+                s += &format!("    out[f] = {}(epilogue_{}(v{args}, f));\n}}\n", crate::c_type(e.out).2, self.name);
+            }
+            None => s += &format!("    out[{oo}(unsigned long long)row * {n} + col] = {store}(v);\n}}\n"),
+        }
         s
     }
 
     /// Runs the description on the CPU as the kernel does (f32 accumulation
     /// in ascending k, then alpha, bias, activation).
-    pub fn run_cpu(&self, a: &Tensor, b: &Tensor, c: Option<&Tensor>) -> Tensor {
-        let (av, bv) = (a.to_f32_vec(), b.to_f32_vec());
-        let cv = c.map(|c| c.to_f32_vec());
+    pub fn run_cpu(&self, inputs: &[&Tensor]) -> Tensor {
+        let (av, bv) = (inputs[0].to_f32_vec(), inputs[1].to_f32_vec());
+        let cv = self.bias.as_ref().map(|_| inputs[2].to_f32_vec());
         let (m, n, k) = (self.m, self.n, self.k);
         let mut out = Vec::with_capacity(self.batches() * m * n);
         for z in 0..self.batches() {
@@ -238,7 +300,14 @@ impl Gemm {
                 }
             }
         }
-        Tensor::from_f32(self.output.clone(), out).cast(self.dtype)
+        match &self.epilogue {
+            None => Tensor::from_f32(self.output.clone(), out).cast(self.dtype),
+            Some(e) => {
+                let p = Tensor::from_f32(e.shape.clone(), out);
+                let ins: Vec<&Tensor> = std::iter::once(&p).chain(inputs[2..].iter().copied()).collect();
+                crate::elementwise::eval_cpu(&e.expr, &e.shape, &e.inputs, &ins).cast(e.out)
+            }
+        }
     }
 }
 

@@ -205,7 +205,7 @@ impl Kernel {
             Kernel::Pool(k) => k.run_cpu(inputs[0]),
             Kernel::Reduction(k) => k.run_cpu(inputs),
             Kernel::Layout(k) => k.run_cpu(inputs),
-            Kernel::Gemm(k) => k.run_cpu(inputs[0], inputs[1], inputs.get(2).copied()),
+            Kernel::Gemm(k) => k.run_cpu(inputs),
             Kernel::Conv(k) => k.run_cpu(inputs),
             Kernel::Select(k) => k.run_cpu(inputs),
             Kernel::Attention(k) => k.run_cpu(inputs),

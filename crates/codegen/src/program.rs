@@ -133,7 +133,16 @@ fn weight_root(g: &KernelGraph, mut v: ValueId) -> Option<ValueId> {
 fn params(k: &Kernel, n: usize) -> Vec<String> {
     let mut p: Vec<String> = match k {
         Kernel::Conv(c) => c.params().into_iter().map(String::from).collect(),
-        Kernel::Gemm(_) => ["a", "b", "c"].iter().take(n).map(|s| s.to_string()).chain(["out".to_string()]).collect(),
+        Kernel::Gemm(m) => match &m.epilogue {
+            // The epilogue's inputs after the product are in1, in2, ...
+            Some(e) => ["a", "b"]
+                .iter()
+                .map(|s| s.to_string())
+                .chain((1..e.inputs.len()).map(|i| format!("in{i}")))
+                .chain(["out".to_string()])
+                .collect(),
+            None => ["a", "b", "c"].iter().take(n).map(|s| s.to_string()).chain(["out".to_string()]).collect(),
+        },
         Kernel::Pool(_) => vec!["in".into(), "out".into()],
         Kernel::Attention(a) => ["q", "kt", "v"]
             .iter()

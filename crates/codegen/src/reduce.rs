@@ -79,7 +79,8 @@ impl Reduction {
             | KernelOp::FusedGemm { .. }
             | KernelOp::Elementwise { .. }
             | KernelOp::ConcatInPlace { .. }
-            | KernelOp::Attention { .. } => return None,
+            | KernelOp::Attention { .. }
+            | KernelOp::GemmEpilogue { .. } => return None,
         };
         let kind = match inner {
             Op::GlobalAveragePool => Kind::GlobalAveragePool,

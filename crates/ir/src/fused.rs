@@ -133,7 +133,8 @@ impl Expr {
             | crate::KernelOp::FusedGemm { .. }
             | crate::KernelOp::FusedReduction { .. }
             | crate::KernelOp::ConcatInPlace { .. }
-            | crate::KernelOp::Attention { .. } => None,
+            | crate::KernelOp::Attention { .. }
+            | crate::KernelOp::GemmEpilogue { .. } => None,
         }
     }
 

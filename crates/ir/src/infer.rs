@@ -252,6 +252,26 @@ pub fn infer_kernel(op: &KernelOp, ins: &[&TensorType]) -> Result<Vec<TensorType
         KernelOp::Elementwise { expr } => elementwise(expr, ins)?,
         KernelOp::ConcatInPlace { axis } => concat(*axis, ins)?,
         KernelOp::Attention { expr, score, perms, .. } => return attention_types(expr, *score, perms, ins).map(|(t, _)| vec![t]),
+        KernelOp::GemmEpilogue { product, expr, shape } => {
+            if ins.len() < 2 {
+                return Err(format!("gemm_epilogue takes the product's two operands, got {} inputs", ins.len()));
+            }
+            let p = match product.as_ref() {
+                Op::MatMul => infer(product, &ins[..2])?.remove(0),
+                Op::Gemm { trans_a, trans_b, .. } => gemm(*trans_a, *trans_b, &ins[..2], true)?,
+                op => return Err(format!("gemm_epilogue's product must be matmul or gemm, not {}", op.name())),
+            };
+            if p.numel() != shape.iter().product::<usize>() {
+                return Err(format!("gemm_epilogue's product {p} cannot be read as shape {shape:?}"));
+            }
+            let p = TensorType::new(p.dtype, shape.clone());
+            let all: Vec<&TensorType> = std::iter::once(&p).chain(ins[2..].iter().copied()).collect();
+            let out = elementwise(expr, &all)?;
+            if out.shape != *shape {
+                return Err(format!("gemm_epilogue's operands broadcast to {:?}, not its shape {shape:?}", out.shape));
+            }
+            out
+        }
         KernelOp::FusedReduction { expr, reduction } => {
             // The prologue reads the first inputs; the reduction's own
             // operands (a layer norm's scale and bias) follow.

@@ -108,6 +108,21 @@ pub enum KernelOp {
         /// The reduction applied to its (broadcast) result.
         reduction: Box<Op>,
     },
+    /// A matrix product whose result an elementwise expression consumes in
+    /// the kernel's epilogue (a bias and GELU in any exporter's spelling, a
+    /// residual add), so the product never reaches memory. Inputs: the
+    /// product's a and b, then the expression's other inputs; in `expr`,
+    /// `$0` is the product (in f32, as accumulated, read as `shape`) and
+    /// `$i` is input `i + 1`.
+    GemmEpilogue {
+        /// The product: `matmul`, or a `gemm` without its C operand.
+        product: Box<Op>,
+        /// The epilogue.
+        expr: Expr,
+        /// The output shape; the product is read as this shape (same
+        /// elements, as a reshape between them would).
+        shape: Vec<usize>,
+    },
     /// A concatenation whose producers write straight into their slices of
     /// the output: no copy kernel, and the memory planner may alias.
     ConcatInPlace {
@@ -181,6 +196,7 @@ impl OpSet for KernelOp {
             KernelOp::FusedReduction { .. } => "fused_reduction",
             KernelOp::ConcatInPlace { .. } => "concat_in_place",
             KernelOp::Attention { .. } => "attention",
+            KernelOp::GemmEpilogue { .. } => "gemm_epilogue",
         }
     }
     fn infer(&self, ins: &[&TensorType]) -> Result<Vec<TensorType>, String> {
@@ -197,7 +213,8 @@ impl OpSet for KernelOp {
             | KernelOp::Elementwise { .. }
             | KernelOp::FusedReduction { .. }
             | KernelOp::ConcatInPlace { .. }
-            | KernelOp::Attention { .. } => None,
+            | KernelOp::Attention { .. }
+            | KernelOp::GemmEpilogue { .. } => None,
         }
     }
     fn from_op(op: Op) -> KernelOp {

@@ -166,6 +166,7 @@ impl KernelOp {
             KernelOp::ConcatInPlace { .. } => t(K::Movement, P::Follows, I::No, L::Alias),
             // Products in the inputs' precision, the softmax in f32 registers.
             KernelOp::Attention { .. } => t(K::Layer, P::Half, I::No, L::Kernel),
+            KernelOp::GemmEpilogue { .. } => Traits { widens_first_operand: true, ..t(K::Layer, P::Half, I::No, L::Kernel) },
         }
     }
 }

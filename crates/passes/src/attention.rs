@@ -9,7 +9,7 @@
 //! the graph is left as it is (and `smelt inspect` shows no `attention`).
 
 use smelt_ir::kernel_op::{ATTENTION_MAX_BATCH, ATTENTION_MAX_HEAD};
-use smelt_ir::{Expr, ExprNode, IrError, KernelGraph, KernelOp, NodeId, Op, OpSet, ValueId};
+use smelt_ir::{BinaryOp, Expr, ExprNode, IrError, KernelGraph, KernelOp, NodeId, Op, OpSet, ValueId};
 use std::collections::{HashMap, HashSet};
 
 /// What the pass did.
@@ -78,6 +78,20 @@ fn is_cast(g: &KernelGraph, n: NodeId) -> bool {
         }
 }
 
+/// `(c, x)` when `v` is `x * c` (either order) for a one-element float constant `c`.
+fn scalar_mul(g: &KernelGraph, v: ValueId) -> Option<(ValueId, ValueId)> {
+    if g.node(v.node).op != KernelOp::Op(Op::Binary(BinaryOp::Mul)) {
+        return None;
+    }
+    let ins = g.inputs_of(v.node);
+    let scalar = |c: ValueId| g.node(c.node).op.is_constant() && g.ty(c).numel() == 1 && g.ty(c).dtype.is_float();
+    match ins.as_slice() {
+        [a, b] if scalar(*b) => Some((*b, *a)),
+        [a, b] if scalar(*a) => Some((*a, *b)),
+        _ => None,
+    }
+}
+
 /// Whether value `v` is a constant whose every element is 0.
 fn is_zero(g: &KernelGraph, v: ValueId) -> bool {
     g.node(v.node).op.is_constant() && g.weight(v.node).is_some_and(|w| w.to_f32_vec().iter().all(|&x| x == 0.0))
@@ -108,7 +122,7 @@ fn block(g: &KernelGraph, m2: NodeId, outputs: &HashSet<NodeId>, stats: &mut Sta
     let softmax = cur;
     let shape = &g.node(softmax).outputs[0].shape;
     let last = shape.len().checked_sub(1)?;
-    let (expr, pre) = match &g.node(softmax).op {
+    let (mut expr, pre) = match &g.node(softmax).op {
         KernelOp::Op(Op::Softmax { axis }) if *axis == last => {
             let mut e = Expr::default();
             e.push(ExprNode::Input(0));
@@ -131,18 +145,48 @@ fn block(g: &KernelGraph, m2: NodeId, outputs: &HashSet<NodeId>, stats: &mut Sta
     let (mut q, mut kt, mut v) = (g.inputs_of(qk)[0], g.inputs_of(qk)[1], v);
     // A transpose read only by this block is folded into the kernel's
     // indexing (the heads split out of the hidden dim, keys transposed).
+    // So is a scale of q or k by a scalar constant (exports that scale
+    // both by the fourth root of the head size), before or after the
+    // transpose: it joins the scores' prologue.
     let mut perms: [Vec<usize>; 3] = Default::default();
     let mut folded = Vec::new();
+    let mut scales = Vec::new();
+    let mut scaled = |x: &mut ValueId, folded: &mut Vec<NodeId>| {
+        if let Some((c, other)) = scalar_mul(g, *x).filter(|_| private(x.node, 1)) {
+            scales.push(c);
+            folded.push(x.node);
+            *x = other;
+        }
+    };
     for (k, x) in [&mut q, &mut kt, &mut v].into_iter().enumerate() {
+        if k < 2 {
+            scaled(x, &mut folded);
+        }
         if let KernelOp::Op(Op::Transpose { perm }) = &g.node(x.node).op {
             if private(x.node, 1) {
                 perms[k] = perm.clone();
                 folded.push(x.node);
                 *x = g.inputs_of(x.node)[0];
+                if k < 2 {
+                    scaled(x, &mut folded);
+                }
             }
         }
     }
-    let extras: Vec<ValueId> = pre.iter().enumerate().filter(|&(k, _)| k != score).map(|(_, v)| *v).collect();
+    let mut extras: Vec<ValueId> = pre.iter().enumerate().filter(|&(k, _)| k != score).map(|(_, v)| *v).collect();
+    if !scales.is_empty() {
+        // The product times each scale (new inputs after the others), then the prologue.
+        let mut e = Expr::default();
+        let mut s = e.push(ExprNode::Input(score));
+        for (i, c) in scales.iter().enumerate() {
+            let at = e.push(ExprNode::Input(pre.len() + i));
+            s = e.push(ExprNode::Binary(BinaryOp::Mul, s, at));
+            extras.push(*c);
+        }
+        let args: Vec<usize> = (0..pre.len()).map(|i| if i == score { s } else { e.push(ExprNode::Input(i)) }).collect();
+        e.inline(&expr, &args);
+        expr = e;
+    }
     // Shapes and dtypes the kernel takes (its description decides).
     let mut tys = vec![g.ty(q), g.ty(kt), g.ty(v)];
     tys.extend(extras.iter().map(|e| g.ty(*e)));

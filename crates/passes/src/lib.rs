@@ -9,6 +9,7 @@ pub mod concat;
 pub mod dce;
 pub mod ew_cluster;
 pub mod fusion;
+pub mod gemm_epilogue;
 pub mod layer_norm;
 pub mod memory;
 pub mod pipeline;

@@ -2,16 +2,17 @@
 //! `dce` on the semantic graph, then with fusion on `fuse` (egg: the
 //! semantic graph in, the kernel graph out), `layer-norm` (spelled-out
 //! layer norms made one op), `precision` (a no-op at f32),
-//! `ew-cluster`, `reduce-fuse`, `attention`, `concat`, `final-dce` on the
+//! `ew-cluster`, `reduce-fuse`, `attention`, `gemm-epilogue`, `concat`, `final-dce` on the
 //! kernel graph.
 //! Without fusion, the semantic graph is lifted to the kernel level op for
 //! op and `precision` runs on it.
 
-use crate::{attention, concat, dce, ew_cluster, fusion, layer_norm, precision, reduce_fuse, PassError};
+use crate::{attention, concat, dce, ew_cluster, fusion, gemm_epilogue, layer_norm, precision, reduce_fuse, PassError};
 use smelt_ir::{Graph, KernelGraph, OpSet};
 
 /// The names of the passes, in order (for `--dump-ir`).
-pub const PASSES: [&str; 9] = ["dce", "fuse", "layer-norm", "precision", "ew-cluster", "reduce-fuse", "attention", "concat", "final-dce"];
+pub const PASSES: [&str; 10] =
+    ["dce", "fuse", "layer-norm", "precision", "ew-cluster", "reduce-fuse", "attention", "gemm-epilogue", "concat", "final-dce"];
 
 /// Options of the pipeline.
 #[derive(Clone, Debug)]
@@ -45,6 +46,8 @@ pub struct Stats {
     pub reduce_fuse: Option<reduce_fuse::Stats>,
     /// Attention blocks fused into one kernel.
     pub attention: Option<attention::Stats>,
+    /// Elementwise consumers fused into GEMM epilogues.
+    pub gemm_epilogue: Option<gemm_epilogue::Stats>,
     /// In-place concatenation.
     pub concat: Option<concat::Stats>,
     /// Mixed precision (absent at f32).
@@ -114,6 +117,9 @@ pub fn run_with(graph: &Graph, opts: &Options, after: &mut dyn FnMut(&str, &Kern
     stats.attention = Some(attention::run(&mut graph).map_err(|source| PassError::Bug { pass: "attention", source })?);
     verify_if(&graph, "attention")?;
     after("attention", &graph, &stats.attention);
+    stats.gemm_epilogue = Some(gemm_epilogue::run(&mut graph).map_err(|source| PassError::Bug { pass: "gemm-epilogue", source })?);
+    verify_if(&graph, "gemm-epilogue")?;
+    after("gemm-epilogue", &graph, &stats.gemm_epilogue);
     stats.concat = Some(concat::run(&mut graph));
     verify_if(&graph, "concat")?;
     after("concat", &graph, &stats.concat);

@@ -297,6 +297,11 @@ pub fn kernel_attrs_of(op: &KernelOp) -> Vec<(&'static str, Attr)> {
             ("perm_kt", ints(&perms[1])),
             ("perm_v", ints(&perms[2])),
         ],
+        KernelOp::GemmEpilogue { product, expr, shape } => {
+            let mut a = vec![("expr", Str(expr.to_string())), ("shape", ints(shape)), ("product", Str(product.name().to_string()))];
+            a.extend(attrs_of(product));
+            a
+        }
         KernelOp::FusedReduction { expr, reduction } => {
             let mut a = vec![("expr", Str(expr.to_string())), ("reduction", Str(reduction.name().to_string()))];
             a.extend(attrs_of(reduction));
@@ -339,6 +344,18 @@ pub fn kernel_op_from(name: &str, mut a: Attrs) -> Result<KernelOp, String> {
                 return Err(format!("{inner} cannot take an elementwise prologue"));
             }
             KernelOp::FusedReduction { expr, reduction: Box::new(reduction) }
+        }
+        "gemm_epilogue" => {
+            let (expr, shape) = (a.parsed("expr")?, a.usizes("shape")?);
+            let inner = match a.take("product")? {
+                Attr::Str(n) => n,
+                x => return Err(format!("attribute product={x} must be a string")),
+            };
+            let product = op_from(&inner, Attrs(std::mem::take(&mut a.0)))?;
+            if !matches!(product, Op::MatMul | Op::Gemm { .. }) {
+                return Err(format!("gemm_epilogue's product must be matmul or gemm, not {inner}"));
+            }
+            KernelOp::GemmEpilogue { product: Box::new(product), expr, shape }
         }
         _ => return op_from(name, a).map(KernelOp::Op),
     };

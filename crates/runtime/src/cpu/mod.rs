@@ -213,6 +213,18 @@ impl Eval for KernelOp {
                 float(y)
             }
             KernelOp::Elementwise { expr } => float(elementwise::fused(expr, args, &o.shape)),
+            KernelOp::GemmEpilogue { product, expr, shape } => {
+                // The product in f32, read as `shape`, then the expression.
+                let tys: Vec<&TensorType> = args[..2].iter().map(|a| a.ty()).collect();
+                let p_ty = smelt_ir::infer_kernel(&KernelOp::Op(product.as_ref().clone()), &tys)?.remove(0);
+                let p = match product.as_ref() {
+                    Op::Gemm { trans_a, trans_b, alpha, beta } => matmul::gemm(&args[..2], *trans_a, *trans_b, *alpha, *beta, &p_ty),
+                    _ => matmul::matmul(&args[0], &args[1], &p_ty),
+                };
+                let mut ins = vec![Arc::new(Tensor::from_f32(shape.clone(), p))];
+                ins.extend(args[2..].iter().cloned());
+                float(elementwise::fused(expr, &ins, &o.shape))
+            }
             KernelOp::FusedReduction { expr, reduction } => {
                 let k = expr.arity().min(args.len());
                 let pre_ty = smelt_ir::infer_kernel(
