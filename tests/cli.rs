@@ -112,7 +112,8 @@ fn compile_dumps_the_ir_after_a_pass() {
     assert!(before.contains("batch_norm(") && !before.contains("fused_conv"));
     let (code, _, err) = run(&["compile", m.to_str().unwrap(), "--dump-ir", "nonsense"]);
     assert_eq!(code, 2);
-    assert!(err.contains("possible values: dce, fuse, precision, ew-cluster, reduce-fuse, attention, concat, final-dce"), "{err}");
+    let passes = "possible values: dce, fuse, layer-norm, precision, ew-cluster, reduce-fuse, attention, gemm-epilogue, concat, final-dce";
+    assert!(err.contains(passes), "{err}");
     let (code, json, _) = run(&["compile", m.to_str().unwrap(), "--json"]);
     assert_eq!(code, 0);
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
@@ -223,12 +224,13 @@ fn compile_out_writes_kernels_ptx_and_plan() {
 fn missing_kernels_name_the_model_nodes() {
     let dir = std::env::temp_dir().join(format!("smelt-nokernel-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let tir = dir.join("sum.tir");
-    let src = "graph {\n  %0 \"x\" = input : f32[2,8]\n  %1 \"r\" = relu(%0) : f32[2,8]\n  %2 \"encoder.sum\" = reduce_sum(%1) {axes=[1], keepdims=true} : f32[2,1]\n  output \"y\" = %2\n}\n";
+    let tir = dir.join("split.tir");
+    let src = "graph {\n  %0 \"x\" = input : f32[2,8]\n  %1 \"r\" = relu(%0) : f32[2,8]\n  %2 \"encoder.split\" = split(%1) {axis=1, sizes=[3,5]} : f32[2,3], f32[2,5]\n  output \"y\" = %2\n  output \"z\" = %2:1\n}\n";
     std::fs::write(&tir, src).unwrap();
     let (code, _, err) = run(&["compile", tir.to_str().unwrap(), "--out", dir.join("out").to_str().unwrap()]);
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("no CUDA kernel yet") && err.contains("it computes the model's node \"encoder.sum\" (reduce_sum)"), "{err}");
+    assert!(err.contains("node encoder.split (split): no CUDA kernel yet"), "{err}");
+    assert!(err.contains("it computes the model's node \"encoder.split\" (split)"), "{err}");
     // The CPU reference executor runs it.
     let (code, _, err) = run(&["run", tir.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");

@@ -193,7 +193,11 @@ impl Reduction {
         );
         s += "    unsigned long long r = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;\n    if (r >= rows) return;\n";
         let (kept, reduced) = self.split_axes();
-        s += &format!("    unsigned long long base = {};\n", decompose_c("r", &kept));
+        let base = match self.kind {
+            Kind::Reduce { .. } => decompose_c("r", &kept),
+            _ => format!("(r / {inner}ull) * {len}ull * {inner}ull + r % {inner}ull"),
+        };
+        s += &format!("    unsigned long long base = {base};\n");
         let store = |v: &str| match self.out {
             DType::F16 => format!("__float2half({v})"),
             DType::BF16 => format!("__float2bfloat16({v})"),

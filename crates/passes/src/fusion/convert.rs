@@ -103,6 +103,7 @@ pub fn encode(g: &Graph) -> Result<Encoded, IrError> {
                         names.entry(out).or_insert_with(|| node.name.clone());
                     }
                     node_classes.insert(id, opaque);
+                    names.entry(opaque).or_insert_with(|| node.name.clone());
                     continue;
                 }
             }
