@@ -188,3 +188,60 @@ fn spelled_out_layer_norms_become_one_op() {
         }
     }
 }
+
+/// Reshape and transpose chains become at most one transpose, with the same
+/// numbers: the dynamo exporter's key transpose (transpose, reshape to 3-D,
+/// transpose, reshape back) is one transpose attention can fold; a pair
+/// that cancels is none; a chain whose reshape splits a dim unevenly stays.
+#[test]
+fn transpose_chains_become_one_transpose() {
+    let cases = [
+        (
+            "[2,16,64]",
+            "  %1 = reshape(%0) {shape=[2,16,4,16]} : f32[2,16,4,16]\n  %2 = transpose(%1) {perm=[0,2,1,3]} : f32[2,4,16,16]\n  \
+             %3 = reshape(%2) {shape=[8,16,16]} : f32[8,16,16]\n  %4 = transpose(%3) {perm=[0,2,1]} : f32[8,16,16]\n  \
+             %5 = reshape(%4) {shape=[2,4,16,16]} : f32[2,4,16,16]\n  output \"y\" = %5\n",
+            Some(vec![0, 2, 3, 1]),
+        ),
+        (
+            "[6,4]",
+            "  %1 = transpose(%0) {perm=[1,0]} : f32[4,6]\n  %2 = transpose(%1) {perm=[1,0]} : f32[6,4]\n  output \"y\" = %2\n",
+            None,
+        ),
+        (
+            "[6,4]",
+            "  %1 = transpose(%0) {perm=[1,0]} : f32[4,6]\n  %2 = reshape(%1) {shape=[8,3]} : f32[8,3]\n  \
+             %3 = transpose(%2) {perm=[1,0]} : f32[3,8]\n  output \"y\" = %3\n",
+            Some(vec![1, 2, 0]),
+        ),
+        (
+            "[6,4]",
+            "  %1 = transpose(%0) {perm=[1,0]} : f32[4,6]\n  %2 = reshape(%1) {shape=[3,8]} : f32[3,8]\n  \
+             %3 = transpose(%2) {perm=[1,0]} : f32[8,3]\n  output \"y\" = %3\n",
+            Some(vec![]),
+        ),
+    ];
+    let mut rng = smelt_ir::Rng::new(5);
+    for (shape, body, want) in cases {
+        let text = format!("graph {{\n  %0 \"x\" = input : f32{shape}\n{body}}}\n");
+        let g = smelt_ir::text::parse(&text).unwrap();
+        let ty = g.node(g.inputs()[0]).outputs[0].clone();
+        let x = smelt_ir::Tensor::from_f32(ty.shape.clone(), (0..ty.numel()).map(|_| rng.uniform()).collect());
+        let f = fused(&g);
+        let perms: Vec<Vec<usize>> = f
+            .node_ids()
+            .filter_map(|n| match &f.node(n).op {
+                KernelOp::Op(Op::Transpose { perm }) => Some(perm.clone()),
+                _ => None,
+            })
+            .collect();
+        match &want {
+            Some(p) if p.is_empty() => assert_eq!(perms.len(), 2, "{body}: left as it was"),
+            Some(p) => assert_eq!(perms, vec![p.clone()], "{body}"),
+            None => assert!(perms.is_empty(), "{body}: {perms:?}"),
+        }
+        let a = smelt_runtime::cpu::run(&g, std::slice::from_ref(&x)).unwrap();
+        let b = smelt_runtime::cpu::run(&f, std::slice::from_ref(&x)).unwrap();
+        assert_eq!(a[0].to_f32_vec(), b[0].to_f32_vec(), "{body}");
+    }
+}

@@ -9,7 +9,7 @@
 mod common;
 
 use smelt_ir::onnx::read_tensor_file;
-use smelt_ir::Tensor;
+use smelt_ir::{OpSet, Tensor};
 use std::path::{Path, PathBuf};
 
 const CASES: [&str; 12] = [
@@ -117,6 +117,22 @@ fn check(case: &str, prefix: &str, opts: smelt::Options) -> f64 {
         })
     });
     assert!(activation.is_none(), "{case}: activation {:?} outside a GEMM epilogue", activation.map(|n| &compiled.graph.node(n).name));
+    // No transpose kernel before attention: q, k and v are read through
+    // their permutations (not for nn.MultiheadAttention's packed
+    // projection, whose heads come out of a gather).
+    let g = &compiled.graph;
+    let transposed = g.node_ids().filter(|&n| matches!(g.node(n).op, smelt_ir::KernelOp::Attention { .. })).find(|&n| {
+        g.inputs_of(n)[..3].iter().any(|v| {
+            let mut p = v.node;
+            while g.node(p).op.is_view() {
+                p = g.inputs_of(p)[0].node;
+            }
+            matches!(g.node(p).op, smelt_ir::KernelOp::Op(smelt_ir::Op::Transpose { .. }))
+        })
+    });
+    if !case.ends_with("tenc") && !case.ends_with("tdec") {
+        assert!(transposed.is_none(), "{case}: a transpose kernel before {:?}", transposed.map(|n| &g.node(n).name));
+    }
     // The fused graph prints and parses back (attention, select, layer norm kernels).
     let printed = smelt_ir::text::print(&compiled.graph);
     let parsed = smelt_ir::text::parse_as::<smelt_ir::KernelOp>(&printed).unwrap_or_else(|e| panic!("{case}: {e}"));

@@ -15,6 +15,7 @@ pub mod memory;
 pub mod pipeline;
 pub mod precision;
 pub mod reduce_fuse;
+pub mod views;
 
 /// Errors of the passes crate. Passes run on verified graphs, so every
 /// failure is a compiler bug: the pass produced a graph the verifier

@@ -1,18 +1,19 @@
 //! The order of passes, with the verifier after each in debug builds:
 //! `dce` on the semantic graph, then with fusion on `fuse` (egg: the
 //! semantic graph in, the kernel graph out), `layer-norm` (spelled-out
-//! layer norms made one op), `precision` (a no-op at f32),
+//! layer norms made one op), `views` (reshape and transpose chains made at
+//! most one transpose), `precision` (a no-op at f32),
 //! `ew-cluster`, `reduce-fuse`, `attention`, `gemm-epilogue`, `concat`, `final-dce` on the
 //! kernel graph.
 //! Without fusion, the semantic graph is lifted to the kernel level op for
 //! op and `precision` runs on it.
 
-use crate::{attention, concat, dce, ew_cluster, fusion, gemm_epilogue, layer_norm, precision, reduce_fuse, PassError};
+use crate::{attention, concat, dce, ew_cluster, fusion, gemm_epilogue, layer_norm, precision, reduce_fuse, views, PassError};
 use smelt_ir::{Graph, KernelGraph, OpSet};
 
 /// The names of the passes, in order (for `--dump-ir`).
-pub const PASSES: [&str; 10] =
-    ["dce", "fuse", "layer-norm", "precision", "ew-cluster", "reduce-fuse", "attention", "gemm-epilogue", "concat", "final-dce"];
+pub const PASSES: [&str; 11] =
+    ["dce", "fuse", "layer-norm", "views", "precision", "ew-cluster", "reduce-fuse", "attention", "gemm-epilogue", "concat", "final-dce"];
 
 /// Options of the pipeline.
 #[derive(Clone, Debug)]
@@ -40,6 +41,8 @@ pub struct Stats {
     pub fusion: Option<fusion::Stats>,
     /// Spelled-out layer norms made one op.
     pub layer_norm: Option<layer_norm::Stats>,
+    /// Reshape and transpose chains.
+    pub views: Option<views::Stats>,
     /// Elementwise clustering.
     pub ew_cluster: Option<ew_cluster::Stats>,
     /// Elementwise prologues fused into reductions.
@@ -106,6 +109,9 @@ pub fn run_with(graph: &Graph, opts: &Options, after: &mut dyn FnMut(&str, &Kern
     stats.layer_norm = Some(layer_norm::run(&mut graph).map_err(|source| PassError::Bug { pass: "layer-norm", source })?);
     verify_if(&graph, "layer-norm")?;
     after("layer-norm", &graph, &stats.layer_norm);
+    stats.views = Some(views::run(&mut graph).map_err(|source| PassError::Bug { pass: "views", source })?);
+    verify_if(&graph, "views")?;
+    after("views", &graph, &stats.views);
     precision(&mut graph, &mut stats)?;
     after("precision", &graph, &stats.precision);
     stats.ew_cluster = Some(ew_cluster::run(&mut graph).map_err(|source| PassError::Bug { pass: "ew-cluster", source })?);
