@@ -112,7 +112,8 @@ fn compile_dumps_the_ir_after_a_pass() {
     assert!(before.contains("batch_norm(") && !before.contains("fused_conv"));
     let (code, _, err) = run(&["compile", m.to_str().unwrap(), "--dump-ir", "nonsense"]);
     assert_eq!(code, 2);
-    let passes = "possible values: dce, fuse, layer-norm, views, precision, ew-cluster, reduce-fuse, attention, gemm-epilogue, concat, final-dce";
+    let passes =
+        "possible values: dce, fuse, layer-norm, views, precision, ew-cluster, reduce-fuse, attention, gemm-epilogue, concat, final-dce";
     assert!(err.contains(passes), "{err}");
     let (code, json, _) = run(&["compile", m.to_str().unwrap(), "--json"]);
     assert_eq!(code, 0);

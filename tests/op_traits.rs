@@ -157,9 +157,17 @@ fn samples() -> Vec<(KernelOp, Vec<TensorType>)> {
         expr: "add($0,$1)".parse::<Expr>().unwrap(),
         score: 0,
         nan_to_zero: true,
-        perms: [vec![0, 2, 1, 3], vec![0, 2, 3, 1], vec![0, 2, 1, 3]],
+        perms: [vec![0, 2, 1, 3], vec![0, 2, 3, 1], vec![0, 2, 1, 3], vec![]],
     };
     v.push((permuted, vec![f32t(&[2, 70, 3, 8]), f32t(&[2, 20, 3, 8]), f32t(&[2, 20, 3, 6]), f32t(&[2, 1, 1, 20])]));
+    // The output written with the heads merged back: [b, s, h, d].
+    let merged = KernelOp::Attention {
+        expr: "$0".parse::<Expr>().unwrap(),
+        score: 0,
+        nan_to_zero: false,
+        perms: [vec![0, 2, 1, 3], vec![0, 2, 3, 1], vec![0, 2, 1, 3], vec![0, 2, 1, 3]],
+    };
+    v.push((merged, vec![f32t(&[2, 70, 3, 8]), f32t(&[2, 20, 3, 8]), f32t(&[2, 20, 3, 6])]));
     for (op, _) in &v {
         covered(op);
     }

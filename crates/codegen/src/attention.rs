@@ -42,12 +42,17 @@ pub struct Attention {
     /// The element strides of q, kt and v along their last two dims as
     /// read (rows, columns): a folded transpose makes them other than dense.
     pub mat_strides: [(usize, usize); 3],
+    /// The output's element strides along its logical dims (batch dims,
+    /// queries, head dim) when it is written permuted; `None`: dense.
+    pub out_strides: Option<Vec<usize>>,
     /// Dtypes of q, kt, v.
     pub dtypes: [DType; 3],
     /// The extras: dtype and element strides in the scores' index space.
     pub extras: Vec<(DType, Vec<usize>)>,
     /// The output dtype.
     pub out: DType,
+    /// The output shape as stored.
+    pub output: Vec<usize>,
 }
 
 impl Attention {
@@ -101,6 +106,15 @@ impl Attention {
         let mat_strides = [mat(&read[0]), mat(&read[1]), mat(&read[2])];
         let extras = tys[3..].iter().map(|t| (t.dtype, strides(&t.shape, &scores.shape))).collect();
         let batch_strides = [bst(&read[0]), bst(&read[1]), bst(&read[2])];
+        // Written permuted: logical dim perm[j] is stored dim j.
+        let out_strides = (!perms[3].is_empty()).then(|| {
+            let dense = crate::layout::row_strides(&out.shape);
+            let mut st = vec![0; dense.len()];
+            for (j, &p) in perms[3].iter().enumerate() {
+                st[p] = dense[j];
+            }
+            st
+        });
         let dims = batch.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x");
         let suffix = if out.dtype == DType::F32 { String::new() } else { format!("_{}", out.dtype) };
         Some(Attention {
@@ -115,9 +129,11 @@ impl Attention {
             dv,
             batch_strides,
             mat_strides,
+            out_strides,
             dtypes: [q.dtype, kt.dtype, v.dtype],
             extras,
             out: out.dtype,
+            output: out.shape.clone(),
         })
     }
 
@@ -241,8 +257,20 @@ impl Attention {
             DType::F16 | DType::BF16 => format!("{}({x})", crate::c_type(self.out).2),
             _ => x.to_string(),
         };
+        let at = match &self.out_strides {
+            None => format!("(z * {sq}ull + (unsigned long long)row) * {dv}ull + i"),
+            Some(st) => {
+                // The batch coordinates of z, each times its stride.
+                let r = st.len();
+                s += "    unsigned long long oo = 0;\n    rem = z;\n";
+                for b in (0..self.batch.len()).rev() {
+                    s += &format!("    oo += (rem % {n}ull) * {}ull; rem /= {n}ull;\n", st[b], n = self.batch[b]);
+                }
+                format!("oo + (unsigned long long)row * {}ull + (unsigned long long)i * {}ull", st[r - 2], st[r - 1])
+            }
+        };
         s += &format!(
-            "    if (live) for (int i = 0; i < {dv}; ++i) out[(z * {sq}ull + (unsigned long long)row) * {dv}ull + i] = {};\n}}\n",
+            "    if (live) for (int i = 0; i < {dv}; ++i) out[{at}] = {};\n}}\n",
             store(&format!("l > 0.0f ? acc[i] / l : {fallback}"))
         );
         s
@@ -300,8 +328,21 @@ impl Attention {
                         m = mn;
                     }
                 }
+                let oo = match &self.out_strides {
+                    None => (z * sq + row) * dv,
+                    Some(st) => {
+                        let r = st.len();
+                        let (mut rem, mut oo) = (z, row * st[r - 2]);
+                        for b in (0..self.batch.len()).rev() {
+                            oo += (rem % self.batch[b]) * st[b];
+                            rem /= self.batch[b];
+                        }
+                        oo
+                    }
+                };
+                let col = self.out_strides.as_ref().map_or(1, |st| st[st.len() - 1]);
                 for i in 0..dv {
-                    out[(z * sq + row) * dv + i] = if l > 0.0 {
+                    out[oo + i * col] = if l > 0.0 {
                         acc[i] / l
                     } else if self.nan_to_zero {
                         0.0
@@ -311,8 +352,6 @@ impl Attention {
                 }
             }
         }
-        let mut shape = self.batch.clone();
-        shape.extend([sq, dv]);
-        Tensor::from_f32(shape, out).cast(self.out)
+        Tensor::from_f32(self.output.clone(), out).cast(self.out)
     }
 }

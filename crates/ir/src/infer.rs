@@ -292,12 +292,12 @@ pub fn infer_kernel(op: &KernelOp, ins: &[&TensorType]) -> Result<Vec<TensorType
 pub fn attention_types(
     expr: &Expr,
     score: usize,
-    perms: &[Vec<usize>; 3],
+    perms: &[Vec<usize>; 4],
     ins: &[&TensorType],
 ) -> Result<(TensorType, TensorType), String> {
     arity(ins, 3, usize::MAX)?;
     let mut read = Vec::with_capacity(3);
-    for (t, perm) in ins.iter().zip(perms) {
+    for (t, perm) in ins.iter().zip(&perms[..3]) {
         if perm.is_empty() {
             read.push((*t).clone());
         } else {
@@ -320,7 +320,11 @@ pub fn attention_types(
     if s.shape != scores.shape {
         return Err(format!("the prologue's inputs broadcast to {s}, beyond the scores {scores}"));
     }
-    Ok((TensorType::new(v.dtype, out.shape), s))
+    let out = TensorType::new(v.dtype, out.shape);
+    if perms[3].is_empty() {
+        return Ok((out, s));
+    }
+    Ok((infer(&Op::Transpose { perm: perms[3].clone() }, &[&out])?.remove(0), s))
 }
 
 fn elementwise(expr: &Expr, ins: &[&TensorType]) -> Result<TensorType, String> {

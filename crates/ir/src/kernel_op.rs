@@ -143,10 +143,12 @@ pub enum KernelOp {
         /// A row whose softmax is NaN (every key masked with -inf) gives
         /// zeros, as exports spell `where(isnan(p), 0, p)`.
         nan_to_zero: bool,
-        /// q, kt and v are inputs 0, 1, 2 read through these permutations
-        /// of their dims (a transpose folded into the kernel's indexing);
-        /// empty: as stored.
-        perms: [Vec<usize>; 3],
+        /// q, kt and v are inputs 0, 1, 2 read through the first three
+        /// permutations of their dims (a transpose folded into the kernel's
+        /// indexing), and the output is written through the fourth (the
+        /// transpose after attention that merges the heads back); empty:
+        /// as stored.
+        perms: [Vec<usize>; 4],
     },
 }
 

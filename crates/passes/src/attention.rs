@@ -30,8 +30,11 @@ struct Block {
     expr: Expr,
     score: usize,
     nan_to_zero: bool,
-    perms: [Vec<usize>; 3],
+    perms: [Vec<usize>; 4],
     absorbed: Vec<NodeId>,
+    /// The node the kernel replaces: the second product, or the transpose
+    /// after it that the kernel's output permutation folds.
+    end: NodeId,
 }
 
 /// Fuses the attention blocks of `g`.
@@ -44,7 +47,7 @@ pub fn run(g: &mut KernelGraph) -> Result<Stats, IrError> {
             continue;
         }
         if let Some(b) = block(g, id, &outputs, &mut stats) {
-            blocks.insert(id, b);
+            blocks.insert(b.end, b);
         }
     }
     if blocks.is_empty() {
@@ -148,7 +151,7 @@ fn block(g: &KernelGraph, m2: NodeId, outputs: &HashSet<NodeId>, stats: &mut Sta
     // So is a scale of q or k by a scalar constant (exports that scale
     // both by the fourth root of the head size), before or after the
     // transpose: it joins the scores' prologue.
-    let mut perms: [Vec<usize>; 3] = Default::default();
+    let mut perms: [Vec<usize>; 4] = Default::default();
     let mut folded = Vec::new();
     let mut scales = Vec::new();
     let mut scaled = |x: &mut ValueId, folded: &mut Vec<NodeId>| {
@@ -208,5 +211,34 @@ fn block(g: &KernelGraph, m2: NodeId, outputs: &HashSet<NodeId>, stats: &mut Sta
     }
     absorbed.extend([softmax, qk]);
     absorbed.extend(folded);
-    Some(Block { q, kt, v, extras, expr, score, nan_to_zero, perms, absorbed })
+    // The transpose after the product (through reshapes that keep the
+    // shape), read by nothing else: the kernel writes its output permuted.
+    let mut end = m2;
+    let mut through = Vec::new();
+    while private(end, 1) {
+        let u = g.users_of(end)[0];
+        match &g.node(u).op {
+            KernelOp::Op(Op::Reshape { shape }) if *shape == g.node(end).outputs[0].shape => {
+                through.push(end);
+                end = u;
+            }
+            KernelOp::Op(Op::Transpose { perm }) => {
+                let mut p = perms.clone();
+                p[3] = perm.clone();
+                if smelt_ir::attention_types(&expr, score, &p, &tys).ok().is_some_and(|(o, _)| o == g.node(u).outputs[0]) {
+                    perms = p;
+                    through.push(end);
+                    end = u;
+                }
+                break;
+            }
+            _ => break,
+        }
+    }
+    if perms[3].is_empty() {
+        end = m2;
+    } else {
+        absorbed.extend(through);
+    }
+    Some(Block { q, kt, v, extras, expr, score, nan_to_zero, perms, absorbed, end })
 }

@@ -135,7 +135,7 @@ fn compose(g: &KernelGraph, x: ValueId, nodes: &[NodeId]) -> Option<(Vec<usize>,
                             dim.push(a);
                         } else {
                             // The boundary falls inside atom a: split it.
-                            if ext[a] % left != 0 {
+                            if !ext[a].is_multiple_of(left) {
                                 return None;
                             }
                             let (hi, lo) = (ext.len(), ext.len() + 1);

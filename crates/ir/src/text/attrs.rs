@@ -296,6 +296,7 @@ pub fn kernel_attrs_of(op: &KernelOp) -> Vec<(&'static str, Attr)> {
             ("perm_q", ints(&perms[0])),
             ("perm_kt", ints(&perms[1])),
             ("perm_v", ints(&perms[2])),
+            ("perm_out", ints(&perms[3])),
         ],
         KernelOp::GemmEpilogue { product, expr, shape } => {
             let mut a = vec![("expr", Str(expr.to_string())), ("shape", ints(shape)), ("product", Str(product.name().to_string()))];
@@ -330,7 +331,7 @@ pub fn kernel_op_from(name: &str, mut a: Attrs) -> Result<KernelOp, String> {
             expr: a.parsed("expr")?,
             score: a.usize("score")?,
             nan_to_zero: a.bool("nan_to_zero")?,
-            perms: [a.usizes("perm_q")?, a.usizes("perm_kt")?, a.usizes("perm_v")?],
+            perms: [a.usizes("perm_q")?, a.usizes("perm_kt")?, a.usizes("perm_v")?, a.usizes("perm_out")?],
         },
         "fused_reduction" => {
             let expr = a.parsed("expr")?;

@@ -181,7 +181,7 @@ impl Eval for KernelOp {
                 let tys: Vec<&TensorType> = args.iter().map(|a| a.ty()).collect();
                 let (_, s_ty) = smelt_ir::attention_types(expr, *score, perms, &tys)?;
                 let mut args = args.to_vec();
-                for (a, perm) in args.iter_mut().zip(perms).filter(|(_, p)| !p.is_empty()) {
+                for (a, perm) in args.iter_mut().zip(&perms[..3]).filter(|(_, p)| !p.is_empty()) {
                     let t = smelt_ir::infer(&Op::Transpose { perm: perm.clone() }, &[a.ty()])?.remove(0);
                     *a = Arc::new(layout::transpose(a, perm, &t));
                 }
@@ -195,7 +195,15 @@ impl Eval for KernelOp {
                     p.iter_mut().filter(|x| x.is_nan()).for_each(|x| *x = 0.0);
                 }
                 let p = Tensor::from_f32(s_ty.shape.clone(), p);
-                float(matmul::matmul(&p, &args[2], o))
+                if perms[3].is_empty() {
+                    return float(matmul::matmul(&p, &args[2], o));
+                }
+                // The product, then the output's permutation.
+                let mut shape = s_ty.shape[..s_ty.shape.len() - 1].to_vec();
+                shape.push(*args[2].shape().last().expect("rank checked"));
+                let y_ty = TensorType::new(DType::F32, shape);
+                let y = tensor_of(&y_ty, matmul::matmul(&p, &args[2], &y_ty));
+                float(layout::transpose(&y, &perms[3], &TensorType::new(DType::F32, o.shape.clone())).to_f32_vec())
             }
             KernelOp::FusedConv { conv: c, bias, residual, act } => {
                 let b = if *bias { Some(args[2].as_ref()) } else { None };
