@@ -286,7 +286,12 @@ impl Select {
                 let mut src: Vec<String> = (0..*axis).map(|d| format!("c{d} * {}ull", st[d])).collect();
                 src.push(format!("(unsigned long long)v * {}ull", st[*axis]));
                 src.extend((axis + 1..data.len()).map(|d| format!("c{} * {}ull", d + ni - 1, st[d])));
-                s += &format!("    out[i] = (v >= 0 && v < {}ll) ? in0[{}] : ({})0;\n", data[*axis], src.join(" + "), ty(self.out));
+                // Zero of the output type: halves have no conversion from int.
+                let zero = match self.out {
+                    DType::F16 | DType::BF16 => format!("{}(0.0f)", crate::c_type(self.out).2),
+                    d => format!("({})0", ty(d)),
+                };
+                s += &format!("    out[i] = (v >= 0 && v < {}ll) ? in0[{}] : {zero};\n", data[*axis], src.join(" + "));
             }
             Kind::Slice { starts, steps } => {
                 let st = row_strides(&self.inputs[0].1);

@@ -171,6 +171,14 @@ fn classifiers(g: &KernelGraph) -> Vec<NodeId> {
     found
 }
 
+/// Whether node `id` looks rows up in a float constant (a Gather of an
+/// embedding table).
+fn embedding(g: &KernelGraph, id: NodeId) -> bool {
+    let table = g.inputs_of(id).first().copied();
+    matches!(g.node(id).op, KernelOp::Op(Op::Gather { .. }))
+        && table.is_some_and(|t| g.node(t.node).op.is_constant() && g.ty(t).dtype.is_float())
+}
+
 /// Applies `opts` to `g`.
 pub fn run(g: &mut KernelGraph, opts: &Options) -> Result<Stats, IrError> {
     let mut stats = Stats { policy: opts.policy, ..Stats::default() };
@@ -202,7 +210,9 @@ pub fn run(g: &mut KernelGraph, opts: &Options) -> Result<Stats, IrError> {
                 glob(p, name) || glob(p, name.trim_start_matches("fused_")) || glob(p, &node.name)
             }) {
                 Some(p) => keep(format!("--keep-f32 {p}")),
-                None if traits.precision == Precision::Follows => None,
+                // An embedding table is stored half like any weight: a
+                // lookup follows it (BERT-large's word embeddings: 60 MiB).
+                None if traits.precision == Precision::Follows && !embedding(g, id) => None,
                 None => Some((half, None)),
             },
         };
