@@ -66,6 +66,12 @@ fn print_inspect(r: &Inspect, stats: &smelt_passes::pipeline::Stats) -> Result<(
     if let Some(l) = stats.layer_norm.as_ref().filter(|l| l.fused > 0) {
         outln!("layer norm: {} spelled out (mean, sub, pow, sqrt, div...) made one op each", l.fused);
     }
+    if let Some(v) = stats.views.as_ref().filter(|v| v.chains > 0) {
+        outln!("views: {} reshape and transpose chains composed, {} transpose kernels removed", v.chains, v.transposes_removed);
+    }
+    if let Some(e) = stats.gemm_epilogue.as_ref().filter(|e| e.fused > 0) {
+        outln!("gemm epilogue: {} elementwise kernels applied by their products before they store", e.fused);
+    }
     if let Some(a) = stats.attention.as_ref().filter(|a| a.blocks > 0) {
         let how = if a.fused == a.blocks { "the scores never reach memory" } else { "the others keep their score tensors" };
         outln!("attention: {} of {} softmax-product blocks fused into one kernel each ({how})", a.fused, a.blocks);

@@ -87,7 +87,7 @@ fn print_text(a: &PlanArgs, report: &MemoryReport, plain_report: &MemoryReport, 
                 }
                 kept = by.into_iter().map(|((op, why), n)| format!("{n} x {op} ({why})")).collect();
             }
-            outln!("  kept in f32            {}", if kept.is_empty() { "nothing".to_string() } else { kept.join(", ") });
+            outln!("  computed in f32        {}", if kept.is_empty() { "nothing".to_string() } else { kept.join(", ") });
         }
     }
     outln!(
