@@ -161,6 +161,17 @@ fn spelled_out_layer_norms_become_one_op() {
         // Not a square.
         ("mul(%2, %0)", affine, "%13", "", 0),
     ];
+    // Over a rank-1 x, the difference is one value per element too: it is
+    // not taken for the scale.
+    let rank1 = "graph {\n  %0 \"x\" = input : f32[8]\n  %1 = reduce_mean(%0) {axes=[0], keepdims=true} : f32[1]\n  \
+                 %2 = sub(%0, %1) : f32[8]\n  %3 = mul(%2, %2) : f32[8]\n  %4 = reduce_mean(%3) {axes=[0], keepdims=true} : f32[1]\n  \
+                 %5 \"eps\" = const : f32[] = [1e-5]\n  %6 = add(%4, %5) : f32[1]\n  %7 = sqrt(%6) : f32[1]\n  \
+                 %8 = div(%2, %7) : f32[8]\n  %9 = mul(%8, %2) : f32[8]\n  output \"y\" = %9\n}\n";
+    let g = smelt_ir::text::parse(rank1).unwrap();
+    let f = fused(&g);
+    let x1 = smelt_ir::Tensor::from_f32(vec![8], (0..8).map(|i| i as f32 * 0.3 - 1.0).collect());
+    let (a, b) = (smelt_runtime::cpu::run(&g, std::slice::from_ref(&x1)).unwrap(), smelt_runtime::cpu::run(&f, &[x1]).unwrap());
+    assert!(smelt::compare(&b[0], &a[0], 1e-5, 1e-5).ok, "rank 1");
     let mut rng = smelt_ir::Rng::new(4);
     let x = smelt_ir::Tensor::from_f32(vec![2, 3, 8], (0..48).map(|_| rng.uniform() * 4.0 - 2.0).collect());
     for (square, tail, output, extra, want) in cases {
@@ -218,6 +229,13 @@ fn transpose_chains_become_one_transpose() {
             "[6,4]",
             "  %1 = transpose(%0) {perm=[1,0]} : f32[4,6]\n  %2 = reshape(%1) {shape=[3,8]} : f32[3,8]\n  \
              %3 = transpose(%2) {perm=[1,0]} : f32[8,3]\n  output \"y\" = %3\n",
+            Some(vec![]),
+        ),
+        // Empty: left alone (no atom of extent 0 is split or divided by).
+        (
+            "[4,0]",
+            "  %1 = transpose(%0) {perm=[1,0]} : f32[0,4]\n  %2 = reshape(%1) {shape=[0,2,2]} : f32[0,2,2]\n  \
+             %3 = transpose(%2) {perm=[0,2,1]} : f32[0,2,2]\n  output \"y\" = %3\n",
             Some(vec![]),
         ),
     ];

@@ -87,7 +87,8 @@ impl Reduction {
             Op::Softmax { axis } => Kind::Softmax { axis, log: false },
             Op::LogSoftmax { axis } => Kind::Softmax { axis, log: true },
             Op::LayerNorm { axis, epsilon } => Kind::LayerNorm { axis, epsilon, bias: ins.len() > expr.arity() + 1 },
-            Op::Reduce { op, ref axes, .. } if axes.iter().all(|&a| a < 64) => {
+            // The axes are a bit set: 64 dims at most.
+            Op::Reduce { op, ref axes, .. } if ins.first().is_some_and(|v| g.ty(*v).shape.len() <= 64) => {
                 Kind::Reduce { op, mask: axes.iter().fold(0, |m, &a| m | 1 << a) }
             }
             _ => return None,

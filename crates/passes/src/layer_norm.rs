@@ -141,7 +141,8 @@ fn matched(g: &KernelGraph, m1: NodeId, outputs: &HashSet<NodeId>) -> Option<(No
     };
     let affine = |b: BinaryOp, last: &mut NodeId, absorbed: &mut Vec<NodeId>| -> Option<ValueId> {
         let next = single(*last).filter(|&n| is_binary(g, n, b))?;
-        let p = other(g, next, out(*last)).filter(|&p| per_element(p) && p != out(*last))?;
+        // Not a value of the pattern itself (a rank-1 x's difference is per element too).
+        let p = other(g, next, out(*last)).filter(|&p| per_element(p) && p.node != *last && !absorbed.contains(&p.node))?;
         absorbed.push(std::mem::replace(last, next));
         Some(p)
     };

@@ -108,6 +108,10 @@ fn compose(g: &KernelGraph, x: ValueId, nodes: &[NodeId]) -> Option<(Vec<usize>,
     // Atoms are numbered; `ext` holds their extents; an atom split in two
     // is replaced by two new atoms everywhere (it occurs once in `dims`
     // and once in `input`).
+    // An empty tensor has nothing to move.
+    if g.ty(x).shape.contains(&0) {
+        return None;
+    }
     let mut ext: Vec<usize> = Vec::new();
     let mut dims: Vec<Vec<usize>> = Vec::new();
     for &e in &g.ty(x).shape {
