@@ -263,3 +263,33 @@ fn transpose_chains_become_one_transpose() {
         assert_eq!(a[0].to_f32_vec(), b[0].to_f32_vec(), "{body}");
     }
 }
+
+/// A Gemm's bias joins its epilogue only while the columns stay the last
+/// dim: through a reshape that splits them it would broadcast wrongly, so
+/// that Gemm keeps its bias and the tanh stays a kernel of its own.
+#[test]
+fn gemm_bias_joins_the_epilogue_only_per_column() {
+    let mut rng = smelt_ir::Rng::new(9);
+    for (tail, want) in [
+        ("  %4 = tanh(%3) : f32[4,6]\n  output \"y\" = %4\n", 1),
+        ("  %4 = reshape(%3) {shape=[4,2,3]} : f32[4,2,3]\n  %5 = tanh(%4) : f32[4,2,3]\n  output \"y\" = %5\n", 0),
+    ] {
+        let text = format!(
+            "graph {{\n  %0 \"x\" = input : f32[4,8]\n  %1 \"w\" = const : f32[8,6]\n  %2 \"b\" = const : f32[6]\n  \
+             %3 = gemm(%0, %1, %2) {{trans_a=false, trans_b=false, alpha=1.0, beta=1.0}} : f32[4,6]\n{tail}}}\n"
+        );
+        let mut g = smelt_ir::text::parse(&text).unwrap();
+        for name in ["w", "b"] {
+            let id = g.node_ids().find(|&n| g.node(n).name == name).unwrap();
+            let shape = g.node(id).outputs[0].shape.clone();
+            let n = shape.iter().product();
+            g.set_weight(id, smelt_ir::Tensor::from_f32(shape, (0..n).map(|_| rng.uniform() - 0.5).collect())).unwrap();
+        }
+        let f = fused(&g);
+        assert_eq!(kernels(&f, "gemm_epilogue"), want, "{tail}");
+        let x = smelt_ir::Tensor::from_f32(vec![4, 8], (0..32).map(|_| rng.uniform() - 0.5).collect());
+        let a = smelt_runtime::cpu::run(&g, std::slice::from_ref(&x)).unwrap();
+        let b = smelt_runtime::cpu::run(&f, &[x]).unwrap();
+        assert!(smelt::compare(&b[0], &a[0], 1e-5, 1e-6).ok, "{tail}");
+    }
+}

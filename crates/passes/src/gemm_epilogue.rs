@@ -79,6 +79,7 @@ fn fusion(g: &KernelGraph, e: NodeId, outputs: &HashSet<NodeId>) -> Option<Fusio
         loop {
             let n = g.node(cur);
             let mut users = g.users_of(cur);
+            users.sort();
             users.dedup();
             if users.len() != 1 || outputs.contains(&cur) || n.outputs.len() != 1 {
                 return None;
@@ -95,9 +96,11 @@ fn fusion(g: &KernelGraph, e: NodeId, outputs: &HashSet<NodeId>) -> Option<Fusio
             KernelOp::Op(Op::MatMul) => (Op::MatMul, None),
             KernelOp::Op(Op::Gemm { trans_a, trans_b, alpha, beta }) => {
                 let bias = pins.get(2).copied();
-                // The bias joins the expression when it is one value per column.
+                // The bias joins the expression when it is one value per
+                // column and the columns stay the last dim through the views.
                 let n = g.node(product).outputs[0].shape[1];
-                if bias.is_some_and(|c| *beta != 1.0 || g.ty(c).numel() != n || g.ty(c).shape.last() != Some(&n)) {
+                let per_column = |c: ValueId| g.ty(c).numel() == n && g.ty(c).shape.last() == Some(&n) && out.shape.last() == Some(&n);
+                if bias.is_some_and(|c| *beta != 1.0 || !per_column(c)) {
                     return None;
                 }
                 (Op::Gemm { trans_a: *trans_a, trans_b: *trans_b, alpha: *alpha, beta: 1.0 }, bias)
