@@ -253,10 +253,7 @@ impl Attention {
         );
         s += "        }\n        __syncthreads();\n    }\n";
         let fallback = if self.nan_to_zero { "0.0f" } else { "__int_as_float(0x7fc00000)" };
-        let store = |x: &str| match self.out {
-            DType::F16 | DType::BF16 => format!("{}({x})", crate::c_type(self.out).2),
-            _ => x.to_string(),
-        };
+        let store = |x: &str| crate::store_c(self.out, x);
         let at = match &self.out_strides {
             None => format!("(z * {sq}ull + (unsigned long long)row) * {dv}ull + i"),
             Some(st) => {

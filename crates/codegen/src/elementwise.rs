@@ -147,12 +147,7 @@ impl Elementwise {
         s += "    unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;\n    if (i >= n) return;\n";
         s += &expr_c(&self.expr, &self.shape, &self.inputs, "i").replace("    return ", "    float result = ");
         let last = "result".to_string();
-        let store = match self.out {
-            DType::F16 => format!("__float2half({last})"),
-            DType::BF16 => format!("__float2bfloat16({last})"),
-            _ => last,
-        };
-        s += &format!("    out[i] = {store};\n}}\n");
+        s += &format!("    out[i] = {};\n}}\n", crate::store_c(self.out, &last));
         s
     }
 

@@ -263,7 +263,7 @@ impl Gemm {
             Some(e) => {
                 let args: String = (1..e.inputs.len()).map(|i| format!(", in{i}")).collect();
                 s += &format!("    unsigned long long f = {oo}(unsigned long long)row * {n} + col;\n");
-                s += &format!("    out[f] = {}(epilogue_{}(v{args}, f));\n}}\n", crate::c_type(e.out).2, self.name);
+                s += &format!("    out[f] = {};\n}}\n", crate::store_c(e.out, &format!("epilogue_{}(v{args}, f)", self.name)));
             }
             None => s += &format!("    out[{oo}(unsigned long long)row * {n} + col] = {store}(v);\n}}\n"),
         }

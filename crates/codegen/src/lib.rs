@@ -27,6 +27,14 @@ pub use program::Program;
 
 /// The CUDA C type of a dtype, and the functions that load it to and store
 /// it from f32 (empty where no conversion is needed).
+/// The f32 C expression `x` converted for a store of dtype `d` (floats only).
+pub(crate) fn store_c(d: smelt_ir::DType, x: &str) -> String {
+    match d {
+        smelt_ir::DType::F16 | smelt_ir::DType::BF16 => format!("{}({x})", c_type(d).2),
+        _ => x.to_string(),
+    }
+}
+
 pub(crate) fn c_type(d: smelt_ir::DType) -> (&'static str, &'static str, &'static str) {
     use smelt_ir::DType;
     match d {

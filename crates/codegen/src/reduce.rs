@@ -199,11 +199,7 @@ impl Reduction {
             _ => format!("(r / {inner}ull) * {len}ull * {inner}ull + r % {inner}ull"),
         };
         s += &format!("    unsigned long long base = {base};\n");
-        let store = |v: &str| match self.out {
-            DType::F16 => format!("__float2half({v})"),
-            DType::BF16 => format!("__float2bfloat16({v})"),
-            _ => v.to_string(),
-        };
+        let store = |v: &str| crate::store_c(self.out, v);
         match self.kind {
             Kind::GlobalAveragePool => {
                 s += &format!(

@@ -248,4 +248,10 @@ impl KernelGraph {
     pub fn origin(&self, id: crate::NodeId) -> &[crate::NodeId] {
         &self.node(id).origin
     }
+
+    /// The model nodes that `nodes` compute together (for a node replacing
+    /// them; [`crate::Graph::set_origin`] sorts and dedups).
+    pub fn origins<'a>(&self, nodes: impl IntoIterator<Item = &'a crate::NodeId>) -> Vec<crate::NodeId> {
+        nodes.into_iter().flat_map(|&n| self.origin(n).iter().copied()).collect()
+    }
 }

@@ -59,9 +59,7 @@ pub fn run(g: &mut KernelGraph) -> Result<Stats, IrError> {
         let ins: Vec<ValueId> = [b.q, b.kt, b.v].iter().chain(&b.extras).map(|v| map[v]).collect();
         let op = KernelOp::Attention { expr: b.expr.clone(), score: b.score, nan_to_zero: b.nan_to_zero, perms: b.perms.clone() };
         let new = out.add(op, g.node(id).name.clone(), &ins)?;
-        let origin: Vec<NodeId> =
-            b.absorbed.iter().flat_map(|&n| g.origin(n).iter().copied()).chain(g.origin(id).iter().copied()).collect();
-        out.set_origin(new, origin);
+        out.set_origin(new, g.origins(b.absorbed.iter().chain([&id])));
         Ok(Some(new))
     })?;
     stats.fused = blocks.len();

@@ -67,7 +67,7 @@ pub fn run(g: &mut KernelGraph) -> Result<Stats, IrError> {
             stats.absorbed += b.count;
             let ins: Vec<ValueId> = b.leaves.iter().map(|v| map[v]).collect();
             // It computes its own ops and every absorbed one.
-            let origin = b.memo.keys().chain([&id]).flat_map(|&n| g.origin(n).to_vec()).collect();
+            let origin = g.origins(b.memo.keys().chain([&id]));
             let new = out.add(KernelOp::Elementwise { expr: b.expr }, node.name.clone(), &ins)?;
             out.set_origin(new, origin);
             new

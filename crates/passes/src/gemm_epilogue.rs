@@ -48,8 +48,7 @@ pub fn run(g: &mut KernelGraph) -> Result<Stats, IrError> {
         let shape = g.node(id).outputs[0].shape.clone();
         let op = KernelOp::GemmEpilogue { product: Box::new(f.op.clone()), expr: f.expr.clone(), shape };
         let new = out.add(op, g.node(f.product).name.clone(), &ins)?;
-        let origin: Vec<NodeId> = f.absorbed.iter().chain([&id]).flat_map(|&n| g.origin(n).iter().copied()).collect();
-        out.set_origin(new, origin);
+        out.set_origin(new, g.origins(f.absorbed.iter().chain([&id])));
         Ok(Some(new))
     })?;
     let stats = Stats { fused: found.len() };

@@ -56,8 +56,7 @@ pub fn run(g: &mut KernelGraph) -> Result<Stats, IrError> {
         };
         let ins: Vec<ValueId> = [x, scale].into_iter().chain(m.bias.map(|b| map[&b])).collect();
         let new = out.add(Op::LayerNorm { axis: m.axis, epsilon: m.epsilon }, g.node(id).name.clone(), &ins)?;
-        let origin: Vec<NodeId> = m.absorbed.iter().chain([&id]).flat_map(|&n| g.origin(n).iter().copied()).collect();
-        out.set_origin(new, origin);
+        out.set_origin(new, g.origins(m.absorbed.iter().chain([&id])));
         Ok(Some(new))
     })?;
     let stats = Stats { fused: found.len() };

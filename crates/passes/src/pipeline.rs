@@ -106,33 +106,33 @@ pub fn run_with(graph: &Graph, opts: &Options, after: &mut dyn FnMut(&str, &Kern
     stats.fusion = Some(fusion);
     verify_if(&graph, "fuse")?;
     after("fuse", &graph, &stats.fusion);
-    stats.layer_norm = Some(layer_norm::run(&mut graph).map_err(|source| PassError::Bug { pass: "layer-norm", source })?);
-    verify_if(&graph, "layer-norm")?;
-    after("layer-norm", &graph, &stats.layer_norm);
-    stats.views = Some(views::run(&mut graph).map_err(|source| PassError::Bug { pass: "views", source })?);
-    verify_if(&graph, "views")?;
-    after("views", &graph, &stats.views);
+    stats.layer_norm = step(&mut graph, "layer-norm", layer_norm::run, &mut after)?;
+    stats.views = step(&mut graph, "views", views::run, &mut after)?;
     precision(&mut graph, &mut stats)?;
     after("precision", &graph, &stats.precision);
-    stats.ew_cluster = Some(ew_cluster::run(&mut graph).map_err(|source| PassError::Bug { pass: "ew-cluster", source })?);
-    verify_if(&graph, "ew-cluster")?;
-    after("ew-cluster", &graph, &stats.ew_cluster);
-    stats.reduce_fuse = Some(reduce_fuse::run(&mut graph).map_err(|source| PassError::Bug { pass: "reduce-fuse", source })?);
-    verify_if(&graph, "reduce-fuse")?;
-    after("reduce-fuse", &graph, &stats.reduce_fuse);
-    stats.attention = Some(attention::run(&mut graph).map_err(|source| PassError::Bug { pass: "attention", source })?);
-    verify_if(&graph, "attention")?;
-    after("attention", &graph, &stats.attention);
-    stats.gemm_epilogue = Some(gemm_epilogue::run(&mut graph).map_err(|source| PassError::Bug { pass: "gemm-epilogue", source })?);
-    verify_if(&graph, "gemm-epilogue")?;
-    after("gemm-epilogue", &graph, &stats.gemm_epilogue);
-    stats.concat = Some(concat::run(&mut graph));
-    verify_if(&graph, "concat")?;
-    after("concat", &graph, &stats.concat);
+    stats.ew_cluster = step(&mut graph, "ew-cluster", ew_cluster::run, &mut after)?;
+    stats.reduce_fuse = step(&mut graph, "reduce-fuse", reduce_fuse::run, &mut after)?;
+    stats.attention = step(&mut graph, "attention", attention::run, &mut after)?;
+    stats.gemm_epilogue = step(&mut graph, "gemm-epilogue", gemm_epilogue::run, &mut after)?;
+    stats.concat = step(&mut graph, "concat", |g| Ok(concat::run(g)), &mut after)?;
     stats.dce_removed += dce::run(&mut graph).removed;
     verify_if(&graph, "final-dce")?;
     after("final-dce", &graph, &stats.dce_removed);
     Ok((graph, stats))
+}
+
+/// Runs one kernel-graph pass: its failure is a bug of that pass; the
+/// graph is verified after it and `after` sees its statistics.
+fn step<S: std::fmt::Debug>(
+    graph: &mut KernelGraph,
+    pass: &'static str,
+    run: impl FnOnce(&mut KernelGraph) -> Result<S, smelt_ir::IrError>,
+    after: &mut impl FnMut(&str, &KernelGraph, &dyn std::fmt::Debug),
+) -> Result<Option<S>, PassError> {
+    let stats = Some(run(graph).map_err(|source| PassError::Bug { pass, source })?);
+    verify_if(graph, pass)?;
+    after(pass, graph, &stats);
+    Ok(stats)
 }
 
 fn verify_if<O: OpSet>(graph: &Graph<O>, pass: &'static str) -> Result<(), PassError> {

@@ -10,7 +10,8 @@
 //! (that attention folds into its indexing), or none when the permutation
 //! is the identity.
 
-use smelt_ir::{IrError, KernelGraph, KernelOp, NodeId, Op, ValueId};
+use smelt_ir::traits::Kind;
+use smelt_ir::{IrError, KernelGraph, KernelOp, NodeId, Op, OpSet, ValueId};
 use std::collections::{HashMap, HashSet};
 
 /// What the pass did.
@@ -30,8 +31,9 @@ struct Chain {
     perm: Vec<usize>,
 }
 
+/// A view: same elements in the same order, another shape.
 fn is_reshape(op: &KernelOp) -> bool {
-    matches!(op, KernelOp::Op(Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze { .. } | Op::Unsqueeze { .. }))
+    op.semantic().is_some_and(|op| op.traits().kind == Kind::View)
 }
 
 fn is_link(op: &KernelOp) -> bool {
@@ -77,7 +79,7 @@ pub fn run(g: &mut KernelGraph) -> Result<Stats, IrError> {
     let out = crate::rebuild(g, &absorbed, |out, id, map| {
         let Some(c) = found.get(&id) else { return Ok(None) };
         let name = &g.node(id).name;
-        let origin: Vec<NodeId> = c.nodes.iter().flat_map(|&n| g.origin(n).iter().copied()).collect();
+        let origin = g.origins(&c.nodes);
         let shape = g.node(id).outputs[0].shape.clone();
         let mut v = map[&c.x];
         let add = |out: &mut KernelGraph, op: Op, v: ValueId| -> Result<ValueId, IrError> {
