@@ -61,3 +61,14 @@ fn random_graphs_roundtrip() {
         assert_eq!(parsed.len(), g.len());
     }
 }
+
+/// A kernel-level `gemm_epilogue` whose shape overflows is an error, not a
+/// panic in the element count.
+#[test]
+fn gemm_epilogue_shapes_are_checked() {
+    let text = "graph {\n  %0 \"a\" = input : f32[4,8]\n  %1 \"b\" = input : f32[8,6]\n  \
+                %2 = gemm_epilogue(%0, %1) {expr=\"relu($0)\", shape=[4294967296,4294967296,16], product=\"matmul\"} : f32[24]\n  \
+                output \"y\" = %2\n}\n";
+    let err = smelt_ir::text::parse_as::<smelt_ir::KernelOp>(text).unwrap_err().to_string();
+    assert!(err.contains("cannot be read as shape"), "{err}");
+}

@@ -261,7 +261,7 @@ pub fn infer_kernel(op: &KernelOp, ins: &[&TensorType]) -> Result<Vec<TensorType
                 Op::Gemm { trans_a, trans_b, .. } => gemm(*trans_a, *trans_b, &ins[..2], true)?,
                 op => return Err(format!("gemm_epilogue's product must be matmul or gemm, not {}", op.name())),
             };
-            if p.numel() != shape.iter().product::<usize>() {
+            if Ok(p.numel()) != checked_numel(shape) {
                 return Err(format!("gemm_epilogue's product {p} cannot be read as shape {shape:?}"));
             }
             let p = TensorType::new(p.dtype, shape.clone());
