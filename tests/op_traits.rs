@@ -168,6 +168,23 @@ fn samples() -> Vec<(KernelOp, Vec<TensorType>)> {
         perms: [vec![0, 2, 1, 3], vec![0, 2, 3, 1], vec![0, 2, 1, 3], vec![0, 2, 1, 3]],
     };
     v.push((merged, vec![f32t(&[2, 70, 3, 8]), f32t(&[2, 20, 3, 8]), f32t(&[2, 20, 3, 6])]));
+    // Backward ops and optimizer updates.
+    let strided = Conv { strides: vec![2, 2], pads: vec![1, 1, 1, 1], dilations: vec![1, 1], group: 2 };
+    let window = Pool { kernel: vec![3, 3], strides: vec![1, 1], pads: vec![1, 1, 1, 1], ceil_mode: false };
+    v.push((
+        KernelOp::Op(Op::ConvGradData { conv: strided.clone(), shape: vec![1, 4, 5, 5] }),
+        vec![f32t(&[1, 4, 3, 3]), f32t(&[4, 2, 3, 3])],
+    ));
+    v.push((KernelOp::Op(Op::ConvGradWeight { conv: strided, shape: vec![4, 2, 3, 3] }), vec![x.clone(), f32t(&[1, 4, 3, 3])]));
+    v.push((KernelOp::Op(Op::MaxPoolGrad(window.clone())), vec![x.clone(), x.clone()]));
+    v.push((KernelOp::Op(Op::AvgPoolGrad { pool: window, count_include_pad: false, shape: vec![1, 4, 5, 5] }), vec![x.clone()]));
+    v.push((KernelOp::Op(Op::LrnGrad { size: 3, alpha: 1e-4, beta: 0.75, bias: 1.0 }), vec![x.clone(), x.clone()]));
+    let p = f32t(&[4, 5]);
+    let sgd = smelt_ir::Optimizer::Sgd { lr: 0.1, momentum: 0.9, dampening: 0.0, nesterov: true, weight_decay: 1e-4 };
+    let adam = smelt_ir::Optimizer::Adam { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0, decoupled: false };
+    v.push((KernelOp::Op(Op::Update(sgd)), vec![p.clone(), p.clone(), f32t(&[]), p.clone()]));
+    v.push((KernelOp::Op(Op::Update(adam)), vec![p.clone(), p.clone(), f32t(&[]), p.clone(), p.clone()]));
+    v.push((KernelOp::Op(Op::Update(smelt_ir::Optimizer::Count)), vec![f32t(&[])]));
     for (op, _) in &v {
         covered(op);
     }
@@ -228,7 +245,13 @@ fn covered_op(op: &Op) {
         | Op::Expand { .. }
         | Op::Gather { .. }
         | Op::Tile { .. }
-        | Op::Cast { .. } => {}
+        | Op::Cast { .. }
+        | Op::ConvGradData { .. }
+        | Op::ConvGradWeight { .. }
+        | Op::MaxPoolGrad(_)
+        | Op::AvgPoolGrad { .. }
+        | Op::LrnGrad { .. }
+        | Op::Update(_) => {}
     }
 }
 

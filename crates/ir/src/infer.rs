@@ -81,6 +81,40 @@ pub fn infer(op: &Op, ins: &[&TensorType]) -> Result<Vec<TensorType>, String> {
         Op::MatMul => matmul(ins)?,
         Op::Concat { axis } => concat(*axis, ins)?,
         Op::Split { axis, sizes } => return split(*axis, sizes, ins),
+        Op::ConvGradData { conv: c, shape } => {
+            arity(ins, 2, 2)?;
+            let x = TensorType::new(ins[0].dtype, shape.clone());
+            expect_forward(&conv(c, &[&x, ins[1]], false)?, ins[0], "dy")?;
+            x
+        }
+        Op::ConvGradWeight { conv: c, shape } => {
+            arity(ins, 2, 2)?;
+            let w = TensorType::new(ins[0].dtype, shape.clone());
+            expect_forward(&conv(c, &[ins[0], &w], false)?, ins[1], "dy")?;
+            w
+        }
+        Op::MaxPoolGrad(p) => {
+            arity(ins, 2, 2)?;
+            expect_forward(&pool(p, &ins[..1])?, ins[1], "dy")?;
+            ins[0].clone()
+        }
+        Op::AvgPoolGrad { pool: p, shape, .. } => {
+            arity(ins, 1, 1)?;
+            let x = TensorType::new(ins[0].dtype, shape.clone());
+            expect_forward(&pool(p, &[&x])?, ins[0], "dy")?;
+            x
+        }
+        Op::LrnGrad { size, .. } => {
+            arity(ins, 2, 2)?;
+            float(ins[0])?;
+            rank_at_least(ins[0], 2)?;
+            if *size == 0 {
+                return Err("size must be positive".into());
+            }
+            expect_forward(ins[0], ins[1], "dy")?;
+            ins[0].clone()
+        }
+        Op::Update(o) => return update(o, ins),
         Op::Slice { axes, starts, ends, steps } => {
             arity(ins, 1, 1)?;
             let x = ins[0];
@@ -478,6 +512,41 @@ fn spatial_out(input: usize, k: usize, stride: usize, dil: usize, pb: usize, pe:
         out -= 1;
     }
     Ok(out)
+}
+
+/// Checks that a gradient operand has the forward output's type.
+fn expect_forward(forward: &TensorType, got: &TensorType, what: &str) -> Result<(), String> {
+    if forward != got {
+        return Err(format!("{what} {got} must have the forward output's type {forward}"));
+    }
+    Ok(())
+}
+
+fn update(o: &crate::op::Optimizer, ins: &[&TensorType]) -> Result<Vec<TensorType>, String> {
+    let scalar = |t: &TensorType| {
+        if t.dtype != DType::F32 || !t.shape.is_empty() {
+            return Err(format!("the step counter {t} must be f32[]"));
+        }
+        Ok(())
+    };
+    if *o == crate::op::Optimizer::Count {
+        arity(ins, 1, 1)?;
+        scalar(ins[0])?;
+        return Ok(vec![ins[0].clone()]);
+    }
+    let n = 3 + o.states();
+    arity(ins, n, n)?;
+    let p = ins[0];
+    if p.dtype != DType::F32 {
+        return Err(format!("parameter {p} must be f32 (master weights)"));
+    }
+    scalar(ins[2])?;
+    for t in ins[1..2].iter().chain(&ins[3..]) {
+        if t != &p {
+            return Err(format!("gradient and state {t} must have the parameter's type {p}"));
+        }
+    }
+    Ok(std::iter::once(p.clone()).chain(ins[3..].iter().map(|&t| t.clone())).collect())
 }
 
 fn check_window(n: usize, strides: &[usize], pads: &[usize], dil: &[usize]) -> Result<(), String> {

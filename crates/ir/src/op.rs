@@ -501,6 +501,110 @@ pub enum Op {
         /// Target dtype.
         to: DType,
     },
+    /// Gradient of a convolution with respect to its input (a transposed
+    /// convolution). Inputs: dy `[N,M,*]`, w `[M,C/group,*k]`. Output:
+    /// `shape`, the input's.
+    ConvGradData {
+        /// The forward convolution.
+        conv: Conv,
+        /// The forward input's shape.
+        shape: Vec<usize>,
+    },
+    /// Gradient of a convolution with respect to its weight. Inputs: x, dy.
+    /// Output: `shape`, the weight's.
+    ConvGradWeight {
+        /// The forward convolution.
+        conv: Conv,
+        /// The weight's shape.
+        shape: Vec<usize>,
+    },
+    /// Gradient of max pooling: each window's gradient goes to the window's
+    /// first maximum (as PyTorch routes it). Inputs: x, dy. Output: x's type.
+    MaxPoolGrad(Pool),
+    /// Gradient of average pooling. Input: dy. Output: `shape`, the input's.
+    AvgPoolGrad {
+        /// The window.
+        pool: Pool,
+        /// Padding counted in the divisor.
+        count_include_pad: bool,
+        /// The forward input's shape.
+        shape: Vec<usize>,
+    },
+    /// Gradient of local response normalization. Inputs: x, dy.
+    LrnGrad {
+        /// Number of channels summed over.
+        size: usize,
+        /// Scale.
+        alpha: f32,
+        /// Exponent.
+        beta: f32,
+        /// Offset.
+        bias: f32,
+    },
+    /// An optimizer's update of one parameter and its state, in place: the
+    /// outputs replace the persistent operands they name (see
+    /// [`Op::updated_operand`]) when the step ends. Inputs: param, grad,
+    /// step (the state counting completed steps, f32 `[]`), then the
+    /// optimizer's state; [`Optimizer::Count`] takes the step alone.
+    Update(Optimizer),
+}
+
+/// The rule of an [`Op::Update`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Optimizer {
+    /// SGD as PyTorch defines it: `g += wd p`; with momentum,
+    /// `buf = momentum buf + (1 - dampening) g` (`buf = g` on the first
+    /// step), `g = nesterov ? g + momentum buf : buf`; `p -= lr g`. State:
+    /// the momentum buffer, when momentum is not 0.
+    Sgd {
+        /// Learning rate.
+        lr: f32,
+        /// Momentum factor (0: none, and no state).
+        momentum: f32,
+        /// Dampening of the momentum.
+        dampening: f32,
+        /// Nesterov momentum.
+        nesterov: bool,
+        /// L2 penalty added to the gradient.
+        weight_decay: f32,
+    },
+    /// Adam, or AdamW when `decoupled`. State: the first and second moments.
+    Adam {
+        /// Learning rate.
+        lr: f32,
+        /// Decay of the first moment.
+        beta1: f32,
+        /// Decay of the second moment.
+        beta2: f32,
+        /// Added to the denominator.
+        eps: f32,
+        /// Weight decay: an L2 penalty (Adam) or decoupled (AdamW).
+        weight_decay: f32,
+        /// AdamW: `p -= lr wd p` instead of adding `wd p` to the gradient.
+        decoupled: bool,
+    },
+    /// The step counter: `t + 1`, after every other update has read `t`.
+    Count,
+}
+
+impl Optimizer {
+    /// How many state tensors of the parameter's shape it keeps.
+    pub fn states(&self) -> usize {
+        match self {
+            Optimizer::Sgd { momentum, .. } => usize::from(*momentum != 0.0),
+            Optimizer::Adam { .. } => 2,
+            Optimizer::Count => 0,
+        }
+    }
+
+    /// Its name in the text format.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Optimizer::Sgd { .. } => "sgd_update",
+            Optimizer::Adam { .. } => "adam_update",
+            Optimizer::Count => "count_update",
+        }
+    }
 }
 
 /// Applies a unary function to one value (the reference semantics every
@@ -665,6 +769,24 @@ impl Op {
             Op::Expand { .. } => "expand",
             Op::Tile { .. } => "tile",
             Op::Gather { .. } => "gather",
+            Op::ConvGradData { .. } => "conv_grad_data",
+            Op::ConvGradWeight { .. } => "conv_grad_weight",
+            Op::MaxPoolGrad(_) => "max_pool_grad",
+            Op::AvgPoolGrad { .. } => "avg_pool_grad",
+            Op::LrnGrad { .. } => "lrn_grad",
+            Op::Update(o) => o.name(),
+        }
+    }
+
+    /// For an [`Op::Update`], the operand that output `slot` replaces: the
+    /// parameter for slot 0, the state after the step and gradient for the
+    /// others (the counter replaces itself). `None` for every other op.
+    pub fn updated_operand(&self, slot: usize) -> Option<usize> {
+        match self {
+            Op::Update(Optimizer::Count) => Some(slot),
+            Op::Update(_) if slot == 0 => Some(0),
+            Op::Update(_) => Some(slot + 2),
+            _ => None,
         }
     }
 }

@@ -29,6 +29,9 @@ pub enum Kind {
     Layer,
     /// Averages a sliding window.
     Window,
+    /// An optimizer's update: its outputs replace persistent operands (the
+    /// parameter and its state) when the step ends, after every other reader.
+    Update,
 }
 
 /// How the precision policy treats an op's float output.
@@ -136,6 +139,11 @@ impl Op {
             }
             // One kernel per output is still to come.
             Op::Split { .. } => t(K::Movement, P::Follows, I::No, L::CpuOnly),
+            // Backward ops: kernels are still to come.
+            Op::ConvGradData { .. } | Op::ConvGradWeight { .. } => t(K::Layer, P::Sensitive, I::No, L::CpuOnly),
+            Op::MaxPoolGrad(_) | Op::AvgPoolGrad { .. } => t(K::Window, P::Sensitive, I::No, L::CpuOnly),
+            Op::LrnGrad { .. } => t(K::Normalization, P::Sensitive, I::No, L::CpuOnly),
+            Op::Update(_) => t(K::Update, P::Fixed, I::No, L::CpuOnly),
         }
     }
 

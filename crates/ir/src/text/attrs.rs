@@ -3,7 +3,7 @@
 
 use crate::dtype::DType;
 use crate::kernel_op::KernelOp;
-use crate::op::{BinaryOp, CompareOp, Conv, LogicOp, Op, PadMode, Pool, ReduceOp, UnaryOp};
+use crate::op::{BinaryOp, CompareOp, Conv, LogicOp, Op, Optimizer, PadMode, Pool, ReduceOp, UnaryOp};
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -56,10 +56,41 @@ pub fn attrs_of(op: &Op) -> Vec<(&'static str, Attr)> {
     let pool = |p: &Pool| {
         vec![("kernel", ints(&p.kernel)), ("strides", ints(&p.strides)), ("pads", ints(&p.pads)), ("ceil_mode", Bool(p.ceil_mode))]
     };
+    let conv = |c: &Conv| {
+        vec![("strides", ints(&c.strides)), ("pads", ints(&c.pads)), ("dilations", ints(&c.dilations)), ("group", Int(c.group as i64))]
+    };
+    let with_shape = |mut a: Vec<(&'static str, Attr)>, shape: &[usize]| {
+        a.push(("shape", ints(shape)));
+        a
+    };
     match op {
-        Op::Conv(c) => {
-            vec![("strides", ints(&c.strides)), ("pads", ints(&c.pads)), ("dilations", ints(&c.dilations)), ("group", Int(c.group as i64))]
+        Op::Conv(c) => conv(c),
+        Op::ConvGradData { conv: c, shape } | Op::ConvGradWeight { conv: c, shape } => with_shape(conv(c), shape),
+        Op::MaxPoolGrad(p) => pool(p),
+        Op::AvgPoolGrad { pool: p, count_include_pad, shape } => {
+            let mut a = pool(p);
+            a.push(("count_include_pad", Bool(*count_include_pad)));
+            with_shape(a, shape)
         }
+        Op::LrnGrad { size, alpha, beta, bias } => {
+            vec![("size", Int(*size as i64)), ("alpha", Float(*alpha)), ("beta", Float(*beta)), ("bias", Float(*bias))]
+        }
+        Op::Update(Optimizer::Sgd { lr, momentum, dampening, nesterov, weight_decay }) => vec![
+            ("lr", Float(*lr)),
+            ("momentum", Float(*momentum)),
+            ("dampening", Float(*dampening)),
+            ("nesterov", Bool(*nesterov)),
+            ("weight_decay", Float(*weight_decay)),
+        ],
+        Op::Update(Optimizer::Adam { lr, beta1, beta2, eps, weight_decay, decoupled }) => vec![
+            ("lr", Float(*lr)),
+            ("beta1", Float(*beta1)),
+            ("beta2", Float(*beta2)),
+            ("eps", Float(*eps)),
+            ("weight_decay", Float(*weight_decay)),
+            ("decoupled", Bool(*decoupled)),
+        ],
+        Op::Update(Optimizer::Count) => vec![],
         Op::BatchNorm { epsilon } => vec![("epsilon", Float(*epsilon))],
         Op::Unary(u) => u.params().into_iter().map(|(k, v)| (k, Float(v))).collect(),
         Op::Clip { min, max } => vec![("min", Float(*min)), ("max", Float(*max))],
@@ -255,6 +286,29 @@ pub fn op_from(name: &str, mut a: Attrs) -> Result<Op, String> {
         "log_softmax" => Ok(Op::LogSoftmax { axis: a.usize("axis")? }),
         "layer_norm" => Ok(Op::LayerNorm { axis: a.usize("axis")?, epsilon: a.float("epsilon")? }),
         "lrn" => Ok(Op::Lrn { size: a.usize("size")?, alpha: a.float("alpha")?, beta: a.float("beta")?, bias: a.float("bias")? }),
+        "conv_grad_data" => Ok(Op::ConvGradData { conv: a.conv()?, shape: a.usizes("shape")? }),
+        "conv_grad_weight" => Ok(Op::ConvGradWeight { conv: a.conv()?, shape: a.usizes("shape")? }),
+        "max_pool_grad" => Ok(Op::MaxPoolGrad(a.pool()?)),
+        "avg_pool_grad" => {
+            Ok(Op::AvgPoolGrad { pool: a.pool()?, count_include_pad: a.bool("count_include_pad")?, shape: a.usizes("shape")? })
+        }
+        "lrn_grad" => Ok(Op::LrnGrad { size: a.usize("size")?, alpha: a.float("alpha")?, beta: a.float("beta")?, bias: a.float("bias")? }),
+        "sgd_update" => Ok(Op::Update(Optimizer::Sgd {
+            lr: a.float("lr")?,
+            momentum: a.float("momentum")?,
+            dampening: a.float("dampening")?,
+            nesterov: a.bool("nesterov")?,
+            weight_decay: a.float("weight_decay")?,
+        })),
+        "adam_update" => Ok(Op::Update(Optimizer::Adam {
+            lr: a.float("lr")?,
+            beta1: a.float("beta1")?,
+            beta2: a.float("beta2")?,
+            eps: a.float("eps")?,
+            weight_decay: a.float("weight_decay")?,
+            decoupled: a.bool("decoupled")?,
+        })),
+        "count_update" => Ok(Op::Update(Optimizer::Count)),
         "dropout" => Ok(Op::Dropout),
         "identity" => Ok(Op::Identity),
         "cast" => match a.take("to")? {

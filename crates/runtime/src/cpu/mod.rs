@@ -3,6 +3,7 @@
 
 mod conv;
 mod elementwise;
+mod grad;
 mod layout;
 mod matmul;
 mod norm;
@@ -96,6 +97,34 @@ pub fn run_keeping<O: Eval>(
         progress(done + 1, order.len());
     }
     Ok((g.outputs().iter().map(|(_, v)| Arc::unwrap_or_clone(vals[v].clone())).collect(), kept))
+}
+
+/// Runs one training step of `g` (a graph with [`Op::Update`] nodes, as
+/// `smelt_passes::train` builds it) on `inputs`: returns the outputs and
+/// writes each update's results into the persistent values they replace, so
+/// that the next call runs the next step.
+pub fn run_step<O: Eval>(g: &mut Graph<O>, inputs: &[Tensor]) -> Result<Vec<Tensor>, RuntimeError> {
+    let outs = run(g, inputs)?;
+    let at: HashMap<ValueId, usize> = g.outputs().iter().enumerate().map(|(i, (_, v))| (*v, i)).collect();
+    let mut writes = Vec::new();
+    for u in g.node_ids() {
+        let Some(op @ Op::Update(_)) = g.node(u).op.semantic() else { continue };
+        let ins = g.inputs_of(u);
+        for slot in 0..g.node(u).outputs.len() {
+            let target = ins[op.updated_operand(slot).expect("an update")].node;
+            let v = ValueId { node: u, slot: slot as u32 };
+            let i = at.get(&v).ok_or_else(|| RuntimeError::Unsupported {
+                node: format!("{u} \"{}\"", g.node(u).name),
+                msg: "an update whose result is not a graph output".into(),
+            })?;
+            writes.push((target, outs[*i].clone()));
+        }
+    }
+    for (target, t) in writes {
+        let name = g.node(target).name.clone();
+        g.set_weight(target, t).map_err(|e| RuntimeError::Unsupported { node: name, msg: e.to_string() })?;
+    }
+    Ok(outs)
 }
 
 /// Remaining uses of each node's outputs; graph outputs count as one more.
@@ -287,5 +316,11 @@ fn eval(op: &Op, args: &[Arc<Tensor>], out: &[TensorType]) -> Result<Vec<Tensor>
         Op::Pad { pads, mode } => Ok(vec![layout::pad(&args[0], pads, *mode, o)]),
         Op::Expand { .. } | Op::Tile { .. } => Ok(vec![layout::repeat(&args[0], o)]),
         Op::Gather { axis } => Ok(vec![layout::gather_axis(&args[0], &args[1], *axis, o)?]),
+        Op::ConvGradData { conv: c, .. } => float(grad::conv_grad_data(c, &args[0], &args[1], o)?),
+        Op::ConvGradWeight { conv: c, .. } => float(grad::conv_grad_weight(c, &args[0], &args[1], o)?),
+        Op::MaxPoolGrad(p) => float(grad::max_pool_grad(p, &args[0], &args[1])?),
+        Op::AvgPoolGrad { pool: p, count_include_pad, .. } => float(grad::avg_pool_grad(p, *count_include_pad, &args[0], o)?),
+        Op::LrnGrad { size, alpha, beta, bias } => float(grad::lrn_grad(&args[0], &args[1], *size, *alpha, *beta, *bias)),
+        Op::Update(u) => Ok(grad::update(u, args).into_iter().zip(out).map(|(v, ty)| tensor_of(ty, v)).collect()),
     }
 }

@@ -27,34 +27,43 @@ pub(crate) fn pool(p: &Pool, x: &Tensor, out: &TensorType, avg: Option<bool>) ->
                 }
             });
         }
-        match avg {
-            None => {}
-            Some(false) => yp.iter_mut().zip(&count).for_each(|(v, &c)| *v /= c.max(1) as f32),
-            Some(true) => {
-                // Divisor: the window clipped to the padded input, per dim.
-                let spans: Vec<Vec<f32>> = (0..n)
-                    .map(|d| {
-                        (0..win.out[d])
-                            .map(|o| {
-                                let start = (o * p.strides[d]) as isize - p.pads[d] as isize;
-                                let end = (start + p.kernel[d] as isize).min((win.input[d] + p.pads[n + d]) as isize);
-                                (end - start).max(1) as f32
-                            })
-                            .collect()
-                    })
-                    .collect();
-                for (o, v) in yp.iter_mut().enumerate() {
-                    let (mut rem, mut div) = (o, 1.0);
-                    for d in (0..n).rev() {
-                        div *= spans[d][rem % win.out[d]];
-                        rem /= win.out[d];
-                    }
-                    *v /= div;
-                }
-            }
+        if let Some(include_pad) = avg {
+            let div = divisors(p, &win, include_pad, &count);
+            yp.iter_mut().zip(&div).for_each(|(v, d)| *v /= d);
         }
     }
     Ok(y)
+}
+
+/// Each output position's divisor in average pooling: the window's
+/// elements inside the input (`count`, per output position) or, counting
+/// padding, the window clipped to the padded input.
+pub(crate) fn divisors(p: &Pool, win: &Window, include_pad: bool, count: &[u32]) -> Vec<f32> {
+    if !include_pad {
+        return count.iter().map(|&c| c.max(1) as f32).collect();
+    }
+    let n = p.kernel.len();
+    let spans: Vec<Vec<f32>> = (0..n)
+        .map(|d| {
+            (0..win.out[d])
+                .map(|o| {
+                    let start = (o * p.strides[d]) as isize - p.pads[d] as isize;
+                    let end = (start + p.kernel[d] as isize).min((win.input[d] + p.pads[n + d]) as isize);
+                    (end - start).max(1) as f32
+                })
+                .collect()
+        })
+        .collect();
+    (0..win.out_size())
+        .map(|o| {
+            let (mut rem, mut div) = (o, 1.0);
+            for d in (0..n).rev() {
+                div *= spans[d][rem % win.out[d]];
+                rem /= win.out[d];
+            }
+            div
+        })
+        .collect()
 }
 
 pub(crate) fn global_avg(x: &Tensor) -> Vec<f32> {

@@ -1,0 +1,367 @@
+//! Training steps as graphs: a model's forward pass, its loss, reverse-mode
+//! autodiff (one vector-Jacobian rule per op, `vjp.rs`) and the optimizer's
+//! updates, all ops of one semantic graph that the passes fuse and plan like
+//! any other.
+//!
+//! The step is a function of the batch (the model's inputs and the labels)
+//! and the persistent values: parameters (the trained float initializers)
+//! and state (optimizer moments, the step counter). Its outputs are the
+//! loss and, per [`Op::Update`], the new parameter and state, which replace
+//! the old ones in place when the step ends (`Op::updated_operand`).
+
+mod vjp;
+
+use smelt_ir::{CompareOp, DType, Graph, IrError, NodeId, Op, OpSet, Optimizer, ReduceOp, Tensor, TensorType, ValueId};
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+/// The loss a step minimises.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Loss {
+    /// Cross-entropy of logits `[N, C]` (or `[N, C, 1...]`) against integer
+    /// labels `[N]` (input `labels`, i64), mean over the batch, with label
+    /// smoothing `0 <= s < 1` as PyTorch's `label_smoothing`.
+    CrossEntropy {
+        /// Label smoothing.
+        smoothing: f32,
+    },
+    /// Mean squared error against targets of the output's shape (input
+    /// `targets`, f32), mean over every element.
+    MeanSquaredError,
+}
+
+/// What to train and how.
+#[derive(Clone, Debug)]
+pub struct TrainConfig {
+    /// The loss.
+    pub loss: Loss,
+    /// The model output the loss reads; `None`: the only one.
+    pub loss_on: Option<String>,
+    /// The update rule; `None`: the step outputs the gradients (named
+    /// `grad:PARAM`) instead of applying them.
+    pub optimizer: Option<Optimizer>,
+    /// Initializers kept fixed: names, `*` matching any run of characters.
+    pub freeze: Vec<String>,
+}
+
+/// Training errors: the user's model or options (most), or smelt's bug.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    /// An op on the path from a parameter to the loss has no gradient rule.
+    #[error("node {node}: cannot train through it: {why}")]
+    NoGradient {
+        /// The node, by name and op.
+        node: String,
+        /// Why.
+        why: String,
+    },
+    /// The options do not fit the model.
+    #[error("{0}")]
+    Usage(String),
+    /// Building the step failed: smelt's bug.
+    #[error("compiler bug building the training step: {0}")]
+    Bug(IrError),
+}
+
+impl TrainError {
+    /// Whether this is smelt's fault rather than the user's.
+    pub fn is_bug(&self) -> bool {
+        matches!(self, TrainError::Bug(_))
+    }
+}
+
+/// A training step.
+#[derive(Clone, Debug)]
+pub struct TrainStep {
+    /// The step's graph: inputs are the model's inputs and the labels (or
+    /// targets); outputs the loss, then the updated values or gradients.
+    pub graph: Graph,
+    /// The trained parameters, by name, in graph order.
+    pub params: Vec<String>,
+    /// Nodes of the forward pass and the loss (everything else is backward
+    /// or update).
+    pub forward: HashSet<NodeId>,
+    /// What smelt decided that the user should know (a softmax skipped...).
+    pub notes: Vec<String>,
+}
+
+/// Whether `name` matches `pattern` (`*` matches any run of characters).
+pub fn matches(pattern: &str, name: &str) -> bool {
+    let parts: Vec<&str> = pattern.split('*').collect();
+    if parts.len() == 1 {
+        return pattern == name;
+    }
+    let (first, last) = (parts[0], parts[parts.len() - 1]);
+    if !name.starts_with(first) || name.len() < first.len() + last.len() || !name.ends_with(last) {
+        return false;
+    }
+    let mut rest = &name[first.len()..name.len() - last.len()];
+    for p in &parts[1..parts.len() - 1] {
+        match rest.find(p) {
+            Some(i) => rest = &rest[i + p.len()..],
+            None => return false,
+        }
+    }
+    true
+}
+
+/// The float initializers trained by default: operands of a layer's
+/// weights or bias, a normalization's scale and bias, or a bias added to a
+/// layer's output (through views).
+fn trainable(g: &Graph) -> HashSet<NodeId> {
+    let through_views = |mut v: ValueId| loop {
+        let op = &g.node(v.node).op;
+        if op.traits().kind == smelt_ir::traits::Kind::View {
+            v = g.inputs_of(v.node)[0];
+        } else {
+            return v.node;
+        };
+    };
+    let mut out = HashSet::new();
+    for n in g.node_ids() {
+        let ins = g.inputs_of(n);
+        let picked: Vec<usize> = match &g.node(n).op {
+            Op::Conv(_) | Op::Gemm { .. } => (1..ins.len()).collect(),
+            Op::MatMul => (0..2).collect(),
+            Op::BatchNorm { .. } | Op::LayerNorm { .. } => (1..ins.len().min(3)).collect(),
+            Op::Binary(smelt_ir::BinaryOp::Add) | Op::Sum => {
+                let layer = ins.iter().any(|&v| {
+                    let p = through_views(v);
+                    matches!(g.node(p).op, Op::Conv(_) | Op::Gemm { .. } | Op::MatMul)
+                });
+                if layer {
+                    (0..ins.len()).collect()
+                } else {
+                    vec![]
+                }
+            }
+            _ => vec![],
+        };
+        for i in picked {
+            let src = through_views(ins[i]);
+            let node = g.node(src);
+            if node.op == Op::Constant && node.outputs[0].dtype == DType::F32 && !node.outputs[0].shape.is_empty() {
+                out.insert(src);
+            }
+        }
+    }
+    out
+}
+
+fn fresh(g: &Graph, base: &str) -> String {
+    let taken: HashSet<&str> = g.node_ids().map(|n| g.node(n).name.as_str()).collect();
+    std::iter::once(base.to_string()).chain((1..).map(|i| format!("{base}.{i}"))).find(|n| !taken.contains(n.as_str())).expect("free")
+}
+
+/// Builds the training step of `model` (a verified semantic graph).
+pub fn training_step(model: &Graph, cfg: &TrainConfig) -> Result<TrainStep, TrainError> {
+    let bug = TrainError::Bug;
+    let mut notes = Vec::new();
+    // The loss's operand.
+    let outputs = model.outputs();
+    let (out_name, mut out_v) = match &cfg.loss_on {
+        Some(name) => outputs.iter().find(|(n, _)| n == name).cloned().ok_or_else(|| {
+            let names: Vec<&str> = outputs.iter().map(|(n, _)| n.as_str()).collect();
+            TrainError::Usage(format!("--loss-on {name}: the model has no output {name:?} (its outputs: {})", names.join(", ")))
+        })?,
+        None if outputs.len() == 1 => outputs[0].clone(),
+        None => {
+            let names: Vec<&str> = outputs.iter().map(|(n, _)| n.as_str()).collect();
+            return Err(TrainError::Usage(format!(
+                "the model has {} outputs ({}): choose the one the loss reads with --loss-on",
+                names.len(),
+                names.join(", ")
+            )));
+        }
+    };
+    if matches!(cfg.loss, Loss::CrossEntropy { .. }) {
+        if let Op::Softmax { axis: 1 } = model.node(out_v.node).op {
+            notes.push(format!(
+                "output {out_name:?} is a softmax: cross-entropy is computed on its input (node \"{}\"'s operand), as frameworks train",
+                model.node(out_v.node).name
+            ));
+            out_v = model.inputs_of(out_v.node)[0];
+        }
+    }
+    let freeze = |name: &str| cfg.freeze.iter().any(|p| matches(p, name));
+    let mut train = trainable(model);
+    train.retain(|&n| !freeze(&model.node(n).name));
+    // The forward pass, trained initializers as parameters.
+    let mut g = Graph::new();
+    let mut map: HashMap<ValueId, ValueId> = HashMap::new();
+    let mut params: Vec<(String, ValueId)> = Vec::new();
+    for id in model.topo_order().map_err(bug)? {
+        let node = model.node(id);
+        let new = if train.contains(&id) {
+            let w = model.weight(id).cloned().ok_or_else(|| TrainError::Usage(format!("initializer {:?} has no data", node.name)))?;
+            let v = g.add_persistent(Op::Parameter, node.name.clone(), w);
+            params.push((g.node(v.node).name.clone(), v));
+            v.node
+        } else {
+            let ins: Vec<ValueId> = model.inputs_of(id).iter().map(|v| map[v]).collect();
+            g.copy_node_from(model, id, &ins).map_err(bug)?
+        };
+        g.set_origin(new, vec![]);
+        for slot in 0..node.outputs.len() {
+            map.insert(ValueId { node: id, slot: slot as u32 }, ValueId { node: new, slot: slot as u32 });
+        }
+    }
+    if params.is_empty() {
+        return Err(TrainError::Usage(
+            "nothing to train: no float initializer feeds a layer, a norm or a bias (or --freeze matched them all)".into(),
+        ));
+    }
+    let pred = map[&out_v];
+    let pty = g.ty(pred).clone();
+    if pty.dtype != DType::F32 {
+        return Err(TrainError::Usage(format!(
+            "output {out_name:?} is {pty}: training needs an f32 model (mixed precision is applied by --precision)"
+        )));
+    }
+    // The loss.
+    let mut ad = vjp::Ad::new(&mut g);
+    ad.name = "loss".into();
+    let taken: HashSet<String> = model.inputs().iter().map(|&i| model.node(i).name.clone()).collect();
+    let input_name = |base: &str| {
+        std::iter::once(base.to_string()).chain((1..).map(|i| format!("{base}.{i}"))).find(|n| !taken.contains(n)).expect("free")
+    };
+    let loss = match cfg.loss {
+        Loss::CrossEntropy { smoothing } => {
+            let s = &pty.shape;
+            if s.len() < 2 || s[2..].iter().any(|&d| d != 1) {
+                return Err(TrainError::Usage(format!(
+                    "cross-entropy needs logits [N, C] (or [N, C, 1, ...]); output {out_name:?} is {pty}: use --loss mse or another --loss-on"
+                )));
+            }
+            if !(0.0..1.0).contains(&smoothing) {
+                return Err(TrainError::Usage(format!("label smoothing {smoothing} must be in [0, 1)")));
+            }
+            let (n, c) = (s[0], s[1]);
+            let z = ad.reshape(pred, vec![n, c])?;
+            let labels = ad.g.add_input(input_name("labels"), TensorType::new(DType::I64, vec![n])).map_err(bug)?;
+            let ls = ad.op(Op::LogSoftmax { axis: 1 }, &[z])?;
+            let lab = ad.op(Op::Unsqueeze { axes: vec![1] }, &[labels])?;
+            let classes = ad.g.add_constant("loss.classes", Tensor::from_i64(vec![1, c], (0..c as i64).collect()));
+            let eq = ad.op(Op::Compare(CompareOp::Equal), &[lab, classes])?;
+            let on = ad.scalar(1.0 - smoothing + smoothing / c as f32);
+            let off = ad.scalar(smoothing / c as f32);
+            let target = ad.op(Op::Where, &[eq, on, off])?;
+            let p = ad.mul(target, ls)?;
+            let s = ad.sum(p, vec![0, 1], false)?;
+            ad.mul_c(s, -1.0 / n.max(1) as f32)?
+        }
+        Loss::MeanSquaredError => {
+            let t = ad.g.add_input(input_name("targets"), pty.clone()).map_err(bug)?;
+            let d = ad.bin(smelt_ir::BinaryOp::Sub, pred, t)?;
+            let sq = ad.mul(d, d)?;
+            ad.op(Op::Reduce { op: ReduceOp::Mean, axes: (0..pty.shape.len()).collect(), keepdims: false }, &[sq])?
+        }
+    };
+    let forward: HashSet<NodeId> = ad.g.node_ids().collect();
+    // Backward: which values depend on a parameter.
+    let order = ad.g.topo_order().map_err(bug)?;
+    let mut needs: HashSet<ValueId> = params.iter().map(|p| p.1).collect();
+    for &n in &order {
+        let diff = !matches!(ad.g.node(n).op, Op::Compare(_) | Op::Logic(_) | Op::Not | Op::IsNaN);
+        if diff && ad.g.inputs_of(n).iter().any(|v| needs.contains(v)) {
+            for (slot, t) in ad.g.node(n).outputs.iter().enumerate() {
+                if t.dtype.is_float() {
+                    needs.insert(ValueId { node: n, slot: slot as u32 });
+                }
+            }
+        }
+    }
+    let mut grads: HashMap<ValueId, Vec<ValueId>> = HashMap::new();
+    let seed = ad.g.add_constant("loss.seed", Tensor::from_f32(vec![], vec![1.0]));
+    grads.insert(loss, vec![seed]);
+    let mut total: HashMap<ValueId, ValueId> = HashMap::new();
+    for &n in order.iter().rev() {
+        let node = ad.g.node(n);
+        let slots = node.outputs.len();
+        ad.name = node.name.clone();
+        let mut dys = Vec::with_capacity(slots);
+        for slot in 0..slots {
+            let v = ValueId { node: n, slot: slot as u32 };
+            let d = match grads.remove(&v) {
+                None => None,
+                Some(parts) if parts.len() == 1 => Some(parts[0]),
+                Some(parts) => Some(ad.op(Op::Sum, &parts)?),
+            };
+            if let Some(d) = d {
+                total.insert(v, d);
+            }
+            dys.push(d);
+        }
+        if dys.iter().all(Option::is_none) || ad.g.node(n).op.is_persistent() {
+            continue;
+        }
+        let ins = ad.g.inputs_of(n);
+        let need: Vec<bool> = ins.iter().map(|v| needs.contains(v)).collect();
+        if !need.iter().any(|&b| b) {
+            continue;
+        }
+        let contribs = vjp::vjp(&mut ad, n, &dys, &need)?;
+        for (v, d) in ins.into_iter().zip(contribs) {
+            if let Some(d) = d {
+                grads.entry(v).or_default().push(d);
+            }
+        }
+    }
+    // The updates (or the gradients as outputs).
+    let mut outs = vec![(fresh_output(&params, "loss"), loss)];
+    let mut trained = Vec::new();
+    let step = match cfg.optimizer {
+        Some(_) => Some(ad.g.add_persistent(Op::State, "train.step", Arc::new(Tensor::from_f32(vec![], vec![0.0])))),
+        None => None,
+    };
+    for (name, p) in &params {
+        let Some(&d) = total.get(p) else {
+            notes.push(format!("parameter {name:?} does not reach the loss: not trained"));
+            continue;
+        };
+        trained.push(name.clone());
+        match (cfg.optimizer, step) {
+            (Some(o), Some(step)) => {
+                let ty = ad.g.ty(*p).clone();
+                let mut ins = vec![*p, d, step];
+                let suffixes: &[&str] = match o {
+                    Optimizer::Sgd { .. } => &["momentum"],
+                    _ => &["adam_m", "adam_v"],
+                };
+                for s in &suffixes[..o.states()] {
+                    ins.push(ad.g.add_persistent(Op::State, format!("{name}.{s}"), Arc::new(Tensor::full(&ty, 0.0))));
+                }
+                let u = ad.g.add(Op::Update(o), format!("{name}.update"), &ins).map_err(bug)?;
+                for slot in 0..ad.g.node(u).outputs.len() {
+                    let target = ins[Op::Update(o).updated_operand(slot).expect("an update")];
+                    outs.push((ad.g.node(target.node).name.clone(), ValueId { node: u, slot: slot as u32 }));
+                }
+            }
+            _ => outs.push((format!("grad:{name}"), d)),
+        }
+    }
+    if let Some(step) = step {
+        let u = ad.g.add(Op::Update(Optimizer::Count), "train.step.update", &[step]).map_err(bug)?;
+        outs.push(("train.step".into(), ValueId { node: u, slot: 0 }));
+    }
+    g.set_outputs(outs);
+    g.remove_dead();
+    let forward = forward.into_iter().filter(|&n| g.contains(n)).collect();
+    smelt_ir::verify(&g).map_err(bug)?;
+    let _ = fresh;
+    Ok(TrainStep { graph: g, params: trained, forward, notes })
+}
+
+/// "loss", or a variant no parameter is named.
+fn fresh_output(params: &[(String, ValueId)], base: &str) -> String {
+    std::iter::once(base.to_string())
+        .chain((1..).map(|i| format!("{base}.{i}")))
+        .find(|n| !params.iter().any(|(p, _)| p == n) && n != "train.step")
+        .expect("free")
+}
+
+impl From<IrError> for TrainError {
+    fn from(e: IrError) -> Self {
+        TrainError::Bug(e)
+    }
+}

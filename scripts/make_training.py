@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""Training cases with PyTorch as the oracle: small seeded models exported
+to ONNX (eval mode: batch norm frozen), and the weights PyTorch reaches after
+three steps of SGD with momentum and three of Adam, from the exported
+weights, on one fixed batch.
+
+Output, per case, under <out>/<case>/:
+    model.onnx               TorchScript exporter, opset 17, initial weights
+    input_0.pb, labels.pb    the batch (labels int64 [N]; targets for MSE)
+    <opt>/<param>.pb         each parameter after 3 steps (opt: sgd, adam)
+    <opt>/losses.pb          the loss before each step
+    meta.txt                 loss and hyper-parameters, one `key=value` a line
+then <out>/.done.
+
+Usage: make_training.py [--out DIR]
+"""
+import argparse
+import os
+
+import numpy as np
+import torch
+from onnx import numpy_helper
+
+torch.manual_seed(0)
+STEPS = 3
+OPTS = {
+    "sgd": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, weight_decay=1e-4),
+    "sgd_nesterov": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, nesterov=True),
+    "adam": lambda p: torch.optim.Adam(p, lr=1e-3),
+    "adamw": lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.1),
+}
+
+
+class Block(torch.nn.Module):
+    """A ResNet basic block (batch norm frozen in eval mode)."""
+
+    def __init__(self, c, stride):
+        super().__init__()
+        out = c * stride
+        self.c1 = torch.nn.Conv2d(c, out, 3, stride, 1, bias=False)
+        self.b1 = torch.nn.BatchNorm2d(out)
+        self.c2 = torch.nn.Conv2d(out, out, 3, 1, 1, bias=False)
+        self.b2 = torch.nn.BatchNorm2d(out)
+        self.down = None
+        if stride != 1:
+            self.down = torch.nn.Sequential(torch.nn.Conv2d(c, out, 1, stride, bias=False), torch.nn.BatchNorm2d(out))
+
+    def forward(self, x):
+        y = torch.relu(self.b1(self.c1(x)))
+        y = self.b2(self.c2(y))
+        return torch.relu(y + (x if self.down is None else self.down(x)))
+
+
+def randomize_bn(m):
+    for mod in m.modules():
+        if isinstance(mod, torch.nn.BatchNorm2d):
+            mod.running_mean.uniform_(-0.5, 0.5)
+            mod.running_var.uniform_(0.5, 1.5)
+            mod.weight.data.uniform_(0.5, 1.5)
+            mod.bias.data.uniform_(-0.5, 0.5)
+    return m
+
+
+def cases():
+    nn = torch.nn
+    yield "mlp", nn.Sequential(nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 16), nn.Tanh(), nn.Linear(16, 5)), (8, 20), "ce"
+    yield "mlp_mse", nn.Sequential(nn.Linear(12, 24), nn.Sigmoid(), nn.Linear(24, 24), nn.GELU(), nn.Linear(24, 3)), (6, 12), "mse"
+    yield "cnn", nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(8, 16, 3, stride=2, padding=2, dilation=2, groups=2), nn.BatchNorm2d(16), nn.ReLU(),
+        nn.AvgPool2d(2), nn.Conv2d(16, 16, 1), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10), nn.Softmax(dim=1),
+    ), (4, 3, 16, 16), "ce"
+    yield "resnet_blocks", nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
+        Block(8, 1), Block(8, 2), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 7),
+    ), (4, 3, 12, 12), "ce"
+
+
+def save(t, path, name):
+    p = numpy_helper.from_array(np.ascontiguousarray(t), name)
+    with open(path, "wb") as f:
+        f.write(p.SerializeToString())
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=".testdata/training")
+    out = ap.parse_args().out
+    for name, model, shape, loss in cases():
+        d = os.path.join(out, name)
+        os.makedirs(d, exist_ok=True)
+        model = randomize_bn(model).eval()
+        x = torch.randn(*shape)
+        if loss == "ce":
+            classes = [m for m in model.modules() if isinstance(m, torch.nn.Linear)][-1].out_features
+            y = torch.randint(0, classes, (shape[0],))
+        else:
+            y = torch.randn(shape[0], [m for m in model.modules() if isinstance(m, torch.nn.Linear)][-1].out_features)
+        torch.onnx.export(model, (x,), os.path.join(d, "model.onnx"), dynamo=False, opset_version=17,
+                          input_names=["x"], output_names=["y"], do_constant_folding=False)
+        save(x.numpy(), os.path.join(d, "input_0.pb"), "x")
+        save(y.numpy(), os.path.join(d, "labels.pb"), "labels")
+        init = {k: v.clone() for k, v in model.state_dict().items()}
+        with open(os.path.join(d, "meta.txt"), "w") as f:
+            f.write(f"loss={loss}\nsteps={STEPS}\n")
+        for opt_name, make in OPTS.items():
+            model.load_state_dict(init)
+            opt = make(model.parameters())
+            losses = []
+            for _ in range(STEPS):
+                opt.zero_grad()
+                z = model(x)
+                if loss == "ce":
+                    if isinstance(model[-1], torch.nn.Softmax):
+                        z = model[:-1](x)
+                    l = torch.nn.functional.cross_entropy(z, y)
+                else:
+                    l = torch.nn.functional.mse_loss(z, y)
+                losses.append(l.item())
+                l.backward()
+                opt.step()
+            od = os.path.join(d, opt_name)
+            os.makedirs(od, exist_ok=True)
+            for k, p in model.named_parameters():
+                save(p.detach().numpy(), os.path.join(od, k + ".pb"), k)
+            save(np.array(losses, dtype=np.float32), os.path.join(od, "losses.pb"), "losses")
+    open(os.path.join(out, ".done"), "w").close()
+
+
+if __name__ == "__main__":
+    main()
