@@ -7,6 +7,8 @@
 #   .testdata/transformers/ transformer exports (TorchScript and dynamo) with
 #                           onnxruntime's outputs (scripts/make_transformers.py;
 #                           needs torch from scripts/requirements-torch.txt)
+#   .testdata/training/     small models with PyTorch's weights after three
+#                           optimizer steps (scripts/make_training.py)
 # Works from any directory; progress goes to stderr.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -72,5 +74,14 @@ else
     log "exporting transformers (under a minute)"
     rm -rf .testdata/transformers
     "$py" scripts/make_transformers.py 2> >(grep -v -e 'torchvision is not installed' -e '^\[transformers\]' -e 'Evaluation failed' -e 'Skipping constant folding' >&2)
+fi
+# 6. Training cases: PyTorch's weights after three optimizer steps.
+tr_stamp=.testdata/training/.done
+if [[ -f $tr_stamp && $tr_stamp -nt scripts/make_training.py && $tr_stamp -nt $torch_stamp && $tr_stamp -nt $pip_stamp ]]; then
+    log "training cases up to date"
+else
+    log "making training cases (seconds)"
+    rm -rf .testdata/training
+    "$py" scripts/make_training.py 2> >(grep -v -e 'torch.onnx.export' -e 'DeprecationWarning' >&2)
 fi
 log "done"

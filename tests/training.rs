@@ -6,7 +6,7 @@
 mod common;
 
 use smelt_ir::onnx::read_tensor_file;
-use smelt_ir::{Op, Optimizer};
+use smelt_ir::{Op, Optimizer, Tensor};
 use smelt_passes::train::{training_step, Loss, TrainConfig};
 use std::path::PathBuf;
 
@@ -68,4 +68,187 @@ fn three_steps_give_pytorchs_weights() {
             println!("{case}/{opt}: {checked} parameters after 3 steps match PyTorch's, losses {want_losses:?}");
         }
     }
+}
+
+/// A one-op model: operands are parameters (float) or constants (others),
+/// its first output the model's output.
+struct OneOp {
+    op: Op,
+    operands: Vec<Tensor>,
+    /// Operands kept constant (not differentiated): masks, statistics.
+    fixed: Vec<usize>,
+}
+
+fn model_of(case: &OneOp) -> smelt_ir::Graph {
+    let mut g = smelt_ir::Graph::new();
+    let ins: Vec<smelt_ir::ValueId> = case
+        .operands
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let kind = if t.ty().dtype.is_float() && !case.fixed.contains(&i) { Op::Parameter } else { Op::Constant };
+            g.add_persistent(kind, format!("p{i}"), std::sync::Arc::new(t.clone()))
+        })
+        .collect();
+    let id = g.add(case.op.clone(), "op", &ins).unwrap_or_else(|e| panic!("{}: {e}", case.op.name()));
+    let y = smelt_ir::ValueId { node: id, slot: 0 };
+    // Split's parts meet again, so every part reaches the loss.
+    let y = if g.node(id).outputs.len() > 1 {
+        let parts: Vec<_> = (0..g.node(id).outputs.len() as u32).map(|slot| smelt_ir::ValueId { node: id, slot }).collect();
+        let mul = g.add(Op::Binary(smelt_ir::BinaryOp::Mul), "mul", &parts[..2]).unwrap();
+        smelt_ir::ValueId { node: mul, slot: 0 }
+    } else {
+        y
+    };
+    g.add_output("y", y);
+    g
+}
+
+fn random(rng: &mut smelt_ir::Rng, shape: &[usize], lo: f32, hi: f32) -> Tensor {
+    let n: usize = shape.iter().product();
+    Tensor::from_f32(shape.to_vec(), (0..n).map(|_| lo + (hi - lo) * rng.uniform()).collect())
+}
+
+/// Every vector-Jacobian rule against central finite differences: for a
+/// random direction u over every parameter, the gradient's dot product with
+/// u equals (L(p + h u) - L(p - h u)) / 2h for the MSE loss against random
+/// targets, within 1% (in f32, h = 1e-2, or 1e-3 across kinks: the
+/// reference executor has no f64).
+#[test]
+fn every_gradient_rule_matches_finite_differences() {
+    use smelt_ir::{BinaryOp as B, Conv, DType, Pool, ReduceOp, UnaryOp};
+    let mut rng = smelt_ir::Rng::new(7);
+    let r = &mut rng;
+    let x4 = |r: &mut smelt_ir::Rng| random(r, &[2, 4, 6, 6], -1.0, 1.0);
+    let pos = |r: &mut smelt_ir::Rng, s: &[usize]| random(r, s, 0.5, 2.0);
+    let conv = Conv { strides: vec![2, 1], pads: vec![1, 2, 0, 1], dilations: vec![1, 2], group: 2 };
+    let pool = Pool { kernel: vec![3, 2], strides: vec![2, 2], pads: vec![1, 0, 1, 1], ceil_mode: true };
+    let mut cases = vec![
+        OneOp { op: Op::Conv(conv), operands: vec![x4(r), random(r, &[6, 2, 3, 3], -0.5, 0.5), random(r, &[6], -1.0, 1.0)], fixed: vec![] },
+        OneOp {
+            op: Op::Conv(Conv { strides: vec![1, 1], pads: vec![0; 4], dilations: vec![1, 1], group: 1 }),
+            operands: vec![x4(r), random(r, &[3, 4, 1, 1], -1.0, 1.0)],
+            fixed: vec![],
+        },
+        OneOp {
+            op: Op::BatchNorm { epsilon: 1e-3 },
+            operands: vec![x4(r), pos(r, &[4]), random(r, &[4], -1.0, 1.0), random(r, &[4], -0.5, 0.5), pos(r, &[4])],
+            fixed: vec![3, 4],
+        },
+        OneOp { op: Op::Clip { min: -0.5, max: 0.4 }, operands: vec![x4(r)], fixed: vec![] },
+        OneOp { op: Op::Sum, operands: vec![x4(r), random(r, &[4, 1, 6], -1.0, 1.0), random(r, &[6], -1.0, 1.0)], fixed: vec![] },
+        OneOp {
+            op: Op::Where,
+            operands: vec![random(r, &[4, 6, 1], -1.0, 1.0).cast(DType::Bool), x4(r), random(r, &[6], -1.0, 1.0)],
+            fixed: vec![],
+        },
+        OneOp { op: Op::MaxPool(pool.clone()), operands: vec![x4(r)], fixed: vec![] },
+        OneOp { op: Op::AveragePool { pool: pool.clone(), count_include_pad: true }, operands: vec![x4(r)], fixed: vec![] },
+        OneOp { op: Op::AveragePool { pool, count_include_pad: false }, operands: vec![x4(r)], fixed: vec![] },
+        OneOp { op: Op::GlobalAveragePool, operands: vec![x4(r)], fixed: vec![] },
+        OneOp { op: Op::Reduce { op: ReduceOp::Mean, axes: vec![1, 3], keepdims: false }, operands: vec![x4(r)], fixed: vec![] },
+        OneOp { op: Op::Reduce { op: ReduceOp::Sum, axes: vec![0], keepdims: true }, operands: vec![x4(r)], fixed: vec![] },
+        OneOp { op: Op::Reduce { op: ReduceOp::Max, axes: vec![2], keepdims: false }, operands: vec![x4(r)], fixed: vec![] },
+        OneOp { op: Op::MatMul, operands: vec![random(r, &[2, 3, 4], -1.0, 1.0), random(r, &[4, 5], -1.0, 1.0)], fixed: vec![] },
+        OneOp { op: Op::MatMul, operands: vec![random(r, &[2, 1, 3, 4], -1.0, 1.0), random(r, &[3, 4, 2], -1.0, 1.0)], fixed: vec![] },
+        OneOp { op: Op::Concat { axis: 1 }, operands: vec![x4(r), random(r, &[2, 2, 6, 6], -1.0, 1.0)], fixed: vec![] },
+        OneOp { op: Op::Split { axis: 2, sizes: vec![3, 3] }, operands: vec![x4(r)], fixed: vec![] },
+        OneOp {
+            op: Op::Slice { axes: vec![1, 3], starts: vec![1, 2], ends: vec![3, 6], steps: vec![1, 1] },
+            operands: vec![x4(r)],
+            fixed: vec![],
+        },
+        OneOp { op: Op::Reshape { shape: vec![8, 36] }, operands: vec![x4(r)], fixed: vec![] },
+        OneOp { op: Op::Transpose { perm: vec![2, 0, 3, 1] }, operands: vec![x4(r)], fixed: vec![] },
+        OneOp { op: Op::Softmax { axis: 1 }, operands: vec![x4(r)], fixed: vec![] },
+        OneOp { op: Op::LogSoftmax { axis: 3 }, operands: vec![x4(r)], fixed: vec![] },
+        OneOp {
+            op: Op::LayerNorm { axis: 2, epsilon: 1e-5 },
+            operands: vec![x4(r), pos(r, &[6, 6]), random(r, &[6, 6], -1.0, 1.0)],
+            fixed: vec![],
+        },
+        OneOp { op: Op::Lrn { size: 3, alpha: 0.5, beta: 0.75, bias: 1.0 }, operands: vec![x4(r)], fixed: vec![] },
+        OneOp {
+            op: Op::Pad { pads: vec![0, 1, 2, 0, 1, 0, 1, 2], mode: smelt_ir::PadMode::Constant(0.5) },
+            operands: vec![x4(r)],
+            fixed: vec![],
+        },
+        OneOp { op: Op::Expand { shape: vec![3, 4, 5] }, operands: vec![random(r, &[4, 1], -1.0, 1.0)], fixed: vec![] },
+        OneOp { op: Op::Tile { repeats: vec![2, 1, 3] }, operands: vec![random(r, &[2, 3, 2], -1.0, 1.0)], fixed: vec![] },
+    ];
+    for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
+        let a = if ta { [4, 3] } else { [3, 4] };
+        let b = if tb { [5, 4] } else { [4, 5] };
+        cases.push(OneOp {
+            op: Op::Gemm { trans_a: ta, trans_b: tb, alpha: 0.7, beta: 0.5 },
+            operands: vec![random(r, &a, -1.0, 1.0), random(r, &b, -1.0, 1.0), random(r, &[5], -1.0, 1.0)],
+            fixed: vec![],
+        });
+    }
+    for u in UnaryOp::ALL {
+        let x = match u {
+            UnaryOp::Sqrt | UnaryOp::Log | UnaryOp::Reciprocal => pos(r, &[3, 5]),
+            UnaryOp::Sign => continue,
+            _ => random(r, &[3, 5], -2.0, 2.0),
+        };
+        cases.push(OneOp { op: Op::Unary(u), operands: vec![x], fixed: vec![] });
+    }
+    for b in [B::Add, B::Sub, B::Mul, B::Div, B::Pow, B::Max, B::Min, B::PRelu] {
+        let (a, bb) = match b {
+            B::Pow | B::Div => (pos(r, &[2, 3, 4]), pos(r, &[3, 1])),
+            _ => (random(r, &[2, 3, 4], -1.0, 1.0), random(r, &[3, 1], -1.0, 1.0)),
+        };
+        cases.push(OneOp { op: Op::Binary(b), operands: vec![a, bb], fixed: vec![] });
+    }
+    let mut checked = 0;
+    for case in &cases {
+        let model = model_of(case);
+        let name = format!("{} {:?}", case.op.name(), case.operands.iter().map(|t| t.shape().to_vec()).collect::<Vec<_>>());
+        let cfg = TrainConfig { loss: Loss::MeanSquaredError, loss_on: None, optimizer: None, freeze: vec![] };
+        let step = training_step(&model, &cfg).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let mut g = step.graph;
+        let target_ty = g.node(g.inputs()[0]).outputs[0].clone();
+        let targets = random(r, &target_ty.shape, -1.0, 1.0);
+        let run =
+            |g: &smelt_ir::Graph| smelt_runtime::cpu::run(g, std::slice::from_ref(&targets)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let out = run(&g);
+        let params: Vec<_> = g.node_ids().filter(|&n| g.node(n).op == Op::Parameter).collect();
+        assert_eq!(out.len(), 1 + params.len(), "{name}: a gradient per parameter");
+        let dirs: Vec<Tensor> =
+            params.iter().map(|&p| random(r, g.ty(smelt_ir::ValueId { node: p, slot: 0 }).shape.as_slice(), -1.0, 1.0)).collect();
+        let mut analytic = 0f64;
+        for (i, &p) in params.iter().enumerate() {
+            let want = format!("grad:{}", g.node(p).name);
+            let at = g.outputs().iter().position(|(n, _)| *n == want).unwrap_or_else(|| panic!("{name}: no {want}"));
+            analytic += out[at].to_f32_vec().iter().zip(dirs[i].to_f32_vec()).map(|(&a, b)| a as f64 * b as f64).sum::<f64>();
+        }
+        // A small step where the function has kinks (maxima, masks), so
+        // that no argmax or mask flips; a larger one elsewhere, above f32's
+        // rounding of the loss.
+        let kinked = matches!(
+            case.op,
+            Op::MaxPool(_)
+                | Op::Reduce { op: ReduceOp::Max, .. }
+                | Op::Clip { .. }
+                | Op::Binary(B::Max | B::Min | B::PRelu)
+                | Op::Unary(UnaryOp::Relu | UnaryOp::Abs | UnaryOp::LeakyRelu(_) | UnaryOp::Elu(_) | UnaryOp::Selu(..))
+        );
+        let h = if kinked { 1e-3f32 } else { 1e-2 };
+        let base: Vec<Tensor> = params.iter().map(|&p| g.weight(p).unwrap().as_ref().clone()).collect();
+        let mut loss_at = |sign: f32| {
+            for (i, &p) in params.iter().enumerate() {
+                let moved: Vec<f32> = base[i].to_f32_vec().iter().zip(dirs[i].to_f32_vec()).map(|(&x, d)| x + sign * h * d).collect();
+                g.set_weight(p, Tensor::from_f32(base[i].shape().to_vec(), moved)).unwrap();
+            }
+            run(&g)[0].to_f32_vec()[0] as f64
+        };
+        let numeric = (loss_at(1.0) - loss_at(-1.0)) / (2.0 * h as f64);
+        let err = (numeric - analytic).abs();
+        assert!(
+            err <= 1e-2 * numeric.abs().max(analytic.abs()) + 1e-7 / h as f64,
+            "{name}: gradient . u = {analytic}, finite differences {numeric}"
+        );
+        checked += 1;
+    }
+    println!("{checked} gradient rules match finite differences");
 }

@@ -105,9 +105,10 @@ pub fn matches(pattern: &str, name: &str) -> bool {
     true
 }
 
-/// The float initializers trained by default: operands of a layer's
-/// weights or bias, a normalization's scale and bias, or a bias added to a
-/// layer's output (through views).
+/// The values trained by default: the graph's parameters (a text model
+/// declares them with `param`), and the float initializers that are a
+/// layer's weights or bias, a normalization's scale and bias, or a bias
+/// added to a layer's output (through views).
 fn trainable(g: &Graph) -> HashSet<NodeId> {
     let through_views = |mut v: ValueId| loop {
         let op = &g.node(v.node).op;
@@ -117,7 +118,7 @@ fn trainable(g: &Graph) -> HashSet<NodeId> {
             return v.node;
         };
     };
-    let mut out = HashSet::new();
+    let mut out: HashSet<NodeId> = g.node_ids().filter(|&n| g.node(n).op == Op::Parameter).collect();
     for n in g.node_ids() {
         let ins = g.inputs_of(n);
         let picked: Vec<usize> = match &g.node(n).op {
