@@ -19,6 +19,7 @@
 use smelt_codegen::{CodegenError, Program};
 use smelt_ir::{onnx, text, zoo, Graph, IrError, KernelGraph, OpSet};
 use smelt_passes::memory::{self, Plan};
+use smelt_passes::train::{TrainConfig, TrainError, TrainStep};
 use smelt_passes::{pipeline, precision, PassError};
 use std::path::Path;
 use std::time::Instant;
@@ -57,6 +58,9 @@ pub enum Error {
         /// The model nodes, as `"name" (op)`.
         model: String,
     },
+    /// The training step could not be built (`--train`).
+    #[error(transparent)]
+    Train(#[from] TrainError),
     /// An option does not apply (such as `--batch` on a `.tir` file).
     #[error("{0}")]
     Usage(String),
@@ -69,6 +73,7 @@ impl Error {
             Error::Model(_) | Error::Usage(_) | Error::NoKernel { .. } => false,
             Error::Pass(e) => e.is_bug(),
             Error::Codegen(e) => e.is_bug(),
+            Error::Train(e) => e.is_bug(),
             Error::PlanCheck { .. } => true,
         }
     }
@@ -85,6 +90,8 @@ pub struct Options {
     pub no_fuse: bool,
     /// The precision policy and the nodes kept in f32.
     pub precision: precision::Options,
+    /// Compile a training step of the model instead of its forward pass.
+    pub train: Option<TrainConfig>,
 }
 
 impl Options {
@@ -140,11 +147,23 @@ pub struct Session {
     /// The model as imported and verified, dead nodes removed: what the
     /// user's model means, before any pass.
     pub source: Graph,
+    /// With `--train`: the training step (its graph is `source`), the
+    /// model it was built from, and what smelt decided.
+    pub train: Option<Training>,
     /// Constants of a text file that had no data and were filled with
     /// deterministic random values ([`Session::fill_weights`]).
     pub filled_weights: usize,
     /// Time spent so far.
     pub timings: Timings,
+}
+
+/// The training step a session compiles.
+#[derive(Clone, Debug)]
+pub struct Training {
+    /// The step, as built (also the session's `source`).
+    pub step: TrainStep,
+    /// The model's forward graph it was built from.
+    pub model: Graph,
 }
 
 impl Session {
@@ -208,10 +227,17 @@ impl Session {
 
     /// A session over a graph built in memory (the builder, tests).
     /// Verifies it and removes dead nodes.
+    /// With `options.train`, the source becomes the model's training step.
     pub fn from_graph(spec: &str, mut graph: Graph, options: Options) -> Result<Session, Error> {
         smelt_ir::verify(&graph)?;
         smelt_passes::dce::run(&mut graph);
-        Ok(Session { spec: spec.to_string(), options, source: graph, filled_weights: 0, timings: Timings::default() })
+        let mut train = None;
+        if let Some(cfg) = &options.train {
+            let step = smelt_passes::train::training_step(&graph, cfg)?;
+            let model = std::mem::replace(&mut graph, step.graph.clone());
+            train = Some(Training { step, model });
+        }
+        Ok(Session { spec: spec.to_string(), options, source: graph, train, filled_weights: 0, timings: Timings::default() })
     }
 
     /// The same model at another batch size (ONNX and zoo models only).

@@ -8,7 +8,7 @@ pub mod fuzz;
 pub mod plan;
 pub mod report;
 
-pub use driver::{Compiled, Error, Options, Planned, Session, Timings};
+pub use driver::{Compiled, Error, Options, Planned, Session, Timings, Training};
 
 pub use smelt_codegen as codegen;
 pub use smelt_ir as ir;

@@ -286,6 +286,82 @@ pub(crate) struct ModelArgs {
     /// conv, gemm...) or a node name, `*` matching any characters. Repeatable.
     #[arg(long = "keep-f32", value_name = "PATTERN")]
     pub(crate) keep_f32: Vec<String>,
+    #[command(flatten)]
+    pub(crate) train: TrainArgs,
+}
+
+/// What makes a command work on a training step instead of the forward pass.
+#[derive(Args, Clone, Default)]
+#[command(next_help_heading = "Training (a whole step: forward, loss, backward, optimizer update)")]
+pub(crate) struct TrainArgs {
+    /// Compile one training step with this optimizer: sgd (momentum 0.9
+    /// unless --momentum), adam or adamw. Trained: every float initializer
+    /// that is a conv, gemm or matmul weight, a norm's scale or bias, or a
+    /// bias added to a layer (and a text model's `param`s), except --freeze.
+    #[arg(long, value_name = "OPTIMIZER", value_parser = ["sgd", "adam", "adamw"])]
+    pub(crate) train: Option<String>,
+    /// The loss: ce (cross-entropy on logits against int64 labels, input
+    /// `labels`) or mse (against f32 targets of the output's shape, input
+    /// `targets`). A model ending in Softmax is trained on its input.
+    #[arg(long, default_value = "ce", value_parser = ["ce", "mse"], requires = "train")]
+    pub(crate) loss: String,
+    /// The output the loss reads (default: the only one).
+    #[arg(long, value_name = "OUTPUT", requires = "train")]
+    pub(crate) loss_on: Option<String>,
+    /// Label smoothing of the cross-entropy, in [0, 1).
+    #[arg(long, default_value_t = 0.0, requires = "train")]
+    pub(crate) label_smoothing: f32,
+    /// Learning rate (default 0.01 for sgd, 0.001 for adam and adamw).
+    #[arg(long, requires = "train")]
+    pub(crate) lr: Option<f32>,
+    /// SGD's momentum (0: no momentum buffers).
+    #[arg(long, default_value_t = 0.9, requires = "train")]
+    pub(crate) momentum: f32,
+    /// Nesterov momentum (sgd).
+    #[arg(long, requires = "train")]
+    pub(crate) nesterov: bool,
+    /// Weight decay: added to the gradient (sgd, adam) or decoupled (adamw,
+    /// default 0.01 there).
+    #[arg(long, requires = "train")]
+    pub(crate) weight_decay: Option<f32>,
+    /// Keep these initializers fixed: names, `*` matching any characters. Repeatable.
+    #[arg(long = "freeze", value_name = "PATTERN", requires = "train")]
+    pub(crate) freeze: Vec<String>,
+}
+
+impl TrainArgs {
+    /// The training configuration, when --train is given.
+    pub(crate) fn config(&self) -> Result<Option<smelt_passes::train::TrainConfig>> {
+        use smelt_ir::Optimizer;
+        use smelt_passes::train::{Loss, TrainConfig};
+        let Some(opt) = &self.train else { return Ok(None) };
+        let wd = self.weight_decay.unwrap_or(if opt == "adamw" { 0.01 } else { 0.0 });
+        let optimizer = match opt.as_str() {
+            "sgd" => Optimizer::Sgd {
+                lr: self.lr.unwrap_or(0.01),
+                momentum: self.momentum,
+                dampening: 0.0,
+                nesterov: self.nesterov,
+                weight_decay: wd,
+            },
+            _ => Optimizer::Adam {
+                lr: self.lr.unwrap_or(1e-3),
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+                weight_decay: wd,
+                decoupled: opt == "adamw",
+            },
+        };
+        if self.nesterov && (opt != "sgd" || self.momentum == 0.0) {
+            anyhow::bail!("--nesterov needs --train sgd with a non-zero --momentum");
+        }
+        let loss = match self.loss.as_str() {
+            "mse" => Loss::MeanSquaredError,
+            _ => Loss::CrossEntropy { smoothing: self.label_smoothing },
+        };
+        Ok(Some(TrainConfig { loss, loss_on: self.loss_on.clone(), optimizer: Some(optimizer), freeze: self.freeze.clone() }))
+    }
 }
 
 impl ModelArgs {
@@ -298,17 +374,19 @@ impl ModelArgs {
             no_fuse: false,
             precision: Default::default(),
             keep_f32: Vec::new(),
+            train: TrainArgs::default(),
         }
     }
 
     /// The driver's options.
-    pub(crate) fn options(&self) -> smelt::Options {
-        smelt::Options {
+    pub(crate) fn options(&self) -> Result<smelt::Options> {
+        Ok(smelt::Options {
             batch: self.batch,
             dims: self.dims.clone(),
             no_fuse: self.no_fuse,
             precision: smelt_passes::precision::Options { policy: self.precision, keep_f32: self.keep_f32.clone() },
-        }
+            train: self.train.config()?,
+        })
     }
 
     /// Opens the model (import and verify).
@@ -316,8 +394,11 @@ impl ModelArgs {
         if self.model.is_empty() {
             anyhow::bail!("the model path is empty: give an .onnx or .tir file, or zoo:NAME");
         }
-        let s = smelt::Session::open(&self.model, self.options()).with_context(|| format!("cannot load {}", self.model))?;
+        let s = smelt::Session::open(&self.model, self.options()?).with_context(|| format!("cannot load {}", self.model))?;
         cmd::log_time("load", s.timings.import);
+        for note in s.train.iter().flat_map(|t| &t.step.notes) {
+            errln!("note: {note}");
+        }
         Ok(s)
     }
 

@@ -105,6 +105,119 @@ fn by_dtype(g: &KernelGraph, weights: bool) -> std::collections::BTreeMap<String
     m
 }
 
+/// Bytes of one category, in all and per dtype.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Bytes {
+    /// Bytes in all.
+    pub bytes: usize,
+    /// Tensors (persistent) or buffers (arena).
+    pub count: usize,
+    /// Bytes per dtype.
+    pub by_dtype: std::collections::BTreeMap<String, usize>,
+}
+
+impl Bytes {
+    fn add(&mut self, dtype: smelt_ir::DType, bytes: usize) {
+        self.bytes += bytes;
+        self.count += 1;
+        *self.by_dtype.entry(dtype.to_string()).or_insert(0) += bytes;
+    }
+}
+
+/// Where the bytes of a training step go (`smelt plan --train`), in the
+/// categories the field uses. The persistent region holds what lives across
+/// steps; the arena holds the rest, and its peak is split by what each live
+/// buffer holds.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct TrainBreakdown {
+    /// The trained parameters (persistent, f32 master weights).
+    pub parameters: Bytes,
+    /// Optimizer state: momentum buffers, Adam's two moments (persistent).
+    pub optimizer_state: Bytes,
+    /// Gradient accumulators (persistent; none without accumulation).
+    pub accumulators: Bytes,
+    /// Other persistent state (the step counter).
+    pub other_state: Bytes,
+    /// Initializers not trained (frozen, running statistics, constants).
+    pub frozen: Bytes,
+    /// Every parameter gradient once: what frameworks keep for the whole
+    /// step. smelt computes each in the arena and applies its update at
+    /// once, so only those at the peak count there.
+    pub gradients_if_all_kept: usize,
+    /// Parameters + optimizer state + accumulators + other state + frozen.
+    pub persistent_bytes: usize,
+    /// The step where the arena's live bytes peak.
+    pub peak_step: usize,
+    /// `forward` or `backward` (where the peak step's node belongs).
+    pub peak_phase: String,
+    /// At the peak: forward values kept for backward (or, in forward, the live activations).
+    pub saved_activations: Bytes,
+    /// At the peak: parameter gradients not yet applied.
+    pub gradients: Bytes,
+    /// At the peak: activation gradients and other backward temporaries.
+    pub temporaries: Bytes,
+    /// At the peak: the batch (inputs and labels).
+    pub batch: Bytes,
+    /// The arena (at least the sum of the four above).
+    pub arena_bytes: usize,
+    /// Persistent bytes plus the arena: the step's device memory.
+    pub total_bytes: usize,
+    /// The first step of backward in the schedule.
+    pub backward_starts_at: usize,
+}
+
+/// The breakdown of a training step's plan. `forward`: the step graph's
+/// forward and loss nodes (kernels whose whole provenance is there are forward).
+pub fn train_breakdown(g: &KernelGraph, plan: &Plan, forward: &std::collections::HashSet<smelt_ir::NodeId>) -> TrainBreakdown {
+    use smelt_ir::traits::Kind;
+    let mut b = TrainBreakdown::default();
+    let is_fwd = |n: smelt_ir::NodeId| !g.origin(n).is_empty() && g.origin(n).iter().all(|o| forward.contains(o));
+    let mut states = std::collections::HashSet::new();
+    let mut grad_buffers = std::collections::HashSet::new();
+    for u in g.node_ids().filter(|&u| g.node(u).op.traits().kind == Kind::Update) {
+        let ins = g.inputs_of(u);
+        states.extend(ins.iter().skip(3).map(|v| v.node));
+        if let Some(grad) = ins.get(1) {
+            b.gradients_if_all_kept += g.ty(*grad).bytes();
+            if let Some(p) = plan.placements.get(grad) {
+                grad_buffers.insert(p.buffer);
+            }
+        }
+    }
+    for n in g.node_ids() {
+        let ty = &g.node(n).outputs[0];
+        match g.node(n).op.semantic() {
+            Some(Op::Parameter) => b.parameters.add(ty.dtype, ty.bytes()),
+            Some(Op::State) if states.contains(&n) => b.optimizer_state.add(ty.dtype, ty.bytes()),
+            Some(Op::State) => b.other_state.add(ty.dtype, ty.bytes()),
+            Some(Op::Constant) => b.frozen.add(ty.dtype, ty.bytes()),
+            _ => {}
+        }
+    }
+    b.persistent_bytes = b.parameters.bytes + b.optimizer_state.bytes + b.accumulators.bytes + b.other_state.bytes + b.frozen.bytes;
+    b.backward_starts_at = plan.schedule.iter().position(|&n| !g.node(n).op.is_input() && !is_fwd(n)).unwrap_or(plan.schedule.len());
+    b.peak_step = plan.peak_step;
+    let in_backward = plan.schedule.get(plan.peak_step).is_some_and(|&n| !is_fwd(n));
+    b.peak_phase = if in_backward { "backward" } else { "forward" }.into();
+    for buf in plan.live_at(plan.peak_step) {
+        let v = buf.values[0];
+        let dtype = g.ty(v).dtype;
+        let cat = if buf.values.iter().any(|v| g.node(v.node).op.is_input()) {
+            &mut b.batch
+        } else if grad_buffers.contains(&buf.id) {
+            &mut b.gradients
+        } else if is_fwd(v.node) {
+            &mut b.saved_activations
+        } else {
+            &mut b.temporaries
+        };
+        cat.add(dtype, buf.size);
+    }
+    b.arena_bytes = plan.arena;
+    b.total_bytes = b.persistent_bytes + plan.arena;
+    b
+}
+
 /// Parses `6GiB`, `512 MiB`, `1.5GB`, `4096` (bytes): binary units B, KiB,
 /// MiB, GiB, TiB and decimal KB, MB, GB, TB.
 pub fn parse_size(s: &str) -> Result<usize, String> {
@@ -173,6 +286,12 @@ fn esc(s: &str) -> String {
 /// the arena layout of `plan` (each buffer a rectangle in time x offset,
 /// the peak marked).
 pub fn svg(title: &str, plan: &Plan, g: &KernelGraph, unfused: Option<&Plan>) -> String {
+    svg_marked(title, plan, g, unfused, None)
+}
+
+/// As [`svg`], with the step where a training step's backward pass starts
+/// marked on both plots.
+pub fn svg_marked(title: &str, plan: &Plan, g: &KernelGraph, unfused: Option<&Plan>, backward_at: Option<usize>) -> String {
     let (w, left, top_h, lay_h, pad) = (1100.0, 70.0, 220.0, 420.0, 30.0);
     let plot_w = w - left - 20.0;
     let height = pad + top_h + 2.0 * pad + lay_h + 40.0;
@@ -234,6 +353,16 @@ pub fn svg(title: &str, plan: &Plan, g: &KernelGraph, unfused: Option<&Plan>) ->
             b.offset,
             b.start,
             b.end
+        );
+    }
+    if let Some(bw) = backward_at {
+        let bx = left + plot_w * bw as f64 / steps;
+        s += &format!(
+            "<line x1=\"{bx:.1}\" x2=\"{bx:.1}\" y1=\"{}\" y2=\"{}\" stroke=\"#080\" stroke-dasharray=\"4 3\"/><text x=\"{:.1}\" y=\"{}\" fill=\"#080\">forward | backward</text>\n",
+            pad,
+            ly + lay_h,
+            bx - 56.0,
+            ly + lay_h + 30.0
         );
     }
     let px = left + plot_w * (plan.peak_step as f64 + 0.5) / steps;

@@ -90,8 +90,18 @@ fn model_of(case: &OneOp) -> smelt_ir::Graph {
             g.add_persistent(kind, format!("p{i}"), std::sync::Arc::new(t.clone()))
         })
         .collect();
-    let id = g.add(case.op.clone(), "op", &ins).unwrap_or_else(|e| panic!("{}: {e}", case.op.name()));
+    // A conv followed by a frozen batch norm: its last four operands are the norm's.
+    let chained = matches!(case.op, Op::Conv(_)) && case.fixed.len() == 2;
+    let split = if chained { ins.len() - 4 } else { ins.len() };
+    let id = g.add(case.op.clone(), "op", &ins[..split]).unwrap_or_else(|e| panic!("{}: {e}", case.op.name()));
     let y = smelt_ir::ValueId { node: id, slot: 0 };
+    let y = if chained {
+        let mut bn_ins = vec![y];
+        bn_ins.extend_from_slice(&ins[split..]);
+        smelt_ir::ValueId { node: g.add(Op::BatchNorm { epsilon: 1e-3 }, "bn", &bn_ins).unwrap(), slot: 0 }
+    } else {
+        y
+    };
     // Split's parts meet again, so every part reaches the loss.
     let y = if g.node(id).outputs.len() > 1 {
         let parts: Vec<_> = (0..g.node(id).outputs.len() as u32).map(|slot| smelt_ir::ValueId { node: id, slot }).collect();
@@ -136,6 +146,32 @@ fn every_gradient_rule_matches_finite_differences() {
             fixed: vec![3, 4],
         },
         OneOp { op: Op::Clip { min: -0.5, max: 0.4 }, operands: vec![x4(r)], fixed: vec![] },
+        // Conv then frozen batch norm: differentiated as one layer.
+        OneOp {
+            op: Op::Conv(Conv { strides: vec![1, 2], pads: vec![1, 1, 1, 1], dilations: vec![1, 1], group: 2 }),
+            operands: vec![
+                x4(r),
+                random(r, &[6, 2, 3, 3], -0.5, 0.5),
+                random(r, &[6], -1.0, 1.0),
+                pos(r, &[6]),
+                random(r, &[6], -1.0, 1.0),
+                random(r, &[6], -0.5, 0.5),
+                pos(r, &[6]),
+            ],
+            fixed: vec![5, 6],
+        },
+        OneOp {
+            op: Op::Conv(Conv { strides: vec![1, 1], pads: vec![0; 4], dilations: vec![1, 1], group: 1 }),
+            operands: vec![
+                x4(r),
+                random(r, &[3, 4, 1, 1], -1.0, 1.0),
+                pos(r, &[3]),
+                random(r, &[3], -1.0, 1.0),
+                random(r, &[3], -0.5, 0.5),
+                pos(r, &[3]),
+            ],
+            fixed: vec![4, 5],
+        },
         OneOp { op: Op::Sum, operands: vec![x4(r), random(r, &[4, 1, 6], -1.0, 1.0), random(r, &[6], -1.0, 1.0)], fixed: vec![] },
         OneOp {
             op: Op::Where,

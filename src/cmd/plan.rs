@@ -17,10 +17,13 @@ pub fn run(a: &PlanArgs) -> Result<bool> {
     let fused = &compiled.graph;
     let report = smelt::plan::report(fused, plan, !model.no_fuse, true);
     let plain_report = smelt::plan::report(plain, plain_plan, false, true);
+    let training = s.train.as_ref().map(|t| smelt::plan::train_breakdown(fused, plan, &t.step.forward));
     if let Some(path) = &a.svg {
-        let title = format!("smelt plan {}{}", model.model, model.batch.map_or(String::new(), |b| format!(" --batch {b}")));
+        let train = model.train.train.as_ref().map_or(String::new(), |o| format!(" --train {o}"));
+        let title = format!("smelt plan {}{}{train}", model.model, model.batch.map_or(String::new(), |b| format!(" --batch {b}")));
         let other = (!model.no_fuse).then_some(plain_plan);
-        std::fs::write(path, smelt::plan::svg(&title, plan, fused, other)).with_context(|| format!("cannot write {}", path.display()))?;
+        let svg = smelt::plan::svg_marked(&title, plan, fused, other, training.as_ref().map(|t| t.backward_starts_at));
+        std::fs::write(path, svg).with_context(|| format!("cannot write {}", path.display()))?;
     }
     let t = &s.timings;
     if a.json {
@@ -30,11 +33,15 @@ pub fn run(a: &PlanArgs) -> Result<bool> {
             "plan": report,
             "without_fusion": plain_report,
             "fusion": compiled.stats.fusion,
+            "training": training,
             "timings_seconds": {"import": t.import, "passes": t.passes, "plan": t.plan, "check": t.check},
         });
         outln!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         print_text(a, &report, &plain_report, &compiled.stats)?;
+        if let (Some(t), Some(tr)) = (&training, &s.train) {
+            print_training(a, t, tr)?;
+        }
     }
     if a.timings {
         errln!(
@@ -102,6 +109,36 @@ fn print_text(a: &PlanArgs, report: &MemoryReport, plain_report: &MemoryReport, 
     if let Some(p) = &a.svg {
         outln!("picture: {}", p.display());
     }
+    Ok(())
+}
+
+fn print_training(a: &PlanArgs, t: &smelt::plan::TrainBreakdown, tr: &smelt::Training) -> Result<()> {
+    use smelt::plan::Bytes;
+    let opt = a.model.train.train.as_deref().unwrap_or("?");
+    outln!("\ntraining step ({opt}, {} parameters trained): where the bytes go (with fusion)", tr.step.params.len());
+    let line = |label: &str, b: &Bytes, what: &str| -> Result<()> {
+        let dt: Vec<String> = b.by_dtype.iter().map(|(d, n)| format!("{d} {}", human_bytes(*n))).collect();
+        outln!("  {label:<22}{:>12}  {:<28}{what}", human_bytes(b.bytes), dt.join(", "));
+        Ok(())
+    };
+    outln!("persistent (outside the arena): {}", human_bytes(t.persistent_bytes));
+    line("parameters", &t.parameters, &format!("{} tensors, f32 master weights", t.parameters.count))?;
+    line("optimizer state", &t.optimizer_state, &format!("{} tensors", t.optimizer_state.count))?;
+    line("accumulators", &t.accumulators, "none without --accumulate")?;
+    line("frozen", &t.frozen, "initializers not trained, running statistics")?;
+    line("other state", &t.other_state, "the step counter")?;
+    outln!(
+        "arena: {} at its peak, step {} ({}; backward starts at step {})",
+        human_bytes(t.arena_bytes),
+        t.peak_step,
+        t.peak_phase,
+        t.backward_starts_at
+    );
+    line("saved activations", &t.saved_activations, "forward values backward still reads")?;
+    line("gradients", &t.gradients, &format!("not yet applied (all kept would be {})", human_bytes(t.gradients_if_all_kept)))?;
+    line("temporaries", &t.temporaries, "activation gradients, backward scratch")?;
+    line("batch", &t.batch, "inputs and labels")?;
+    outln!("total device memory: {} (persistent + arena)", human_bytes(t.total_bytes));
     Ok(())
 }
 

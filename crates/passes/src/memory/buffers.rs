@@ -12,9 +12,12 @@
 //!   writes over its residual when the residual dies there and is not also
 //!   read as an ordinary operand.
 //!
+//! - An optimizer update writes into the persistent values it replaces:
+//!   its outputs take no arena bytes.
+//!
 //! Graph inputs are never overwritten; graph outputs live until the end.
 
-use smelt_ir::traits::InPlace;
+use smelt_ir::traits::{InPlace, Kind};
 use smelt_ir::{KernelGraph, KernelOp, NodeId, OpSet, ValueId};
 use std::collections::HashMap;
 
@@ -124,6 +127,9 @@ pub fn build(
         for slot in 0..node.outputs.len() as u32 {
             let v = ValueId { node: id, slot };
             let end = last.get(&v).copied().unwrap_or(t).max(t);
+            if node.op.traits().kind == Kind::Update {
+                continue; // written into the persistent value it replaces
+            }
             if node.op.is_view() {
                 // Shares the source's bytes (nothing when the source is a constant).
                 if let Some((gr, iv)) = rel.get(&ins[0]).cloned() {

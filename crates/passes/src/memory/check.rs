@@ -12,10 +12,12 @@
 //!    element once before writing it: elementwise ops on an input of the
 //!    output's type, a fused convolution on its residual;
 //! 5. simulating the schedule, every read finds the bytes its writer left,
-//!    not overwritten since (graph outputs are read at the end).
+//!    not overwritten since (graph outputs are read at the end);
+//! 6. an optimizer update, which writes into the parameter and state it
+//!    replaces (outside the arena), runs after every other reader of them.
 
 use super::Plan;
-use smelt_ir::traits::InPlace;
+use smelt_ir::traits::{InPlace, Kind};
 use smelt_ir::{KernelGraph, KernelOp, NodeId, OpSet, ValueId};
 use std::collections::{HashMap, HashSet};
 
@@ -60,12 +62,39 @@ pub fn check(g: &KernelGraph, plan: &Plan) -> Result<(), String> {
             }
         }
     }
-    // Which values are backed by constants (views of weights): not in the arena.
+    // Which values are backed by persistent data (views of weights, the
+    // results of updates): not in the arena.
     let mut constant = HashSet::new();
     for &id in &plan.schedule {
         let node = g.node(id);
         if node.op.is_view() && g.inputs_of(id).first().is_some_and(|s| g.node(s.node).op.is_persistent() || constant.contains(s)) {
             constant.insert(ValueId { node: id, slot: 0 });
+        }
+        if node.op.traits().kind == Kind::Update {
+            constant.extend((0..node.outputs.len() as u32).map(|slot| ValueId { node: id, slot }));
+        }
+    }
+    // 6. Updates after every other reader of what they replace.
+    for &u in plan.schedule.iter().filter(|&&u| g.node(u).op.traits().kind == Kind::Update) {
+        let op = g.node(u).op.semantic().ok_or_else(|| format!("update {u} is not a semantic op"))?;
+        let ins = g.inputs_of(u);
+        for slot in 0..g.node(u).outputs.len() {
+            let target =
+                op.updated_operand(slot).and_then(|i| ins.get(i)).ok_or_else(|| format!("update {u} has no operand for output {slot}"))?;
+            if !g.node(target.node).op.is_persistent() {
+                return Err(format!("update {u} replaces {}, which is not persistent", name(*target)));
+            }
+            // Readers directly or through views.
+            let mut stack = vec![target.node];
+            while let Some(n) = stack.pop() {
+                for r in g.users_of(n) {
+                    if g.node(r).op.is_view() {
+                        stack.push(r);
+                    } else if r != u && step[&r] > step[&u] {
+                        return Err(format!("{r} reads {} after update {u} replaced it", name(*target)));
+                    }
+                }
+            }
         }
     }
     // 2. Placements. Buffers start on the plan's alignment (vector loads
@@ -147,7 +176,7 @@ pub fn check(g: &KernelGraph, plan: &Plan) -> Result<(), String> {
     let mut life: HashMap<ValueId, (usize, usize)> = HashMap::new();
     for &id in &plan.schedule {
         let node = g.node(id);
-        if !node.op.is_view() && !aliased(id) {
+        if !node.op.is_view() && !aliased(id) && node.op.traits().kind != Kind::Update {
             for slot in 0..node.outputs.len() as u32 {
                 let t = 2 * step[&id] + 1;
                 life.insert(ValueId { node: id, slot }, (t, t));
@@ -206,7 +235,7 @@ pub fn check(g: &KernelGraph, plan: &Plan) -> Result<(), String> {
         for &u in &ins {
             check_read(u, t, &log, &when, &mut writers_memo)?;
         }
-        if node.op.is_view() || aliased(id) {
+        if node.op.is_view() || aliased(id) || node.op.traits().kind == Kind::Update {
             continue;
         }
         for slot in 0..node.outputs.len() as u32 {

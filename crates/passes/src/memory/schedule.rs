@@ -3,6 +3,7 @@
 //! The planner keeps the one with the lowest simulated peak, as XLA's
 //! memory scheduler does.
 
+use smelt_ir::traits::Kind;
 use smelt_ir::{IrError, KernelGraph, NodeId, OpSet};
 use std::collections::{HashMap, HashSet};
 
@@ -22,7 +23,59 @@ pub fn candidates(g: &KernelGraph, hint: Option<&[NodeId]>) -> Result<Vec<(&'sta
     if let Some(h) = hint {
         out.push(("hint", with_inputs(hinted(g, &model, h))));
     }
-    Ok(out)
+    Ok(out.into_iter().map(|(name, order)| (name, place_updates(g, order))).collect())
+}
+
+/// The nodes that read `v` or a view of it.
+pub(super) fn readers(g: &KernelGraph, v: NodeId) -> Vec<NodeId> {
+    let (mut out, mut stack) = (Vec::new(), vec![v]);
+    while let Some(n) = stack.pop() {
+        for u in g.users_of(n).into_iter().collect::<HashSet<_>>() {
+            if g.node(u).op.is_view() {
+                stack.push(u);
+            }
+            out.push(u);
+        }
+    }
+    out
+}
+
+/// Moves each optimizer update (`Kind::Update`) to the earliest step after
+/// its operands and after every other reader of the values it replaces
+/// (through views): its gradient dies as soon as it can, and nothing reads
+/// a parameter after its update wrote it. The step counter's update reads
+/// nothing another update replaces, but others read the counter: it goes
+/// after them.
+fn place_updates(g: &KernelGraph, order: Vec<NodeId>) -> Vec<NodeId> {
+    let is_update = |n: NodeId| g.node(n).op.traits().kind == Kind::Update;
+    let (updates, rest): (Vec<NodeId>, Vec<NodeId>) = order.into_iter().partition(|&n| is_update(n));
+    if updates.is_empty() {
+        return rest;
+    }
+    let at: HashMap<NodeId, usize> = rest.iter().enumerate().map(|(i, &n)| (n, i)).collect();
+    // Per update: the last non-update node it must follow, and whether it
+    // must follow other updates (they read what it replaces).
+    let mut after: Vec<(Option<usize>, bool, NodeId)> = updates
+        .iter()
+        .map(|&u| {
+            let ins = g.inputs_of(u);
+            let op = g.node(u).op.semantic().expect("updates are semantic ops");
+            let targets: Vec<NodeId> = (0..g.node(u).outputs.len()).filter_map(|s| op.updated_operand(s)).map(|i| ins[i].node).collect();
+            let readers: Vec<NodeId> = targets.iter().flat_map(|&t| readers(g, t)).filter(|&r| r != u).collect();
+            let last = ins.iter().map(|v| v.node).chain(readers.iter().copied()).filter_map(|n| at.get(&n).copied()).max();
+            (last, readers.iter().any(|&r| is_update(r)), u)
+        })
+        .collect();
+    after.sort_by_key(|&(_, late, _)| late);
+    let mut out = Vec::with_capacity(rest.len() + updates.len());
+    let (early, late): (Vec<_>, Vec<_>) = after.into_iter().partition(|a| !a.1);
+    out.extend(early.iter().filter(|a| a.0.is_none()).map(|a| a.2));
+    for (i, &n) in rest.iter().enumerate() {
+        out.push(n);
+        out.extend(early.iter().filter(|a| a.0 == Some(i)).map(|a| a.2));
+    }
+    out.extend(late.into_iter().map(|a| a.2));
+    out
 }
 
 /// A topological order following `hint` (model nodes, the provenance of a

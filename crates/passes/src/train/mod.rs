@@ -276,7 +276,12 @@ pub fn training_step(model: &Graph, cfg: &TrainConfig) -> Result<TrainStep, Trai
     let seed = ad.g.add_constant("loss.seed", Tensor::from_f32(vec![], vec![1.0]));
     grads.insert(loss, vec![seed]);
     let mut total: HashMap<ValueId, ValueId> = HashMap::new();
+    // Convolutions differentiated with the batch norm that reads them.
+    let mut done: HashSet<NodeId> = HashSet::new();
     for &n in order.iter().rev() {
+        if done.contains(&n) {
+            continue;
+        }
         let node = ad.g.node(n);
         let slots = node.outputs.len();
         ad.name = node.name.clone();
@@ -299,6 +304,19 @@ pub fn training_step(model: &Graph, cfg: &TrainConfig) -> Result<TrainStep, Trai
         let ins = ad.g.inputs_of(n);
         let need: Vec<bool> = ins.iter().map(|v| needs.contains(v)).collect();
         if !need.iter().any(|&b| b) {
+            continue;
+        }
+        if let Some(conv) = conv_of_frozen_norm(ad.g, n, &needs) {
+            let cins = ad.g.inputs_of(conv);
+            let cneed: Vec<bool> = cins.iter().map(|v| needs.contains(v)).collect();
+            let dy = dys[0].expect("has a gradient");
+            let (dc, db) = vjp::conv_batch_norm(&mut ad, conv, n, dy, &cneed, &need)?;
+            for (v, d) in cins.into_iter().zip(dc).chain(ins.into_iter().zip(db)) {
+                if let Some(d) = d {
+                    grads.entry(v).or_default().push(d);
+                }
+            }
+            done.insert(conv);
             continue;
         }
         let contribs = vjp::vjp(&mut ad, n, &dys, &need)?;
@@ -351,6 +369,20 @@ pub fn training_step(model: &Graph, cfg: &TrainConfig) -> Result<TrainStep, Trai
     smelt_ir::verify(&g).map_err(bug)?;
     let _ = fresh;
     Ok(TrainStep { graph: g, params: trained, forward, notes })
+}
+
+/// The convolution that batch norm `n` alone reads, when its statistics
+/// are frozen (need no gradient) and it is not a graph output: the pair is
+/// differentiated as one layer ([`vjp::conv_batch_norm`]).
+fn conv_of_frozen_norm(g: &Graph, n: NodeId, needs: &HashSet<ValueId>) -> Option<NodeId> {
+    if !matches!(g.node(n).op, Op::BatchNorm { .. }) {
+        return None;
+    }
+    let ins = g.inputs_of(n);
+    let z = ins[0];
+    let sole = g.users_of(z.node).len() == 1 && !g.outputs().iter().any(|(_, v)| v.node == z.node);
+    let frozen = !needs.contains(&ins[3]) && !needs.contains(&ins[4]);
+    (matches!(g.node(z.node).op, Op::Conv(_)) && sole && frozen).then_some(z.node)
 }
 
 /// "loss", or a variant no parameter is named.

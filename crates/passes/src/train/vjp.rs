@@ -567,3 +567,68 @@ pub(super) fn vjp(ad: &mut Ad, n: NodeId, dys: &[Option<ValueId>], needs: &[bool
     }
     Ok(out)
 }
+
+/// A convolution whose only reader is a batch norm with frozen statistics
+/// (`bn = s (conv - m) / sqrt(v + eps) + b`): differentiated as one linear
+/// layer, so backward keeps only the convolution's input. With `k = s inv`,
+/// `inv = 1 / sqrt(v + eps)` and `H = conv_grad_weight(x, dy)`:
+/// `dW = k H`, `dx = conv_grad_data(k dy, W)`, `db_conv = k sum dy`,
+/// `ds = inv (sum_k W H + (b_conv - m) sum dy)` per channel (the sum of
+/// `dy` times the conv's output, without the output), `db = sum dy`.
+/// Returns the gradients of the conv's operands, then of the batch norm's.
+pub(super) fn conv_batch_norm(
+    ad: &mut Ad,
+    conv: NodeId,
+    bn: NodeId,
+    dy: ValueId,
+    needs_conv: &[bool],
+    needs_bn: &[bool],
+) -> Result<(Vec<Option<ValueId>>, Vec<Option<ValueId>>), TrainError> {
+    let (Op::Conv(c), Op::BatchNorm { epsilon }) = (ad.g.node(conv).op.clone(), ad.g.node(bn).op.clone()) else {
+        return Err(TrainError::Bug(smelt_ir::IrError::Invalid("conv_batch_norm on other ops".into())));
+    };
+    let (ci, bi) = (ad.g.inputs_of(conv), ad.g.inputs_of(bn));
+    let (x, w) = (ci[0], ci[1]);
+    let (xs, ws) = (ad.shape(x), ad.shape(w));
+    let rank = xs.len();
+    let mut dc = vec![None; ci.len()];
+    let mut db = vec![None; bi.len()];
+    let eps = ad.scalar(epsilon);
+    let var = ad.bin(BinaryOp::Add, bi[4], eps)?;
+    let sd = ad.un(UnaryOp::Sqrt, var)?;
+    let inv = ad.un(UnaryOp::Reciprocal, sd)?;
+    let k = ad.mul(bi[1], inv)?;
+    let axes: Vec<usize> = (0..rank).filter(|&a| a != 1).collect();
+    let need_sum = needs_bn[1] || needs_bn[2] || ci.len() > 2 && needs_conv[2];
+    let sum_dy = if need_sum { Some(ad.sum(dy, axes, false)?) } else { None };
+    if needs_conv[0] {
+        let kc = ad.per_channel(k, rank)?;
+        let dz = ad.mul(dy, kc)?;
+        dc[0] = Some(ad.op(Op::ConvGradData { conv: c.clone(), shape: xs }, &[dz, w])?);
+    }
+    if needs_conv[1] || needs_bn[1] {
+        let h = ad.op(Op::ConvGradWeight { conv: c, shape: ws.clone() }, &[x, dy])?;
+        if needs_conv[1] {
+            let mut kw = vec![1; ws.len()];
+            kw[0] = ws[0];
+            let kw = ad.reshape(k, kw)?;
+            dc[1] = Some(ad.mul(h, kw)?);
+        }
+        if needs_bn[1] {
+            let wh = ad.mul(w, h)?;
+            let dot = ad.sum(wh, (1..ws.len()).collect(), false)?;
+            let shift = if ci.len() > 2 { ad.bin(BinaryOp::Sub, ci[2], bi[3])? } else { ad.un(UnaryOp::Neg, bi[3])? };
+            let sum_dy = sum_dy.expect("computed for the scale");
+            let off = ad.mul(shift, sum_dy)?;
+            let t = ad.bin(BinaryOp::Add, dot, off)?;
+            db[1] = Some(ad.mul(t, inv)?);
+        }
+    }
+    if needs_bn[2] {
+        db[2] = sum_dy;
+    }
+    if ci.len() > 2 && needs_conv[2] {
+        dc[2] = Some(ad.mul(k, sum_dy.expect("computed for the bias"))?);
+    }
+    Ok((dc, db))
+}
