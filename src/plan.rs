@@ -162,7 +162,8 @@ pub struct TrainBreakdown {
     pub arena_bytes: usize,
     /// Persistent bytes plus the arena: the step's device memory.
     pub total_bytes: usize,
-    /// The first step of backward in the schedule.
+    /// The first step after the loss is computed (backward's first step; a
+    /// backward op that reads only parameters may run earlier).
     pub backward_starts_at: usize,
 }
 
@@ -195,7 +196,9 @@ pub fn train_breakdown(g: &KernelGraph, plan: &Plan, forward: &std::collections:
         }
     }
     b.persistent_bytes = b.parameters.bytes + b.optimizer_state.bytes + b.accumulators.bytes + b.other_state.bytes + b.frozen.bytes;
-    b.backward_starts_at = plan.schedule.iter().position(|&n| !g.node(n).op.is_input() && !is_fwd(n)).unwrap_or(plan.schedule.len());
+    // Backward starts once the loss (the first output) is computed.
+    let loss = g.outputs().first().map(|(_, v)| v.node);
+    b.backward_starts_at = plan.schedule.iter().position(|&n| Some(n) == loss).map_or(0, |i| i + 1);
     b.peak_step = plan.peak_step;
     let in_backward = plan.schedule.get(plan.peak_step).is_some_and(|&n| !is_fwd(n));
     b.peak_phase = if in_backward { "backward" } else { "forward" }.into();

@@ -265,3 +265,41 @@ fn run_on_the_emulator_checks_kernels() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("apply to --backend cuda or emulator"), "{err}");
 }
+
+#[test]
+fn plan_train_reports_where_the_bytes_go() {
+    let m = common::testdata().join("training").join("cnn").join("model.onnx");
+    let m = m.to_str().unwrap();
+    let svg = std::env::temp_dir().join(format!("smelt-train-{}.svg", std::process::id()));
+    let (code, out, err) = run(&["plan", m, "--train", "adam", "--json", "--svg", svg.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("is a softmax: cross-entropy is computed on its input"), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let t = &v["training"];
+    // 5 layers: 4 weights and biases, a batch norm's scale and bias; Adam keeps two moments of each.
+    assert_eq!(t["parameters"]["count"], 10);
+    assert_eq!(t["optimizer_state"]["bytes"].as_u64().unwrap(), 2 * t["parameters"]["bytes"].as_u64().unwrap());
+    assert_eq!(t["arena_bytes"], v["plan"]["arena_bytes"]);
+    assert!(t["saved_activations"]["bytes"].as_u64().unwrap() > 0 && t["peak_phase"] == "backward", "{t}");
+    assert!(std::fs::read_to_string(&svg).unwrap().contains("forward | backward"));
+    let _ = std::fs::remove_file(&svg);
+    // Text: the breakdown.
+    let (code, out, err) = run(&["plan", m, "--train", "sgd", "--momentum", "0", "--batch", "8"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("training step (sgd, 10 parameters trained)") && out.contains("saved activations"), "{out}");
+    assert!(out.contains("optimizer state                0 B"), "plain SGD keeps no state: {out}");
+    // The user's mistakes: exit 2, named.
+    for (args, want) in [
+        (vec!["--train", "sgd", "--loss-on", "nope"], "the model has no output \"nope\" (its outputs: y)"),
+        (vec!["--train", "sgd", "--freeze", "*"], "nothing to train"),
+        (vec!["--train", "adam", "--nesterov"], "--nesterov needs --train sgd"),
+        (vec!["--train", "sgd", "--label-smoothing", "1.5"], "label smoothing 1.5 must be in [0, 1)"),
+        (vec!["--loss", "mse"], "--train"),
+    ] {
+        let mut a = vec!["plan", m];
+        a.extend(args.iter());
+        let (code, _, err) = run(&a);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}

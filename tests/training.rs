@@ -43,31 +43,47 @@ fn three_steps_give_pytorchs_weights() {
         for opt in ["sgd", "sgd_nesterov", "adam", "adamw"] {
             let cfg = TrainConfig { loss, loss_on: None, optimizer: Some(optimizer(opt)), freeze: vec![] };
             let step = training_step(&model, &cfg).unwrap_or_else(|e| panic!("{case}: {e}"));
-            let mut g = step.graph.clone();
             let want_losses = read_tensor_file(&d.join(opt).join("losses.pb")).unwrap().1.to_f32_vec();
-            for (i, want) in want_losses.iter().enumerate() {
-                let out =
-                    smelt_runtime::cpu::run_step(&mut g, &[x.clone(), labels.clone()]).unwrap_or_else(|e| panic!("{case}/{opt}: {e}"));
-                let got = out[0].to_f32_vec()[0];
-                assert!((got - want).abs() <= 1e-4 * want.abs() + 1e-6, "{case}/{opt} step {i}: loss {got}, PyTorch {want}");
+            // The step as built, and as the pass pipeline fuses it.
+            let fused = common::session(&model, smelt::Options { train: Some(cfg.clone()), ..Default::default() }).compile().unwrap().graph;
+            let runs = [("as built", steps(step.graph, &x, &labels, &want_losses)), ("fused", steps(fused, &x, &labels, &want_losses))];
+            for (how, after) in runs {
+                let after = after.unwrap_or_else(|e| panic!("{case}/{opt} {how}: {e}"));
+                for (name, got) in &after {
+                    let want =
+                        read_tensor_file(&d.join(opt).join(format!("{name}.pb"))).unwrap_or_else(|e| panic!("{case}/{opt}/{name}: {e}")).1;
+                    let initial = model.weight(model.node_ids().find(|&n| model.node(n).name == *name).unwrap()).unwrap();
+                    assert!(!smelt::compare(initial, &want, 1e-4, 1e-6).ok, "{case}/{opt}: {name} moved in PyTorch");
+                    let c = smelt::compare(got, &want, 1e-4, 1e-6);
+                    assert!(c.ok, "{case}/{opt} {how}: parameter {name} after 3 steps differs from PyTorch's: {c:?}");
+                }
+                let expected = std::fs::read_dir(d.join(opt)).unwrap().count() - 1;
+                assert_eq!(after.len(), expected, "{case}/{opt}: every PyTorch parameter is trained");
+                println!("{case}/{opt} {how}: {} parameters after 3 steps match PyTorch's, losses {want_losses:?}", after.len());
             }
-            let mut checked = 0;
-            for id in g.node_ids().filter(|&n| g.node(n).op == Op::Parameter) {
-                let name = &g.node(id).name;
-                let want =
-                    read_tensor_file(&d.join(opt).join(format!("{name}.pb"))).unwrap_or_else(|e| panic!("{case}/{opt}/{name}: {e}")).1;
-                let got = g.weight(id).unwrap();
-                let initial = model.weight(model.node_ids().find(|&n| model.node(n).name == *name).unwrap()).unwrap();
-                assert!(!smelt::compare(initial, &want, 1e-4, 1e-6).ok, "{case}/{opt}: {name} moved in PyTorch");
-                let c = smelt::compare(got, &want, 1e-4, 1e-6);
-                assert!(c.ok, "{case}/{opt}: parameter {name} after 3 steps differs from PyTorch's: {c:?}");
-                checked += 1;
-            }
-            let expected = std::fs::read_dir(d.join(opt)).unwrap().count() - 1;
-            assert_eq!(checked, expected, "{case}/{opt}: every PyTorch parameter is trained");
-            println!("{case}/{opt}: {checked} parameters after 3 steps match PyTorch's, losses {want_losses:?}");
         }
     }
+}
+
+/// Runs one training step per expected loss on the CPU reference executor
+/// (any graph level), checking each loss; returns the parameters after.
+fn steps<O: smelt_runtime::cpu::Eval>(
+    mut g: smelt_ir::Graph<O>,
+    x: &Tensor,
+    labels: &Tensor,
+    want_losses: &[f32],
+) -> Result<Vec<(String, Tensor)>, String> {
+    for (i, want) in want_losses.iter().enumerate() {
+        let out = smelt_runtime::cpu::run_step(&mut g, &[x.clone(), labels.clone()]).map_err(|e| e.to_string())?;
+        let got = out[0].to_f32_vec()[0];
+        if (got - want).abs() > 1e-4 * want.abs() + 1e-6 {
+            return Err(format!("step {i}: loss {got}, PyTorch {want}"));
+        }
+    }
+    Ok(g.node_ids()
+        .filter(|&n| g.node(n).op.semantic() == Some(&Op::Parameter))
+        .map(|n| (g.node(n).name.clone(), g.weight(n).unwrap().as_ref().clone()))
+        .collect())
 }
 
 /// A one-op model: operands are parameters (float) or constants (others),
@@ -287,4 +303,66 @@ fn every_gradient_rule_matches_finite_differences() {
         checked += 1;
     }
     println!("{checked} gradient rules match finite differences");
+}
+
+fn sgd_config() -> TrainConfig {
+    TrainConfig { loss: Loss::CrossEntropy { smoothing: 0.0 }, loss_on: None, optimizer: Some(optimizer("sgd")), freeze: vec![] }
+}
+
+/// Every light model's training step plans, with fusion and without, and
+/// both plans pass the independent checker (the driver checks; checked
+/// again here); the arena stays within 2% of the schedule's lower bound;
+/// the checker rejects the plan once an update runs before a reader of its
+/// parameter.
+#[test]
+fn every_light_models_training_step_plans_and_checks() {
+    use smelt_ir::traits::Kind;
+    use smelt_ir::OpSet;
+    for name in common::LIGHT {
+        let path = common::variant(name).join("model.onnx");
+        let opts = smelt::Options { batch: Some(2), train: Some(sgd_config()), ..Default::default() };
+        let mut s = smelt::Session::open(path.to_str().unwrap(), opts).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let c = s.compile().unwrap_or_else(|e| panic!("{name}: {e}"));
+        let planned = s.plan(&c).unwrap_or_else(|e| panic!("{name}: {e}"));
+        for (g, p, what) in [(&planned.unfused, &planned.unfused_plan, "unfused"), (&c.graph, &planned.plan, "fused")] {
+            smelt_passes::memory::check::check(g, p).unwrap_or_else(|e| panic!("{name} {what}: {e}"));
+            let ratio = p.arena as f64 / p.lower_bound as f64;
+            assert!(ratio <= 1.02, "{name} {what}: arena {} is {ratio:.4} x the lower bound {}", p.arena, p.lower_bound);
+            // Corrupt: the first update runs first.
+            let mut bad = p.clone();
+            let at = bad.schedule.iter().position(|&n| g.node(n).op.traits().kind == Kind::Update).expect("updates");
+            let u = bad.schedule.remove(at);
+            let first = g.inputs().len();
+            bad.schedule.insert(first, u);
+            assert!(smelt_passes::memory::check::check(g, &bad).is_err(), "{name} {what}: an update before its readers passes the checker");
+        }
+        let t = smelt::plan::train_breakdown(&c.graph, &planned.plan, &s.train.as_ref().unwrap().step.forward);
+        assert_eq!(t.parameters.count, s.train.as_ref().unwrap().step.params.len(), "{name}");
+        assert!(t.optimizer_state.bytes == t.parameters.bytes && t.backward_starts_at > 0, "{name}: {t:?}");
+    }
+}
+
+/// A conv read only by a frozen batch norm is differentiated as one layer:
+/// in ResNet-50's step, nothing in backward reads such a conv's output, so
+/// the plan keeps only conv inputs (ReLU outputs) for backward.
+#[test]
+fn backward_keeps_no_conv_output_before_a_frozen_batch_norm() {
+    let model = common::load(common::variant("resnet50").join("model.onnx").to_str().unwrap(), Some(1));
+    let step = training_step(&model, &sgd_config()).unwrap();
+    let g = &step.graph;
+    let mut pairs = 0;
+    for n in g.node_ids().filter(|&n| matches!(g.node(n).op, Op::Conv(_))) {
+        let users = g.users_of(n);
+        if users.iter().any(|&u| matches!(g.node(u).op, Op::BatchNorm { .. })) {
+            assert_eq!(users.len(), 1, "conv {:?} is read by {} nodes", g.node(n).name, users.len());
+            pairs += 1;
+        }
+    }
+    assert_eq!(pairs, 53, "ResNet-50 has 53 conv + batch norm pairs");
+    // ReLU masks read the ReLU's output, never its input (the batch norm's output).
+    for n in g.node_ids().filter(|&n| matches!(g.node(n).op, Op::Compare(_))) {
+        for v in g.inputs_of(n) {
+            assert!(!matches!(g.node(v.node).op, Op::BatchNorm { .. }), "a ReLU mask reads the batch norm's output, not the ReLU's");
+        }
+    }
 }
