@@ -5,6 +5,7 @@ use crate::attention::Attention;
 use crate::conv::Conv;
 use crate::elementwise::Elementwise;
 use crate::gemm::{Gemm, TILE};
+use crate::grad::Grad;
 use crate::layout::Layout;
 use crate::pool::Pool;
 use crate::reduce::Reduction;
@@ -35,6 +36,8 @@ pub enum Kernel {
     Select(Select),
     /// Fused attention.
     Attention(Attention),
+    /// A backward op: convolution, pooling or LRN gradient.
+    Grad(Grad),
 }
 
 /// Launch geometry, and the trailing scalar argument (an element or row
@@ -108,6 +111,9 @@ impl Kernel {
         if let Some(s) = Select::of(g, id) {
             return Some(Kernel::Select(s));
         }
+        if let Some(d) = Grad::of(g, id) {
+            return Some(Kernel::Grad(d));
+        }
         Elementwise::of(g, id).map(Kernel::Elementwise)
     }
 
@@ -122,6 +128,7 @@ impl Kernel {
             Kernel::Conv(k) => &k.name,
             Kernel::Select(k) => &k.name,
             Kernel::Attention(k) => &k.name,
+            Kernel::Grad(k) => &k.name,
         }
     }
 
@@ -136,10 +143,11 @@ impl Kernel {
             Kernel::Conv(k) => k.name = name,
             Kernel::Select(k) => k.name = name,
             Kernel::Attention(k) => k.name = name,
+            Kernel::Grad(k) => k.name = name,
         }
     }
 
-    /// The kind, for reports: `elementwise`, `pool`, `reduction`, `layout`, `gemm`, `conv`, `select`, `attention`.
+    /// The kind, for reports: `elementwise`, `pool`, `reduction`, `layout`, `gemm`, `conv`, `select`, `attention`, `grad`.
     pub fn kind(&self) -> &'static str {
         match self {
             Kernel::Elementwise(_) => "elementwise",
@@ -150,6 +158,7 @@ impl Kernel {
             Kernel::Conv(_) => "conv",
             Kernel::Select(_) => "select",
             Kernel::Attention(_) => "attention",
+            Kernel::Grad(_) => "grad",
         }
     }
 
@@ -164,6 +173,7 @@ impl Kernel {
             Kernel::Conv(k) => k.cuda(),
             Kernel::Select(k) => k.cuda(),
             Kernel::Attention(k) => k.cuda(),
+            Kernel::Grad(k) => k.cuda(),
         }
     }
 
@@ -175,6 +185,7 @@ impl Kernel {
             Kernel::Reduction(k) => linear(k.row_count()),
             Kernel::Layout(k) => linear(k.numel()),
             Kernel::Select(k) => linear(k.numel()),
+            Kernel::Grad(k) => linear(k.numel()),
             Kernel::Attention(k) => Launch { grid: k.grid(), block: [crate::attention::ROWS, 1, 1], count: None },
             Kernel::Gemm(k) => {
                 let (x, y) = k.grid();
@@ -195,6 +206,7 @@ impl Kernel {
             Kernel::Layout(k) => k.numel(),
             Kernel::Select(k) => k.numel(),
             Kernel::Attention(k) => 2 * k.macs(),
+            Kernel::Grad(k) => 2 * k.macs(),
         }
     }
 
@@ -209,6 +221,7 @@ impl Kernel {
             Kernel::Conv(k) => k.run_cpu(inputs),
             Kernel::Select(k) => k.run_cpu(inputs),
             Kernel::Attention(k) => k.run_cpu(inputs),
+            Kernel::Grad(k) => k.run_cpu(inputs),
         }
     }
 }

@@ -11,6 +11,7 @@ pub mod conv;
 pub mod elementwise;
 mod error;
 pub mod gemm;
+pub mod grad;
 pub mod kernel;
 pub mod layout;
 pub mod nvrtc;

@@ -139,10 +139,10 @@ impl Op {
             }
             // One kernel per output is still to come.
             Op::Split { .. } => t(K::Movement, P::Follows, I::No, L::CpuOnly),
-            // Backward ops: kernels are still to come.
-            Op::ConvGradData { .. } | Op::ConvGradWeight { .. } => t(K::Layer, P::Sensitive, I::No, L::CpuOnly),
-            Op::MaxPoolGrad(_) | Op::AvgPoolGrad { .. } => t(K::Window, P::Sensitive, I::No, L::CpuOnly),
-            Op::LrnGrad { .. } => t(K::Normalization, P::Sensitive, I::No, L::CpuOnly),
+            // Backward ops: one thread per output element (2-D images).
+            Op::ConvGradData { .. } | Op::ConvGradWeight { .. } => t(K::Layer, P::Sensitive, I::No, L::Kernel),
+            Op::MaxPoolGrad(_) | Op::AvgPoolGrad { .. } => t(K::Window, P::Sensitive, I::No, L::Kernel),
+            Op::LrnGrad { .. } => t(K::Normalization, P::Sensitive, I::No, L::Kernel),
             Op::Update(_) => t(K::Update, P::Fixed, I::No, L::CpuOnly),
         }
     }

@@ -1,0 +1,355 @@
+//! Backward kernels as data: the gradients of convolution (data and
+//! weights), max and average pooling and LRN, over 2-D images. One thread
+//! per output element gathers what it needs (no atomics, so the result is
+//! deterministic): a data gradient walks the outputs whose windows cover its
+//! element, a weight gradient sums over the batch and the output positions.
+//! The same description renders to CUDA C and runs on the CPU.
+
+use smelt_ir::{Conv as ConvAttrs, DType, KernelGraph, KernelOp, NodeId, Op, Pool, Tensor};
+
+/// Which gradient.
+#[derive(Clone, Debug, PartialEq)]
+pub enum GradKind {
+    /// dx of a convolution: inputs dy, w.
+    ConvData(ConvAttrs),
+    /// dW of a convolution: inputs x, dy.
+    ConvWeight(ConvAttrs),
+    /// dx of max pooling: inputs x, dy.
+    MaxPool(Pool),
+    /// dx of average pooling (count padding or not): input dy.
+    AvgPool(Pool, bool),
+    /// dx of LRN: inputs x, dy.
+    Lrn {
+        /// Channels summed over.
+        size: usize,
+        /// Scale.
+        alpha: f32,
+        /// Exponent.
+        beta: f32,
+        /// Offset.
+        bias: f32,
+    },
+}
+
+/// A backward kernel.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Grad {
+    /// A stable, readable name, e.g. `conv_grad_data_k3s2_n2c4h6w6`.
+    pub name: String,
+    /// What it computes.
+    pub kind: GradKind,
+    /// Operand shapes, in the node's order.
+    pub inputs: Vec<Vec<usize>>,
+    /// Output shape.
+    pub output: Vec<usize>,
+    /// Element type of operands and output.
+    pub dtype: DType,
+}
+
+/// `[N, C, H, W]` of a rank-4 shape.
+fn nchw(s: &[usize]) -> [usize; 4] {
+    [s[0], s[1], s[2], s[3]]
+}
+
+impl Grad {
+    /// The description of node `id`, if it is a backward op over 2-D images.
+    pub fn of(g: &KernelGraph, id: NodeId) -> Option<Grad> {
+        let node = g.node(id);
+        let (kind, tag) = match &node.op {
+            KernelOp::Op(Op::ConvGradData { conv, .. }) => (GradKind::ConvData(conv.clone()), "conv_grad_data"),
+            KernelOp::Op(Op::ConvGradWeight { conv, .. }) => (GradKind::ConvWeight(conv.clone()), "conv_grad_weight"),
+            KernelOp::Op(Op::MaxPoolGrad(p)) => (GradKind::MaxPool(p.clone()), "max_pool_grad"),
+            KernelOp::Op(Op::AvgPoolGrad { pool, count_include_pad, .. }) => {
+                (GradKind::AvgPool(pool.clone(), *count_include_pad), "avg_pool_grad")
+            }
+            KernelOp::Op(Op::LrnGrad { size, alpha, beta, bias }) => {
+                (GradKind::Lrn { size: *size, alpha: *alpha, beta: *beta, bias: *bias }, "lrn_grad")
+            }
+            _ => return None,
+        };
+        let inputs: Vec<Vec<usize>> = g.inputs_of(id).iter().map(|v| g.ty(*v).shape.clone()).collect();
+        let out = &node.outputs[0];
+        if out.shape.len() != 4 || inputs.iter().any(|s| s.len() != 4) || !out.dtype.is_float() {
+            return None;
+        }
+        let window = match &kind {
+            GradKind::ConvData(c) | GradKind::ConvWeight(c) => format!("s{}d{}g{}_", c.strides[0], c.dilations[0], c.group),
+            GradKind::MaxPool(p) | GradKind::AvgPool(p, _) => format!("k{}x{}s{}_", p.kernel[0], p.kernel[1], p.strides[0]),
+            GradKind::Lrn { size, .. } => format!("n{size}_"),
+        };
+        let dims: Vec<String> = out.shape.iter().map(|d| d.to_string()).collect();
+        let suffix = if out.dtype == DType::F32 { String::new() } else { format!("_{}", out.dtype) };
+        Some(Grad { name: format!("{tag}_{window}{}{suffix}", dims.join("x")), kind, inputs, output: out.shape.clone(), dtype: out.dtype })
+    }
+
+    /// Output elements (threads).
+    pub fn numel(&self) -> usize {
+        self.output.iter().product()
+    }
+
+    /// Multiply-adds, for reports.
+    pub fn macs(&self) -> usize {
+        let per = match &self.kind {
+            GradKind::ConvData(c) => {
+                let w = nchw(&self.inputs[1]);
+                w[0] / c.group * w[2] * w[3]
+            }
+            GradKind::ConvWeight(_) => {
+                let dy = nchw(&self.inputs[1]);
+                dy[0] * dy[2] * dy[3]
+            }
+            GradKind::MaxPool(p) | GradKind::AvgPool(p, _) => p.kernel.iter().product(),
+            GradKind::Lrn { size, .. } => size * size,
+        };
+        self.numel() * per
+    }
+
+    /// The CUDA C source: `extern "C" __global__ void NAME(const T* in0, [const T* in1,] T* out, n)`.
+    pub fn cuda(&self) -> String {
+        let (ty, load, store) = crate::c_type(self.dtype);
+        let mut s = String::from("#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n\n");
+        s += &format!("// {}: {:?}, inputs {:?} -> {:?}\n", self.name, self.kind, self.inputs, self.output);
+        let ins: Vec<String> = (0..self.inputs.len()).map(|i| format!("const {ty}* __restrict__ in{i}")).collect();
+        s += &format!("extern \"C\" __global__ void {}({}, {ty}* __restrict__ out, unsigned long long n) {{\n", self.name, ins.join(", "));
+        s += "    unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;\n    if (i >= n) return;\n";
+        let [_, a1, a2, a3] = nchw(&self.output);
+        s += &format!(
+            "    long long q3 = i % {a3}ull, q2 = (i / {a3}ull) % {a2}ull, q1 = (i / {}ull) % {a1}ull, q0 = i / {}ull;\n",
+            a2 * a3,
+            a1 * a2 * a3
+        );
+        s += "    float acc = 0.0f;\n";
+        let ld = |e: &str| format!("{load}({e})");
+        match &self.kind {
+            GradKind::ConvData(c) => {
+                // out: dx [n, c, h, w]; in0: dy [n, m, oh, ow]; in1: w [m, cg, kh, kw]
+                let [_, m, oh, ow] = nchw(&self.inputs[0]);
+                let [_, cg, kh, kw] = nchw(&self.inputs[1]);
+                let mg = m / c.group;
+                s += &format!("    long long g = q1 / {cg}, cl = q1 % {cg};\n");
+                s += &format!("    for (long long mm = 0; mm < {mg}; ++mm) {{\n        long long m = g * {mg} + mm;\n");
+                s += &format!(
+                    "        for (long long a = 0; a < {kh}; ++a) {{\n            long long th = q2 + {} - a * {};\n",
+                    c.pads[0], c.dilations[0]
+                );
+                s += &format!("            if (th < 0 || th % {} != 0 || th / {} >= {oh}) continue;\n", c.strides[0], c.strides[0]);
+                s += &format!(
+                    "            for (long long b = 0; b < {kw}; ++b) {{\n                long long tw = q3 + {} - b * {};\n",
+                    c.pads[1], c.dilations[1]
+                );
+                s += &format!("                if (tw < 0 || tw % {} != 0 || tw / {} >= {ow}) continue;\n", c.strides[1], c.strides[1]);
+                s += &format!(
+                    "                acc += {} * {};\n            }}\n        }}\n    }}\n",
+                    ld(&format!("in0[((q0 * {m} + m) * {oh} + th / {}) * {ow} + tw / {}]", c.strides[0], c.strides[1])),
+                    ld(&format!("in1[((m * {cg} + cl) * {kh} + a) * {kw} + b]"))
+                );
+            }
+            GradKind::ConvWeight(c) => {
+                // out: dw [m, cg, kh, kw]; in0: x [n, c, h, w]; in1: dy [n, m, oh, ow]
+                let [n, ch, h, w] = nchw(&self.inputs[0]);
+                let [_, m, oh, ow] = nchw(&self.inputs[1]);
+                let cg = ch / c.group;
+                let mg = m / c.group;
+                s += &format!("    long long ci = (q0 / {mg}) * {cg} + q1;\n");
+                s += &format!("    for (long long b = 0; b < {n}; ++b) {{\n        for (long long y = 0; y < {oh}; ++y) {{\n");
+                s += &format!(
+                    "            long long ih = y * {} - {} + q2 * {};\n            if (ih < 0 || ih >= {h}) continue;\n",
+                    c.strides[0], c.pads[0], c.dilations[0]
+                );
+                s += &format!("            for (long long x = 0; x < {ow}; ++x) {{\n                long long iw = x * {} - {} + q3 * {};\n                if (iw < 0 || iw >= {w}) continue;\n", c.strides[1], c.pads[1], c.dilations[1]);
+                s += &format!(
+                    "                acc += {} * {};\n            }}\n        }}\n    }}\n",
+                    ld(&format!("in1[((b * {m} + q0) * {oh} + y) * {ow} + x]")),
+                    ld(&format!("in0[((b * {ch} + ci) * {h} + ih) * {w} + iw]"))
+                );
+            }
+            GradKind::MaxPool(p) => {
+                // out: dx; in0: x [n, c, h, w]; in1: dy [n, c, oh, ow]
+                let [_, _, h, w] = nchw(&self.inputs[0]);
+                let [_, _, oh, ow] = nchw(&self.inputs[1]);
+                let (kh, kw) = (p.kernel[0], p.kernel[1]);
+                s += &format!("    unsigned long long plane = (q0 * {a1}ull + q1);\n    const {ty}* x = in0 + plane * {}ull;\n", h * w);
+                s += &format!("    for (long long a = 0; a < {kh}; ++a) {{\n        long long th = q2 + {} - a;\n        if (th < 0 || th % {} != 0 || th / {} >= {oh}) continue;\n        long long y = th / {};\n", p.pads[0], p.strides[0], p.strides[0], p.strides[0]);
+                s += &format!("        for (long long b = 0; b < {kw}; ++b) {{\n            long long tw = q3 + {} - b;\n            if (tw < 0 || tw % {} != 0 || tw / {} >= {ow}) continue;\n            long long z = tw / {};\n", p.pads[1], p.strides[1], p.strides[1], p.strides[1]);
+                s += "            // The window's first maximum, in row-major order.\n            long long best = -1; float bv = 0.0f;\n";
+                s += &format!("            for (long long u = 0; u < {kh}; ++u) {{\n                long long ih = y * {} - {} + u;\n                if (ih < 0 || ih >= {h}) continue;\n", p.strides[0], p.pads[0]);
+                s += &format!("                for (long long v = 0; v < {kw}; ++v) {{\n                    long long iw = z * {} - {} + v;\n                    if (iw < 0 || iw >= {w}) continue;\n", p.strides[1], p.pads[1]);
+                s += &format!("                    float xv = {};\n                    if (best < 0 || xv > bv) {{ best = ih * {w} + iw; bv = xv; }}\n                }}\n            }}\n", ld(&format!("x[ih * {w} + iw]")));
+                s += &format!(
+                    "            if (best == q2 * {w} + q3) acc += {};\n        }}\n    }}\n",
+                    ld(&format!("in1[plane * {}ull + y * {ow} + z]", oh * ow))
+                );
+            }
+            GradKind::AvgPool(p, include_pad) => {
+                // out: dx [n, c, h, w]; in0: dy [n, c, oh, ow]
+                let [_, _, oh, ow] = nchw(&self.inputs[0]);
+                let (h, w) = (a2, a3);
+                let (kh, kw) = (p.kernel[0], p.kernel[1]);
+                s += &format!("    unsigned long long plane = (q0 * {a1}ull + q1) * {}ull;\n", oh * ow);
+                s += &format!("    for (long long a = 0; a < {kh}; ++a) {{\n        long long th = q2 + {} - a;\n        if (th < 0 || th % {} != 0 || th / {} >= {oh}) continue;\n        long long y = th / {};\n", p.pads[0], p.strides[0], p.strides[0], p.strides[0]);
+                s += &format!("        for (long long b = 0; b < {kw}; ++b) {{\n            long long tw = q3 + {} - b;\n            if (tw < 0 || tw % {} != 0 || tw / {} >= {ow}) continue;\n            long long z = tw / {};\n", p.pads[1], p.strides[1], p.strides[1], p.strides[1]);
+                let (sh, sw) = (format!("y * {} - {}", p.strides[0], p.pads[0]), format!("z * {} - {}", p.strides[1], p.pads[1]));
+                if *include_pad {
+                    s += &format!("            float div = (float)max(min({sh} + {kh}, (long long){}) - ({sh}), 1ll) * (float)max(min({sw} + {kw}, (long long){}) - ({sw}), 1ll);\n", h + p.pads[2], w + p.pads[3]);
+                } else {
+                    s += &format!("            long long ch = min({sh} + {kh}, (long long){h}) - max({sh}, 0ll);\n            long long cw = min({sw} + {kw}, (long long){w}) - max({sw}, 0ll);\n            float div = (float)max(ch * cw, 1ll);\n");
+                }
+                s += &format!("            acc += {} / div;\n        }}\n    }}\n", ld(&format!("in0[plane + y * {ow} + z]")));
+            }
+            GradKind::Lrn { size, alpha, beta, bias } => {
+                // out: dx; in0: x [n, c, h, w]; in1: dy
+                let c = a1;
+                let inner = a2 * a3;
+                let (lo, hi) = ((size - 1) / 2, size / 2);
+                let k = crate::c_f32(alpha / *size as f32);
+                s += &format!("    unsigned long long base = q0 * {}ull + q2 * {a3}ull + q3;\n", c * inner);
+                s += &format!("    #define AT(ch) (base + (unsigned long long)(ch) * {inner}ull)\n");
+                s += &format!(
+                    "    float sj = 0.0f;\n    for (long long k = max(q1 - {lo}, 0ll); k <= min(q1 + {hi}, {}ll); ++k) {{ float v = {}; sj += v * v; }}\n",
+                    c - 1,
+                    ld("in0[AT(k)]")
+                );
+                s += &format!("    sj = {} + {k} * sj;\n", crate::c_f32(*bias));
+                s += &format!(
+                    "    float sum = 0.0f;\n    for (long long ii = max(q1 - {hi}, 0ll); ii <= min(q1 + {lo}, {}ll); ++ii) {{\n",
+                    c - 1
+                );
+                s += &format!(
+                    "        float si = 0.0f;\n        for (long long k = max(ii - {lo}, 0ll); k <= min(ii + {hi}, {}ll); ++k) {{ float v = {}; si += v * v; }}\n",
+                    c - 1,
+                    ld("in0[AT(k)]")
+                );
+                s += &format!("        si = {} + {k} * si;\n", crate::c_f32(*bias));
+                s += &format!(
+                    "        sum += {} * {} * powf(si, {});\n    }}\n",
+                    ld("in1[AT(ii)]"),
+                    ld("in0[AT(ii)]"),
+                    crate::c_f32(-beta - 1.0)
+                );
+                s += &format!(
+                    "    acc = {} * powf(sj, {}) - {} * {} * sum;\n    #undef AT\n",
+                    ld("in1[AT(q1)]"),
+                    crate::c_f32(-beta),
+                    crate::c_f32(2.0 * alpha * beta / *size as f32),
+                    ld("in0[AT(q1)]")
+                );
+            }
+        }
+        s += &format!("    out[i] = {store}(acc);\n}}\n");
+        s
+    }
+
+    /// Runs the description on the CPU exactly as the kernel does.
+    pub fn run_cpu(&self, inputs: &[&Tensor]) -> Tensor {
+        let ins: Vec<Vec<f32>> = inputs.iter().map(|t| t.to_f32_vec()).collect();
+        let [_, a1, a2, a3] = nchw(&self.output);
+        let mut out = vec![0f32; self.numel()];
+        let (n0, n1) = (ins[0].as_slice(), ins.get(1).map_or(&[][..], |v| v.as_slice()));
+        // Which output of a window over `len` elements (stride, pad) covers element q at offset a.
+        let covers = |q: usize, a: usize, pad: usize, stride: usize, out: usize| -> Option<usize> {
+            let t = (q + pad).checked_sub(a)?;
+            (t % stride == 0 && t / stride < out).then_some(t / stride)
+        };
+        for (i, o) in out.iter_mut().enumerate() {
+            let (q3, q2, q1, q0) = (i % a3, (i / a3) % a2, (i / (a2 * a3)) % a1, i / (a1 * a2 * a3));
+            let mut acc = 0f32;
+            match &self.kind {
+                GradKind::ConvData(c) => {
+                    let [_, m, oh, ow] = nchw(&self.inputs[0]);
+                    let [_, cg, kh, kw] = nchw(&self.inputs[1]);
+                    let mg = m / c.group;
+                    let (g, cl) = (q1 / cg, q1 % cg);
+                    for mm in 0..mg {
+                        let m_ = g * mg + mm;
+                        for a in 0..kh {
+                            let Some(y) = covers(q2, a * c.dilations[0], c.pads[0], c.strides[0], oh) else { continue };
+                            for b in 0..kw {
+                                let Some(z) = covers(q3, b * c.dilations[1], c.pads[1], c.strides[1], ow) else { continue };
+                                acc += n0[((q0 * m + m_) * oh + y) * ow + z] * n1[((m_ * cg + cl) * kh + a) * kw + b];
+                            }
+                        }
+                    }
+                }
+                GradKind::ConvWeight(c) => {
+                    let [n, ch, h, w] = nchw(&self.inputs[0]);
+                    let [_, m, oh, ow] = nchw(&self.inputs[1]);
+                    let (cg, mg) = (ch / c.group, m / c.group);
+                    let ci = (q0 / mg) * cg + q1;
+                    for b in 0..n {
+                        for y in 0..oh {
+                            let Some(ih) = (y * c.strides[0] + q2 * c.dilations[0]).checked_sub(c.pads[0]).filter(|&v| v < h) else {
+                                continue;
+                            };
+                            for x in 0..ow {
+                                let Some(iw) = (x * c.strides[1] + q3 * c.dilations[1]).checked_sub(c.pads[1]).filter(|&v| v < w) else {
+                                    continue;
+                                };
+                                acc += n1[((b * m + q0) * oh + y) * ow + x] * n0[((b * ch + ci) * h + ih) * w + iw];
+                            }
+                        }
+                    }
+                }
+                GradKind::MaxPool(p) => {
+                    let [_, _, h, w] = nchw(&self.inputs[0]);
+                    let [_, _, oh, ow] = nchw(&self.inputs[1]);
+                    let plane = q0 * a1 + q1;
+                    let x = &n0[plane * h * w..][..h * w];
+                    for a in 0..p.kernel[0] {
+                        let Some(y) = covers(q2, a, p.pads[0], p.strides[0], oh) else { continue };
+                        for b in 0..p.kernel[1] {
+                            let Some(z) = covers(q3, b, p.pads[1], p.strides[1], ow) else { continue };
+                            let mut best: Option<(usize, f32)> = None;
+                            for u in 0..p.kernel[0] {
+                                let Some(ih) = (y * p.strides[0] + u).checked_sub(p.pads[0]).filter(|&v| v < h) else { continue };
+                                for v in 0..p.kernel[1] {
+                                    let Some(iw) = (z * p.strides[1] + v).checked_sub(p.pads[1]).filter(|&v| v < w) else { continue };
+                                    let xv = x[ih * w + iw];
+                                    if best.is_none_or(|(_, bv)| xv > bv) {
+                                        best = Some((ih * w + iw, xv));
+                                    }
+                                }
+                            }
+                            if best.map(|b| b.0) == Some(q2 * w + q3) {
+                                acc += n1[plane * oh * ow + y * ow + z];
+                            }
+                        }
+                    }
+                }
+                GradKind::AvgPool(p, include_pad) => {
+                    let [_, _, oh, ow] = nchw(&self.inputs[0]);
+                    let (h, w) = (a2 as i64, a3 as i64);
+                    let plane = (q0 * a1 + q1) * oh * ow;
+                    let (kh, kw) = (p.kernel[0] as i64, p.kernel[1] as i64);
+                    for a in 0..p.kernel[0] {
+                        let Some(y) = covers(q2, a, p.pads[0], p.strides[0], oh) else { continue };
+                        for b in 0..p.kernel[1] {
+                            let Some(z) = covers(q3, b, p.pads[1], p.strides[1], ow) else { continue };
+                            let sh = (y * p.strides[0]) as i64 - p.pads[0] as i64;
+                            let sw = (z * p.strides[1]) as i64 - p.pads[1] as i64;
+                            let div = if *include_pad {
+                                ((sh + kh).min(h + p.pads[2] as i64) - sh).max(1) as f32
+                                    * ((sw + kw).min(w + p.pads[3] as i64) - sw).max(1) as f32
+                            } else {
+                                (((sh + kh).min(h) - sh.max(0)) * ((sw + kw).min(w) - sw.max(0))).max(1) as f32
+                            };
+                            acc += n0[plane + y * ow + z] / div;
+                        }
+                    }
+                }
+                GradKind::Lrn { size, alpha, beta, bias } => {
+                    let (c, inner) = (a1, a2 * a3);
+                    let (lo, hi) = ((size - 1) / 2, size / 2);
+                    let k = alpha / *size as f32;
+                    let base = q0 * c * inner + q2 * a3 + q3;
+                    let at = |ch: usize| base + ch * inner;
+                    let s = |j: usize| bias + k * (j.saturating_sub(lo)..=(j + hi).min(c - 1)).map(|m| n0[at(m)] * n0[at(m)]).sum::<f32>();
+                    let sum: f32 =
+                        (q1.saturating_sub(hi)..=(q1 + lo).min(c - 1)).map(|ii| n1[at(ii)] * n0[at(ii)] * s(ii).powf(-beta - 1.0)).sum();
+                    acc = n1[at(q1)] * s(q1).powf(-beta) - 2.0 * alpha * beta / *size as f32 * n0[at(q1)] * sum;
+                }
+            }
+            *o = acc;
+        }
+        Tensor::from_f32(self.output.clone(), out).cast(self.dtype)
+    }
+}
