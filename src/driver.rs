@@ -177,6 +177,18 @@ impl Session {
         if options.batch == Some(0) {
             return Err(Error::Usage("--batch must be at least 1".into()));
         }
+        // With gradient accumulation the graph is the micro-step's.
+        let k = options.train.as_ref().and_then(|t| t.optimizer).map_or(1, |o| o.accumulate());
+        let batch = match (k, options.batch) {
+            (1, b) => b,
+            (k, Some(b)) if b % k == 0 => Some(b / k),
+            (k, Some(b)) => {
+                return Err(Error::Usage(format!("--accumulate {k}: the batch {b} does not split into {k} equal micro-batches")))
+            }
+            (k, None) => {
+                return Err(Error::Usage(format!("--accumulate {k} needs --batch (the whole batch, split into {k} micro-batches)")))
+            }
+        };
         let graph = if let Some(name) = spec.strip_prefix("zoo:") {
             let mut sequence = None;
             for (dim, n) in &options.dims {
@@ -186,18 +198,18 @@ impl Session {
                 }
                 sequence = Some(*n);
             }
-            zoo::get_sized(name, options.batch.unwrap_or(1), sequence)?
+            zoo::get_sized(name, batch.unwrap_or(1), sequence)?
         } else {
             let path = Path::new(spec);
             if path.extension().is_some_and(|e| e == "tir") {
-                if options.batch.is_some() || !options.dims.is_empty() {
+                if batch.is_some() || !options.dims.is_empty() {
                     let flag = if options.batch.is_some() { "--batch" } else { "--dim" };
                     return Err(Error::Usage(format!("{flag} does not apply to a .tir file: its shapes are fixed")));
                 }
                 let src = std::fs::read_to_string(path).map_err(|source| IrError::Io { path: spec.to_string(), error: source })?;
                 text::parse(&src)?
             } else {
-                onnx::import_file(path, &onnx::ImportOptions { batch: options.batch, dims: options.dims.clone(), base_dir: None })?
+                onnx::import_file(path, &onnx::ImportOptions { batch, dims: options.dims.clone(), base_dir: None })?
             }
         };
         let mut s = Session::from_graph(spec, graph, options)?;

@@ -324,6 +324,10 @@ pub(crate) struct TrainArgs {
     /// default 0.01 there).
     #[arg(long, requires = "train")]
     pub(crate) weight_decay: Option<f32>,
+    /// Gradient accumulation: K micro-batches of batch/K per update (the
+    /// plan is the micro-step's; the accumulators are persistent).
+    #[arg(long, value_name = "K", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..), requires = "train")]
+    pub(crate) accumulate: u32,
     /// Keep these initializers fixed: names, `*` matching any characters. Repeatable.
     #[arg(long = "freeze", value_name = "PATTERN", requires = "train")]
     pub(crate) freeze: Vec<String>,
@@ -343,6 +347,7 @@ impl TrainArgs {
                 dampening: 0.0,
                 nesterov: self.nesterov,
                 weight_decay: wd,
+                accumulate: self.accumulate as usize,
             },
             _ => Optimizer::Adam {
                 lr: self.lr.unwrap_or(1e-3),
@@ -351,6 +356,7 @@ impl TrainArgs {
                 eps: 1e-8,
                 weight_decay: wd,
                 decoupled: opt == "adamw",
+                accumulate: self.accumulate as usize,
             },
         };
         if self.nesterov && (opt != "sgd" || self.momentum == 0.0) {

@@ -173,11 +173,16 @@ pub fn train_breakdown(g: &KernelGraph, plan: &Plan, forward: &std::collections:
     use smelt_ir::traits::Kind;
     let mut b = TrainBreakdown::default();
     let is_fwd = |n: smelt_ir::NodeId| !g.origin(n).is_empty() && g.origin(n).iter().all(|o| forward.contains(o));
-    let mut states = std::collections::HashSet::new();
+    let (mut states, mut accumulators) = (std::collections::HashSet::new(), std::collections::HashSet::new());
     let mut grad_buffers = std::collections::HashSet::new();
     for u in g.node_ids().filter(|&u| g.node(u).op.traits().kind == Kind::Update) {
         let ins = g.inputs_of(u);
-        states.extend(ins.iter().skip(3).map(|v| v.node));
+        let acc = match g.node(u).op.semantic() {
+            Some(Op::Update(o)) if o.accumulate() > 1 => 1,
+            _ => 0,
+        };
+        accumulators.extend(ins.iter().skip(3).take(acc).map(|v| v.node));
+        states.extend(ins.iter().skip(3 + acc).map(|v| v.node));
         if let Some(grad) = ins.get(1) {
             b.gradients_if_all_kept += g.ty(*grad).bytes();
             if let Some(p) = plan.placements.get(grad) {
@@ -190,6 +195,7 @@ pub fn train_breakdown(g: &KernelGraph, plan: &Plan, forward: &std::collections:
         match g.node(n).op.semantic() {
             Some(Op::Parameter) => b.parameters.add(ty.dtype, ty.bytes()),
             Some(Op::State) if states.contains(&n) => b.optimizer_state.add(ty.dtype, ty.bytes()),
+            Some(Op::State) if accumulators.contains(&n) => b.accumulators.add(ty.dtype, ty.bytes()),
             Some(Op::State) => b.other_state.add(ty.dtype, ty.bytes()),
             Some(Op::Constant) => b.frozen.add(ty.dtype, ty.bytes()),
             _ => {}

@@ -180,10 +180,11 @@ fn samples() -> Vec<(KernelOp, Vec<TensorType>)> {
     v.push((KernelOp::Op(Op::AvgPoolGrad { pool: window, count_include_pad: false, shape: vec![1, 4, 5, 5] }), vec![x.clone()]));
     v.push((KernelOp::Op(Op::LrnGrad { size: 3, alpha: 1e-4, beta: 0.75, bias: 1.0 }), vec![x.clone(), x.clone()]));
     let p = f32t(&[4, 5]);
-    let sgd = smelt_ir::Optimizer::Sgd { lr: 0.1, momentum: 0.9, dampening: 0.0, nesterov: true, weight_decay: 1e-4 };
-    let adam = smelt_ir::Optimizer::Adam { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0, decoupled: false };
+    let sgd = smelt_ir::Optimizer::Sgd { lr: 0.1, momentum: 0.9, dampening: 0.0, nesterov: true, weight_decay: 1e-4, accumulate: 1 };
+    let adam =
+        smelt_ir::Optimizer::Adam { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0, decoupled: false, accumulate: 3 };
     v.push((KernelOp::Op(Op::Update(sgd)), vec![p.clone(), p.clone(), f32t(&[]), p.clone()]));
-    v.push((KernelOp::Op(Op::Update(adam)), vec![p.clone(), p.clone(), f32t(&[]), p.clone(), p.clone()]));
+    v.push((KernelOp::Op(Op::Update(adam)), vec![p.clone(), p.clone(), f32t(&[]), p.clone(), p.clone(), p.clone()]));
     v.push((KernelOp::Op(Op::Update(smelt_ir::Optimizer::Count)), vec![f32t(&[])]));
     for (op, _) in &v {
         covered(op);

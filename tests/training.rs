@@ -20,8 +20,9 @@ fn dir(case: &str) -> PathBuf {
 
 /// PyTorch's optimizer of each case directory, as `make_training.py` makes it.
 fn optimizer(name: &str) -> Optimizer {
-    let sgd = |nesterov, weight_decay| Optimizer::Sgd { lr: 0.05, momentum: 0.9, dampening: 0.0, nesterov, weight_decay };
-    let adam = |weight_decay, decoupled| Optimizer::Adam { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay, decoupled };
+    let sgd = |nesterov, weight_decay| Optimizer::Sgd { lr: 0.05, momentum: 0.9, dampening: 0.0, nesterov, weight_decay, accumulate: 1 };
+    let adam =
+        |weight_decay, decoupled| Optimizer::Adam { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay, decoupled, accumulate: 1 };
     match name {
         "sgd" => sgd(false, 1e-4),
         "sgd_nesterov" => sgd(true, 0.0),
@@ -364,5 +365,65 @@ fn backward_keeps_no_conv_output_before_a_frozen_batch_norm() {
         for v in g.inputs_of(n) {
             assert!(!matches!(g.node(v.node).op, Op::BatchNorm { .. }), "a ReLU mask reads the batch norm's output, not the ReLU's");
         }
+    }
+}
+
+/// Rows `from..to` of a tensor's leading dimension.
+fn rows(t: &Tensor, from: usize, to: usize) -> Tensor {
+    let per: usize = t.shape()[1..].iter().product();
+    let mut shape = t.shape().to_vec();
+    shape[0] = to - from;
+    match t.data() {
+        smelt_ir::TensorData::I64(v) => Tensor::from_i64(shape, v[from * per..to * per].to_vec()),
+        _ => Tensor::from_f32(shape, t.to_f32_vec()[from * per..to * per].to_vec()),
+    }
+}
+
+/// Gradient accumulation over K micro-batches equals one step on the whole
+/// batch (batch norm frozen): two updates of SGD with momentum and of Adam,
+/// each from 2 micro-batches of 2 against steps on the batch of 4.
+#[test]
+fn accumulation_over_micro_batches_equals_the_whole_batch() {
+    let d = dir("cnn");
+    let x = read_tensor_file(&d.join("input_0.pb")).unwrap().1;
+    let labels = read_tensor_file(&d.join("labels.pb")).unwrap().1;
+    for opt in ["sgd", "adam"] {
+        let with = |k: usize| {
+            let mut o = optimizer(opt);
+            match &mut o {
+                Optimizer::Sgd { accumulate, .. } | Optimizer::Adam { accumulate, .. } => *accumulate = k,
+                Optimizer::Count => unreachable!(),
+            }
+            TrainConfig { loss: Loss::CrossEntropy { smoothing: 0.0 }, loss_on: None, optimizer: Some(o), freeze: vec![] }
+        };
+        let path = d.join("model.onnx");
+        let open = |k: usize| {
+            let opts = smelt::Options { batch: Some(4), train: Some(with(k)), ..Default::default() };
+            smelt::Session::open(path.to_str().unwrap(), opts).unwrap_or_else(|e| panic!("{opt} k={k}: {e}"))
+        };
+        let (whole, micro) = (open(1), open(2));
+        assert_eq!(micro.batch(), Some(2), "the accumulating step is the micro-batch's");
+        let (mut gw, mut gm) = (whole.source.clone(), micro.source.clone());
+        for _ in 0..2 {
+            smelt_runtime::cpu::run_step(&mut gw, &[x.clone(), labels.clone()]).unwrap();
+            for half in [0, 2] {
+                smelt_runtime::cpu::run_step(&mut gm, &[rows(&x, half, half + 2), rows(&labels, half, half + 2)]).unwrap();
+            }
+        }
+        let mut n = 0;
+        for id in gw.node_ids().filter(|&i| gw.node(i).op == Op::Parameter) {
+            let name = &gw.node(id).name;
+            let other = gm.node_ids().find(|&i| gm.node(i).name == *name).unwrap();
+            let c = smelt::compare(gm.weight(other).unwrap(), gw.weight(id).unwrap(), 1e-4, 1e-6);
+            assert!(c.ok, "{opt}: {name} after accumulation differs from whole-batch steps: {c:?}");
+            n += 1;
+        }
+        // The accumulators are zero after each update.
+        let accs: Vec<_> = gm.node_ids().filter(|&i| gm.node(i).name.ends_with(".grad_acc")).collect();
+        assert_eq!(accs.len(), 10, "{opt}: an accumulator per parameter");
+        for id in accs {
+            assert!(gm.weight(id).unwrap().to_f32_vec().iter().all(|&v| v == 0.0), "{opt}: accumulator not reset");
+        }
+        assert_eq!(n, 10);
     }
 }

@@ -115,7 +115,9 @@ fn print_text(a: &PlanArgs, report: &MemoryReport, plain_report: &MemoryReport, 
 fn print_training(a: &PlanArgs, t: &smelt::plan::TrainBreakdown, tr: &smelt::Training) -> Result<()> {
     use smelt::plan::Bytes;
     let opt = a.model.train.train.as_deref().unwrap_or("?");
-    outln!("\ntraining step ({opt}, {} parameters trained): where the bytes go (with fusion)", tr.step.params.len());
+    let k = a.model.train.accumulate.max(1);
+    let micro = if k > 1 { format!(", micro-steps of 1/{k} of the batch") } else { String::new() };
+    outln!("\ntraining step ({opt}, {} parameters trained{micro}): where the bytes go (with fusion)", tr.step.params.len());
     let line = |label: &str, b: &Bytes, what: &str| -> Result<()> {
         let dt: Vec<String> = b.by_dtype.iter().map(|(d, n)| format!("{d} {}", human_bytes(*n))).collect();
         outln!("  {label:<22}{:>12}  {:<28}{what}", human_bytes(b.bytes), dt.join(", "));
@@ -124,7 +126,11 @@ fn print_training(a: &PlanArgs, t: &smelt::plan::TrainBreakdown, tr: &smelt::Tra
     outln!("persistent (outside the arena): {}", human_bytes(t.persistent_bytes));
     line("parameters", &t.parameters, &format!("{} tensors, f32 master weights", t.parameters.count))?;
     line("optimizer state", &t.optimizer_state, &format!("{} tensors", t.optimizer_state.count))?;
-    line("accumulators", &t.accumulators, "none without --accumulate")?;
+    line(
+        "accumulators",
+        &t.accumulators,
+        if t.accumulators.count > 0 { "gradient sums over the micro-batches" } else { "none without --accumulate" },
+    )?;
     line("frozen", &t.frozen, "initializers not trained, running statistics")?;
     line("other state", &t.other_state, "the step counter")?;
     outln!(

@@ -567,6 +567,8 @@ pub enum Optimizer {
         nesterov: bool,
         /// L2 penalty added to the gradient.
         weight_decay: f32,
+        /// Micro-steps per update (1: none); see [`Optimizer::accumulate`].
+        accumulate: usize,
     },
     /// Adam, or AdamW when `decoupled`. State: the first and second moments.
     Adam {
@@ -582,18 +584,33 @@ pub enum Optimizer {
         weight_decay: f32,
         /// AdamW: `p -= lr wd p` instead of adding `wd p` to the gradient.
         decoupled: bool,
+        /// Micro-steps per update (1: none); see [`Optimizer::accumulate`].
+        accumulate: usize,
     },
     /// The step counter: `t + 1`, after every other update has read `t`.
     Count,
 }
 
 impl Optimizer {
-    /// How many state tensors of the parameter's shape it keeps.
+    /// How many state tensors of the parameter's shape it keeps: the
+    /// gradient accumulator first (when accumulating), then the rule's own.
     pub fn states(&self) -> usize {
+        let acc = usize::from(self.accumulate() > 1);
         match self {
-            Optimizer::Sgd { momentum, .. } => usize::from(*momentum != 0.0),
-            Optimizer::Adam { .. } => 2,
+            Optimizer::Sgd { momentum, .. } => acc + usize::from(*momentum != 0.0),
+            Optimizer::Adam { .. } => acc + 2,
             Optimizer::Count => 0,
+        }
+    }
+
+    /// Gradient accumulation: with K > 1, each step is a micro-step that
+    /// adds its gradient into the accumulator (the first state); every K-th
+    /// (the step counter says which) applies the rule to the accumulated
+    /// mean `(acc + g) / K` and zeroes the accumulator.
+    pub fn accumulate(&self) -> usize {
+        match self {
+            Optimizer::Sgd { accumulate, .. } | Optimizer::Adam { accumulate, .. } => *accumulate,
+            Optimizer::Count => 1,
         }
     }
 

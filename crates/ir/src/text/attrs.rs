@@ -75,20 +75,22 @@ pub fn attrs_of(op: &Op) -> Vec<(&'static str, Attr)> {
         Op::LrnGrad { size, alpha, beta, bias } => {
             vec![("size", Int(*size as i64)), ("alpha", Float(*alpha)), ("beta", Float(*beta)), ("bias", Float(*bias))]
         }
-        Op::Update(Optimizer::Sgd { lr, momentum, dampening, nesterov, weight_decay }) => vec![
+        Op::Update(Optimizer::Sgd { lr, momentum, dampening, nesterov, weight_decay, accumulate }) => vec![
             ("lr", Float(*lr)),
             ("momentum", Float(*momentum)),
             ("dampening", Float(*dampening)),
             ("nesterov", Bool(*nesterov)),
             ("weight_decay", Float(*weight_decay)),
+            ("accumulate", Int(*accumulate as i64)),
         ],
-        Op::Update(Optimizer::Adam { lr, beta1, beta2, eps, weight_decay, decoupled }) => vec![
+        Op::Update(Optimizer::Adam { lr, beta1, beta2, eps, weight_decay, decoupled, accumulate }) => vec![
             ("lr", Float(*lr)),
             ("beta1", Float(*beta1)),
             ("beta2", Float(*beta2)),
             ("eps", Float(*eps)),
             ("weight_decay", Float(*weight_decay)),
             ("decoupled", Bool(*decoupled)),
+            ("accumulate", Int(*accumulate as i64)),
         ],
         Op::Update(Optimizer::Count) => vec![],
         Op::BatchNorm { epsilon } => vec![("epsilon", Float(*epsilon))],
@@ -299,6 +301,7 @@ pub fn op_from(name: &str, mut a: Attrs) -> Result<Op, String> {
             dampening: a.float("dampening")?,
             nesterov: a.bool("nesterov")?,
             weight_decay: a.float("weight_decay")?,
+            accumulate: a.usize("accumulate")?.max(1),
         })),
         "adam_update" => Ok(Op::Update(Optimizer::Adam {
             lr: a.float("lr")?,
@@ -307,6 +310,7 @@ pub fn op_from(name: &str, mut a: Attrs) -> Result<Op, String> {
             eps: a.float("eps")?,
             weight_decay: a.float("weight_decay")?,
             decoupled: a.bool("decoupled")?,
+            accumulate: a.usize("accumulate")?.max(1),
         })),
         "count_update" => Ok(Op::Update(Optimizer::Count)),
         "dropout" => Ok(Op::Dropout),

@@ -343,10 +343,11 @@ pub fn training_step(model: &Graph, cfg: &TrainConfig) -> Result<TrainStep, Trai
             (Some(o), Some(step)) => {
                 let ty = ad.g.ty(*p).clone();
                 let mut ins = vec![*p, d, step];
-                let suffixes: &[&str] = match o {
+                let mut suffixes: Vec<&str> = if o.accumulate() > 1 { vec!["grad_acc"] } else { vec![] };
+                suffixes.extend_from_slice(match o {
                     Optimizer::Sgd { .. } => &["momentum"],
                     _ => &["adam_m", "adam_v"],
-                };
+                });
                 for s in &suffixes[..o.states()] {
                     ins.push(ad.g.add_persistent(Op::State, format!("{name}.{s}"), Arc::new(Tensor::full(&ty, 0.0))));
                 }

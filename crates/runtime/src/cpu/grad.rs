@@ -158,36 +158,54 @@ pub(crate) fn lrn_grad(x: &Tensor, dy: &Tensor, size: usize, alpha: f32, beta: f
 }
 
 /// One optimizer step: the new parameter, then the new state tensors, as
-/// PyTorch's `torch.optim` computes them (bias corrections in f64).
+/// PyTorch's `torch.optim` computes them (bias corrections in f64). With
+/// accumulation, a micro-step that does not apply only adds its gradient
+/// into the accumulator.
 pub(crate) fn update(o: &Optimizer, args: &[std::sync::Arc<Tensor>]) -> Vec<Vec<f32>> {
     let t = f32s(&args[if *o == Optimizer::Count { 0 } else { 2 }])[0];
     if *o == Optimizer::Count {
         return vec![vec![t + 1.0]];
     }
-    let (mut p, g) = (f32s(&args[0]).into_owned(), f32s(&args[1]));
-    let step = t as f64 + 1.0;
+    let k = o.accumulate().max(1);
+    let (mut p, g) = (f32s(&args[0]).into_owned(), f32s(&args[1]).into_owned());
+    let mut states: Vec<Vec<f32>> = args[3..].iter().map(|a| f32s(a).into_owned()).collect();
+    // The micro-step index and, when it applies, the optimizer's step (1-based).
+    let micro = t as u64;
+    let g = if k > 1 {
+        let acc = &mut states[0];
+        if (micro + 1) % k as u64 != 0 {
+            acc.iter_mut().zip(&g).for_each(|(a, g)| *a += g);
+            let mut out = vec![p];
+            out.extend(states);
+            return out;
+        }
+        let mean: Vec<f32> = acc.iter().zip(&g).map(|(a, g)| (a + g) / k as f32).collect();
+        acc.iter_mut().for_each(|a| *a = 0.0);
+        mean
+    } else {
+        g
+    };
+    let step = (micro / k as u64 + 1) as f64;
+    let first = step == 1.0;
+    let own = usize::from(k > 1);
     match *o {
-        Optimizer::Sgd { lr, momentum, dampening, nesterov, weight_decay } => {
-            let mut buf = if momentum != 0.0 { f32s(&args[3]).into_owned() } else { Vec::new() };
+        Optimizer::Sgd { lr, momentum, dampening, nesterov, weight_decay, .. } => {
             for i in 0..p.len() {
                 let mut d = g[i] + weight_decay * p[i];
                 if momentum != 0.0 {
-                    buf[i] = if t == 0.0 { d } else { momentum * buf[i] + (1.0 - dampening) * d };
+                    let buf = &mut states[own];
+                    buf[i] = if first { d } else { momentum * buf[i] + (1.0 - dampening) * d };
                     d = if nesterov { d + momentum * buf[i] } else { buf[i] };
                 }
                 p[i] -= lr * d;
             }
-            if momentum != 0.0 {
-                vec![p, buf]
-            } else {
-                vec![p]
-            }
         }
-        Optimizer::Adam { lr, beta1, beta2, eps, weight_decay, decoupled } => {
-            let (mut m, mut v) = (f32s(&args[3]).into_owned(), f32s(&args[4]).into_owned());
+        Optimizer::Adam { lr, beta1, beta2, eps, weight_decay, decoupled, .. } => {
             let bc1 = 1.0 - (beta1 as f64).powf(step);
             let bc2_sqrt = (1.0 - (beta2 as f64).powf(step)).sqrt() as f32;
             let step_size = (lr as f64 / bc1) as f32;
+            let (m, v) = states[own..].split_at_mut(1);
+            let (m, v) = (&mut m[0], &mut v[0]);
             for i in 0..p.len() {
                 let mut d = g[i];
                 if decoupled {
@@ -200,8 +218,10 @@ pub(crate) fn update(o: &Optimizer, args: &[std::sync::Arc<Tensor>]) -> Vec<Vec<
                 let denom = v[i].sqrt() / bc2_sqrt + eps;
                 p[i] -= step_size * m[i] / denom;
             }
-            vec![p, m, v]
         }
         Optimizer::Count => unreachable!("handled above"),
     }
+    let mut out = vec![p];
+    out.extend(states);
+    out
 }
