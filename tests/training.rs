@@ -427,3 +427,71 @@ fn accumulation_over_micro_batches_equals_the_whole_batch() {
         assert_eq!(n, 10);
     }
 }
+
+/// The whole training step as generated CUDA C: the program of each case
+/// (fused, planned, every backward op and update a kernel) runs three steps
+/// on the emulator, every kernel checked against its description on the
+/// operands it was given, the parameters and state updated in place in the
+/// weights blob; the weights after three steps are PyTorch's. The program's
+/// CPU run (the descriptions over the arena and blob) is checked too, and
+/// NVRTC compiles every kernel (ptxas: no spills).
+#[test]
+fn training_steps_run_as_cuda_c_on_the_emulator() {
+    let nvrtc = common::nvrtc_compiler("training");
+    let mut sources = std::collections::BTreeMap::new();
+    for case in ["cnn", "resnet_blocks", "mlp"] {
+        let d = dir(case);
+        let x = read_tensor_file(&d.join("input_0.pb")).unwrap().1;
+        let labels = read_tensor_file(&d.join("labels.pb")).unwrap().1;
+        for opt in ["sgd", "adam"] {
+            let cfg =
+                TrainConfig { loss: Loss::CrossEntropy { smoothing: 0.0 }, loss_on: None, optimizer: Some(optimizer(opt)), freeze: vec![] };
+            let opts = smelt::Options { train: Some(cfg), ..Default::default() };
+            let mut s = smelt::Session::open(d.join("model.onnx").to_str().unwrap(), opts).unwrap();
+            let compiled = s.compile().unwrap();
+            let planned = s.plan(&compiled).unwrap();
+            let program = s.program(&compiled, &planned).unwrap_or_else(|e| panic!("{case}/{opt}: {e}"));
+            let kinds: std::collections::BTreeSet<&str> = program.steps.iter().map(|st| st.kernel.kind()).collect();
+            assert!(kinds.contains("update") && (case == "mlp" || kinds.contains("grad")), "{case}: {kinds:?}");
+            sources.extend(program.sources());
+            let blob = program.weights_blob(&compiled.graph).unwrap();
+            let inputs = [x.clone(), labels.clone()];
+            // The descriptions, one step: the same outputs as the reference's first step.
+            let cpu = program.run_cpu(&blob, &inputs).unwrap();
+            let want = smelt_runtime::cpu::run(&compiled.graph, &inputs).unwrap();
+            for (i, (a, b)) in cpu.iter().zip(&want).enumerate() {
+                let c = smelt::compare(a, b, 1e-5, 1e-7);
+                assert!(c.ok, "{case}/{opt}: program output {} on the CPU: {c:?}", program.outputs[i].name);
+            }
+            let mut exec = smelt_runtime::emu::executor(program.clone(), &blob, &|_| {}).unwrap_or_else(|e| panic!("{e}"));
+            let mut outs = Vec::new();
+            for _ in 0..3 {
+                let (o, checks) = exec.run_checked(&inputs, 1e-5).unwrap_or_else(|e| panic!("{case}/{opt}: {e}"));
+                let bad: Vec<String> =
+                    checks.iter().filter(|c| !c.ok).map(|c| format!("{} ({}): {:.3e} of range", c.kernel, c.node, c.of_range)).collect();
+                assert!(bad.is_empty(), "{case}/{opt}: kernels disagree with their descriptions:\n{}", bad.join("\n"));
+                outs = o;
+            }
+            let mut n = 0;
+            for (io, got) in program.outputs.iter().zip(&outs) {
+                let path = d.join(opt).join(format!("{}.pb", io.name));
+                if let Ok((_, want)) = read_tensor_file(&path) {
+                    let c = smelt::compare(got, &want, 1e-4, 1e-6);
+                    assert!(c.ok, "{case}/{opt}: {} after 3 steps on the emulator differs from PyTorch's: {c:?}", io.name);
+                    n += 1;
+                }
+            }
+            assert_eq!(n, std::fs::read_dir(d.join(opt)).unwrap().count() - 1, "{case}/{opt}");
+            println!(
+                "{case}/{opt}: {} kernels ({kinds:?}) on the emulator, {n} parameters after 3 steps match PyTorch's",
+                program.steps.len()
+            );
+        }
+    }
+    if let Some(nv) = nvrtc {
+        let all: Vec<(String, String)> = sources.into_iter().collect();
+        let done = smelt_codegen::program::compile_all(&nv, &all, 2, &|_| {}).unwrap_or_else(|e| panic!("{e}"));
+        common::ptxas_has_no_spills(&done);
+        println!("NVRTC compiled the {} distinct kernels of the training steps", done.len());
+    }
+}

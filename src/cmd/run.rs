@@ -238,20 +238,32 @@ fn drive<D: Device>(
 ) -> Result<bool> {
     let (arena, weights_bytes) = (exec.program().arena, exec.program().weights_bytes);
     let (profile, json_out, emulated) = (args.profile, a.json, args.backend == "emulator");
-    let repeat = if emulated { 1 } else { args.repeat.max(1) };
+    // A training step updates its weights in place: every run is one more
+    // step, so it runs exactly once (and is compared with the reference's one).
+    let training = exec.program().steps.iter().any(|s| s.kernel.kind() == "update");
+    if training && profile {
+        anyhow::bail!("--profile runs the program again: a training step would take more steps; profile the forward pass without --train");
+    }
+    let repeat = if emulated || training { 1 } else { args.repeat.max(1) };
     let mut bad_kernels = 0;
     let ok = report(fused, a, reference, &mut |ins| {
         let mut checks = Vec::new();
-        if args.check_kernels {
-            let (_, c) = exec.run_checked(ins, args.kernel_rtol)?;
-            checks = c;
-        }
-        if !emulated {
-            exec.run(ins, false)?; // warm-up: module JIT, first-touch costs
-        }
         let mut times = Vec::with_capacity(repeat);
         let mut last = None;
-        for _ in 0..repeat {
+        if args.check_kernels {
+            let t = std::time::Instant::now();
+            let (outs, c) = exec.run_checked(ins, args.kernel_rtol)?;
+            checks = c;
+            if training {
+                times.push(t.elapsed().as_secs_f64() * 1e3); // with the checks' copies
+
+                last = Some(outs);
+            }
+        }
+        if !emulated && !training {
+            exec.run(ins, false)?; // warm-up: module JIT, first-touch costs
+        }
+        for _ in 0..repeat.saturating_sub(times.len()) {
             let (outs, ms, _) = exec.run(ins, false)?;
             times.push(ms);
             last = Some(outs);

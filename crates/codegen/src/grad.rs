@@ -168,13 +168,13 @@ impl Grad {
                 let [_, _, h, w] = nchw(&self.inputs[0]);
                 let [_, _, oh, ow] = nchw(&self.inputs[1]);
                 let (kh, kw) = (p.kernel[0], p.kernel[1]);
-                s += &format!("    unsigned long long plane = (q0 * {a1}ull + q1);\n    const {ty}* x = in0 + plane * {}ull;\n", h * w);
+                s += &format!("    unsigned long long plane = (q0 * {a1}ull + q1), xp = plane * {}ull;\n", h * w);
                 s += &format!("    for (long long a = 0; a < {kh}; ++a) {{\n        long long th = q2 + {} - a;\n        if (th < 0 || th % {} != 0 || th / {} >= {oh}) continue;\n        long long y = th / {};\n", p.pads[0], p.strides[0], p.strides[0], p.strides[0]);
                 s += &format!("        for (long long b = 0; b < {kw}; ++b) {{\n            long long tw = q3 + {} - b;\n            if (tw < 0 || tw % {} != 0 || tw / {} >= {ow}) continue;\n            long long z = tw / {};\n", p.pads[1], p.strides[1], p.strides[1], p.strides[1]);
                 s += "            // The window's first maximum, in row-major order.\n            long long best = -1; float bv = 0.0f;\n";
                 s += &format!("            for (long long u = 0; u < {kh}; ++u) {{\n                long long ih = y * {} - {} + u;\n                if (ih < 0 || ih >= {h}) continue;\n", p.strides[0], p.pads[0]);
                 s += &format!("                for (long long v = 0; v < {kw}; ++v) {{\n                    long long iw = z * {} - {} + v;\n                    if (iw < 0 || iw >= {w}) continue;\n", p.strides[1], p.pads[1]);
-                s += &format!("                    float xv = {};\n                    if (best < 0 || xv > bv) {{ best = ih * {w} + iw; bv = xv; }}\n                }}\n            }}\n", ld(&format!("x[ih * {w} + iw]")));
+                s += &format!("                    float xv = {};\n                    if (best < 0 || xv > bv) {{ best = ih * {w} + iw; bv = xv; }}\n                }}\n            }}\n", ld(&format!("in0[xp + ih * {w} + iw]")));
                 s += &format!(
                     "            if (best == q2 * {w} + q3) acc += {};\n        }}\n    }}\n",
                     ld(&format!("in1[plane * {}ull + y * {ow} + z]", oh * ow))

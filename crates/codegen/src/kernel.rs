@@ -10,6 +10,7 @@ use crate::layout::Layout;
 use crate::pool::Pool;
 use crate::reduce::Reduction;
 use crate::select::Select;
+use crate::update::Update;
 use crate::CodegenError;
 use smelt_ir::traits::Lowering;
 use smelt_ir::{KernelGraph, NodeId, OpSet, Tensor};
@@ -38,6 +39,8 @@ pub enum Kernel {
     Attention(Attention),
     /// A backward op: convolution, pooling or LRN gradient.
     Grad(Grad),
+    /// An optimizer update, in place in the weights blob (no output).
+    Update(Update),
 }
 
 /// Launch geometry, and the trailing scalar argument (an element or row
@@ -114,6 +117,9 @@ impl Kernel {
         if let Some(d) = Grad::of(g, id) {
             return Some(Kernel::Grad(d));
         }
+        if let Some(u) = Update::of(g, id) {
+            return Some(Kernel::Update(u));
+        }
         Elementwise::of(g, id).map(Kernel::Elementwise)
     }
 
@@ -129,6 +135,7 @@ impl Kernel {
             Kernel::Select(k) => &k.name,
             Kernel::Attention(k) => &k.name,
             Kernel::Grad(k) => &k.name,
+            Kernel::Update(k) => &k.name,
         }
     }
 
@@ -144,10 +151,11 @@ impl Kernel {
             Kernel::Select(k) => k.name = name,
             Kernel::Attention(k) => k.name = name,
             Kernel::Grad(k) => k.name = name,
+            Kernel::Update(k) => k.name = name,
         }
     }
 
-    /// The kind, for reports: `elementwise`, `pool`, `reduction`, `layout`, `gemm`, `conv`, `select`, `attention`, `grad`.
+    /// The kind, for reports: `elementwise`, `pool`, `reduction`, `layout`, `gemm`, `conv`, `select`, `attention`, `grad`, `update`.
     pub fn kind(&self) -> &'static str {
         match self {
             Kernel::Elementwise(_) => "elementwise",
@@ -159,6 +167,7 @@ impl Kernel {
             Kernel::Select(_) => "select",
             Kernel::Attention(_) => "attention",
             Kernel::Grad(_) => "grad",
+            Kernel::Update(_) => "update",
         }
     }
 
@@ -174,6 +183,7 @@ impl Kernel {
             Kernel::Select(k) => k.cuda(),
             Kernel::Attention(k) => k.cuda(),
             Kernel::Grad(k) => k.cuda(),
+            Kernel::Update(k) => k.cuda(),
         }
     }
 
@@ -186,6 +196,8 @@ impl Kernel {
             Kernel::Layout(k) => linear(k.numel()),
             Kernel::Select(k) => linear(k.numel()),
             Kernel::Grad(k) => linear(k.numel()),
+            Kernel::Update(k) if k.optimizer == smelt_ir::Optimizer::Count => Launch { grid: [1, 1, 1], block: [1, 1, 1], count: None },
+            Kernel::Update(k) => linear(k.n),
             Kernel::Attention(k) => Launch { grid: k.grid(), block: [crate::attention::ROWS, 1, 1], count: None },
             Kernel::Gemm(k) => {
                 let (x, y) = k.grid();
@@ -207,10 +219,22 @@ impl Kernel {
             Kernel::Select(k) => k.numel(),
             Kernel::Attention(k) => 2 * k.macs(),
             Kernel::Grad(k) => 2 * k.macs(),
+            Kernel::Update(k) => 10 * k.n,
         }
     }
 
-    /// Runs the description on the CPU (inputs in the node's order).
+    /// The operands a kernel writes in place, by index (an update's
+    /// parameter and state); empty for kernels that write an output.
+    pub fn written(&self) -> Vec<usize> {
+        match self {
+            Kernel::Update(k) => k.written(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Runs the description on the CPU (inputs in the node's order). An
+    /// update returns its parameter's new value ([`Kernel::run_in_place`]
+    /// has all it writes).
     pub fn run_cpu(&self, inputs: &[&Tensor]) -> Tensor {
         match self {
             Kernel::Elementwise(k) => k.run_cpu(inputs),
@@ -222,6 +246,16 @@ impl Kernel {
             Kernel::Select(k) => k.run_cpu(inputs),
             Kernel::Attention(k) => k.run_cpu(inputs),
             Kernel::Grad(k) => k.run_cpu(inputs),
+            Kernel::Update(k) => k.run_in_place(inputs).swap_remove(0),
+        }
+    }
+
+    /// The new values of the operands it writes ([`Kernel::written`]), in
+    /// that order; for other kernels, the output.
+    pub fn run_in_place(&self, inputs: &[&Tensor]) -> Vec<Tensor> {
+        match self {
+            Kernel::Update(k) => k.run_in_place(inputs),
+            k => vec![k.run_cpu(inputs)],
         }
     }
 }

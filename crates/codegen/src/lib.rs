@@ -20,6 +20,7 @@ pub mod program;
 pub mod ptxas;
 pub mod reduce;
 pub mod select;
+pub mod update;
 
 pub use cache::Cache;
 pub use error::CodegenError;

@@ -74,14 +74,18 @@ pub struct WeightSlot {
     pub bytes: usize,
 }
 
-/// A graph input or output and where it lives in the arena.
+/// A graph input or output and where it lives: in the arena, or (the
+/// result of an optimizer update) in the weights blob, over the value it
+/// replaced.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct Io {
     /// Its name.
     pub name: String,
     /// Its type, e.g. `f32[1,3,224,224]`.
     pub ty: String,
-    /// Byte offset in the arena.
+    /// Arena or weights.
+    pub space: Space,
+    /// Byte offset in the arena (or the weights blob).
     pub offset: usize,
     /// Bytes.
     pub bytes: usize,
@@ -144,6 +148,8 @@ fn params(k: &Kernel, n: usize) -> Vec<String> {
             None => ["a", "b", "c"].iter().take(n).map(|s| s.to_string()).chain(["out".to_string()]).collect(),
         },
         Kernel::Pool(_) => vec!["in".into(), "out".into()],
+        // Writes its operands in place: no output.
+        Kernel::Update(u) => return u.params(),
         Kernel::Attention(a) => ["q", "kt", "v"]
             .iter()
             .map(|s| s.to_string())
@@ -253,6 +259,16 @@ impl Program {
         }
         let io = |v: ValueId, name: String| -> Result<Io, CodegenError> {
             let ty = g.ty(v);
+            // An update's result lives where the value it replaced does.
+            if let Some(i) = g.node(v.node).op.semantic().and_then(|op| op.updated_operand(v.slot as usize)) {
+                let target = g.inputs_of(v.node)[i].node;
+                let offset = *weight_at.get(&target).ok_or_else(|| CodegenError::Unsupported {
+                    node: g.node(v.node).name.clone(),
+                    op: g.node(v.node).op.name().to_string(),
+                    detail: format!("output {name} replaces {}, which no kernel reads", g.node(target).name),
+                })?;
+                return Ok(Io { name, ty: ty.to_string(), space: Space::Weights, offset, bytes: ty.bytes() });
+            }
             let offset = match plan.placements.get(&v) {
                 Some(p) if p.intervals.len() == 1 => p.intervals[0].0,
                 _ => {
@@ -263,7 +279,7 @@ impl Program {
                     })
                 }
             };
-            Ok(Io { name, ty: ty.to_string(), offset, bytes: ty.bytes() })
+            Ok(Io { name, ty: ty.to_string(), space: Space::Arena, offset, bytes: ty.bytes() })
         };
         let inputs = g.inputs().iter().map(|&n| io(ValueId { node: n, slot: 0 }, g.node(n).name.clone())).collect::<Result<_, _>>()?;
         let outputs = g.outputs().iter().map(|(name, v)| io(*v, name.clone())).collect::<Result<_, _>>()?;
@@ -315,6 +331,8 @@ impl Program {
             )));
         }
         let mut arena = vec![0u8; self.arena];
+        // Updates write the parameters and their state: a copy of the blob.
+        let mut weights = weights.to_vec();
         for (io, t) in self.inputs.iter().zip(inputs) {
             let b = t.data().to_le_bytes();
             if b.len() != io.bytes {
@@ -323,18 +341,27 @@ impl Program {
             arena[io.offset..io.offset + io.bytes].copy_from_slice(&b);
         }
         for s in &self.steps {
-            let (out, ins) = s.args.split_last().expect("every kernel has an output");
+            let written = s.kernel.written();
+            let ins = if written.is_empty() { &s.args[..s.args.len() - 1] } else { &s.args[..] };
             let ts: Vec<Tensor> = ins
                 .iter()
                 .map(|a| {
-                    let mem = if a.space == Space::Arena { &arena[..] } else { weights };
+                    let mem = if a.space == Space::Arena { &arena[..] } else { &weights[..] };
                     Tensor::from_le_bytes(&a.ty, &mem[a.offset..a.offset + a.bytes]).expect("sizes match the type")
                 })
                 .collect();
-            let y = s.kernel.run_cpu(&ts.iter().collect::<Vec<_>>());
-            arena[out.offset..out.offset + out.bytes].copy_from_slice(&y.data().to_le_bytes());
+            let ys = s.kernel.run_in_place(&ts.iter().collect::<Vec<_>>());
+            let targets: Vec<&Arg> =
+                if written.is_empty() { vec![s.args.last().expect("an output")] } else { written.iter().map(|&i| &s.args[i]).collect() };
+            for (a, y) in targets.into_iter().zip(ys) {
+                let mem = if a.space == Space::Arena { &mut arena[..] } else { &mut weights[..] };
+                mem[a.offset..a.offset + a.bytes].copy_from_slice(&y.data().to_le_bytes());
+            }
         }
-        let read = |io: &Io, ty: &TensorType| Tensor::from_le_bytes(ty, &arena[io.offset..io.offset + io.bytes]).expect("sizes match");
+        let read = |io: &Io, ty: &TensorType| {
+            let mem = if io.space == Space::Arena { &arena[..] } else { &weights[..] };
+            Tensor::from_le_bytes(ty, &mem[io.offset..io.offset + io.bytes]).expect("sizes match")
+        };
         Ok(self.outputs.iter().zip(&self.output_types).map(|(io, ty)| read(io, ty)).collect())
     }
 

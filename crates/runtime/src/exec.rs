@@ -205,7 +205,7 @@ impl<D: Device> Executor<D> {
         for i in 0..self.program.outputs.len() {
             let (io, ty) = (&self.program.outputs[i], &self.program.output_types[i]);
             let mut host = vec![0u8; io.bytes];
-            self.device.read(Space::Arena, io.offset, &mut host)?;
+            self.device.read(io.space.clone(), io.offset, &mut host)?;
             outs.push(tensor(ty, &host)?);
         }
         Ok(outs)
@@ -262,8 +262,15 @@ impl<D: Device> Executor<D> {
         let mut checks = Vec::with_capacity(self.launches.len());
         for i in 0..self.launches.len() {
             let s = self.program.steps[i].clone();
-            let (out, ins) =
-                s.args.split_last().ok_or_else(|| RuntimeError::Program(format!("kernel {} has no output", s.kernel.name())))?;
+            // What the kernel writes: its output, or operands in place (an update).
+            let written = s.kernel.written();
+            let (ins, outs): (&[smelt_codegen::program::Arg], Vec<&smelt_codegen::program::Arg>) = if written.is_empty() {
+                let (out, ins) =
+                    s.args.split_last().ok_or_else(|| RuntimeError::Program(format!("kernel {} has no output", s.kernel.name())))?;
+                (ins, vec![out])
+            } else {
+                (&s.args[..], written.iter().map(|&w| &s.args[w]).collect())
+            };
             let mut operands = Vec::with_capacity(ins.len());
             for a in ins {
                 let mut bytes = vec![0u8; a.bytes];
@@ -271,11 +278,17 @@ impl<D: Device> Executor<D> {
                 operands.push(tensor(&a.ty, &bytes)?);
             }
             self.launch(i)?;
-            let mut got = vec![0u8; out.bytes];
-            self.device.read(Space::Arena, out.offset, &mut got)?;
-            let got = tensor(&out.ty, &got)?;
-            let want = s.kernel.run_cpu(&operands.iter().collect::<Vec<_>>());
-            checks.push(check(&s, &got, &want, rtol));
+            let wants = s.kernel.run_in_place(&operands.iter().collect::<Vec<_>>());
+            let mut worst: Option<KernelCheck> = None;
+            for (out, want) in outs.into_iter().zip(&wants) {
+                let mut got = vec![0u8; out.bytes];
+                self.device.read(out.space.clone(), out.offset, &mut got)?;
+                let c = check(&s, &tensor(&out.ty, &got)?, want, rtol);
+                if worst.as_ref().is_none_or(|w| (c.mismatches, c.of_range) > (w.mismatches, w.of_range)) {
+                    worst = Some(c);
+                }
+            }
+            checks.push(worst.ok_or_else(|| RuntimeError::Program(format!("kernel {} writes nothing", s.kernel.name())))?);
         }
         let outs = self.outputs()?;
         self.device.finish()?;
