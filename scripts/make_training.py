@@ -9,7 +9,9 @@ Output, per case, under <out>/<case>/:
     input_0.pb, labels.pb    the batch (labels int64 [N]; targets for MSE)
     <opt>/<param>.pb         each parameter after 3 steps (opt: sgd, adam)
     <opt>/losses.pb          the loss before each step
-    meta.txt                 loss and hyper-parameters, one `key=value` a line
+    <opt>/running/<buffer>.pb  with batch norm in training mode (case
+                             `bn_train`): the running statistics after 3 steps
+    meta.txt                 loss, batch norm mode, one `key=value` a line
 then <out>/.done.
 
 Usage: make_training.py [--out DIR]
@@ -75,6 +77,12 @@ def cases():
         nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
         Block(8, 1), Block(8, 2), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 7),
     ), (4, 3, 12, 12), "ce"
+    # Batch norm in training mode: batch statistics, running statistics updated.
+    yield "bn_train", nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(8, 12, 3, padding=1, bias=False), nn.BatchNorm2d(12), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(12, 5),
+    ), (6, 3, 10, 10), "ce"
 
 
 def save(t, path, name):
@@ -91,6 +99,7 @@ def main():
         d = os.path.join(out, name)
         os.makedirs(d, exist_ok=True)
         model = randomize_bn(model).eval()
+        bn_train = name == "bn_train"
         x = torch.randn(*shape)
         if loss == "ce":
             classes = [m for m in model.modules() if isinstance(m, torch.nn.Linear)][-1].out_features
@@ -102,8 +111,10 @@ def main():
         save(x.numpy(), os.path.join(d, "input_0.pb"), "x")
         save(y.numpy(), os.path.join(d, "labels.pb"), "labels")
         init = {k: v.clone() for k, v in model.state_dict().items()}
+        if bn_train:
+            model.train()
         with open(os.path.join(d, "meta.txt"), "w") as f:
-            f.write(f"loss={loss}\nsteps={STEPS}\n")
+            f.write(f"loss={loss}\nsteps={STEPS}\nbatch_norm={'train' if bn_train else 'frozen'}\n")
         for opt_name, make in OPTS.items():
             model.load_state_dict(init)
             opt = make(model.parameters())
@@ -125,6 +136,11 @@ def main():
             for k, p in model.named_parameters():
                 save(p.detach().numpy(), os.path.join(od, k + ".pb"), k)
             save(np.array(losses, dtype=np.float32), os.path.join(od, "losses.pb"), "losses")
+            if bn_train:
+                os.makedirs(os.path.join(od, "running"), exist_ok=True)
+                for k, b in model.named_buffers():
+                    if "running" in k:
+                        save(b.detach().numpy(), os.path.join(od, "running", k + ".pb"), k)
     open(os.path.join(out, ".done"), "w").close()
 
 

@@ -495,3 +495,40 @@ fn training_steps_run_as_cuda_c_on_the_emulator() {
         println!("NVRTC compiled the {} distinct kernels of the training steps", done.len());
     }
 }
+
+/// Under mixed precision a training step compiles (updates keep f32
+/// master weights and read f32 gradients; the classifier is the loss's),
+/// its kernels agree with their descriptions on the emulator, and three
+/// steps stay near PyTorch's f32 weights.
+#[test]
+fn mixed_precision_training_steps_compile_and_run() {
+    let d = dir("cnn");
+    let x = read_tensor_file(&d.join("input_0.pb")).unwrap().1;
+    let labels = read_tensor_file(&d.join("labels.pb")).unwrap().1;
+    let opts = smelt::Options {
+        train: Some(sgd_config()),
+        precision: smelt_passes::precision::Options { policy: "mixed-f16".parse().unwrap(), keep_f32: vec![] },
+        ..Default::default()
+    };
+    let mut s = smelt::Session::open(d.join("model.onnx").to_str().unwrap(), opts).unwrap();
+    let compiled = s.compile().unwrap();
+    let stats = compiled.stats.precision.as_ref().unwrap();
+    let classifiers: Vec<_> = stats.kept_f32.iter().filter(|k| k.reason == "classifier").collect();
+    assert_eq!(classifiers.len(), 1, "only the last gemm is the classifier: {classifiers:?}");
+    let planned = s.plan(&compiled).unwrap();
+    let program = s.program(&compiled, &planned).unwrap();
+    let blob = program.weights_blob(&compiled.graph).unwrap();
+    let mut exec = smelt_runtime::emu::executor(program.clone(), &blob, &|_| {}).unwrap();
+    let mut outs = Vec::new();
+    for _ in 0..3 {
+        let (o, checks) = exec.run_checked(&[x.clone(), labels.clone()], 1e-5).unwrap();
+        assert!(checks.iter().all(|c| c.ok), "{:?}", checks.iter().filter(|c| !c.ok).collect::<Vec<_>>());
+        outs = o;
+    }
+    for (io, got) in program.outputs.iter().zip(&outs) {
+        if let Ok((_, want)) = read_tensor_file(&d.join("sgd").join(format!("{}.pb", io.name))) {
+            let err = common::excess(got, &want, 0.0, 0.02);
+            assert!(err <= 1.0, "{}: mixed-f16 weights after 3 steps are {err} x 2% of range from PyTorch's f32", io.name);
+        }
+    }
+}

@@ -150,7 +150,8 @@ pub fn glob(pat: &str, s: &str) -> bool {
 /// that is not a layer (softmax, pooling, views, elementwise).
 fn classifiers(g: &KernelGraph) -> Vec<NodeId> {
     let mut found = Vec::new();
-    for (_, v) in g.outputs() {
+    // A training step's updated weights are outputs too: its classifier is the loss's.
+    for (_, v) in g.outputs().iter().filter(|(_, v)| g.node(v.node).op.traits().kind != Kind::Update) {
         let mut stack = vec![v.node];
         let mut seen = std::collections::HashSet::new();
         while let Some(n) = stack.pop() {
@@ -197,6 +198,8 @@ pub fn run(g: &mut KernelGraph, opts: &Options) -> Result<Stats, IrError> {
         let keep = |reason: String| Some((DType::F32, Some(reason)));
         let traits = node.op.traits();
         let want: Option<(DType, Option<String>)> = match &node.op {
+            // Updates read f32 gradients and write f32 master weights and state.
+            _ if traits.kind == Kind::Update => keep("optimizer update (f32 master weights)".into()),
             _ if traits.precision == Precision::Fixed => None,
             _ if !float_out => {
                 // Comparisons and the like: float operands must agree; use f32.
