@@ -328,6 +328,11 @@ pub(crate) struct TrainArgs {
     /// plan is the micro-step's; the accumulators are persistent).
     #[arg(long, value_name = "K", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..), requires = "train")]
     pub(crate) accumulate: u32,
+    /// Batch norm: frozen (as exported: running statistics normalize, scale
+    /// and bias train) or train (batch statistics; the running statistics
+    /// follow them with PyTorch's momentum 0.1, as `model.train()`).
+    #[arg(long, default_value = "frozen", value_parser = ["frozen", "train"], requires = "train")]
+    pub(crate) batch_norm: String,
     /// Keep these initializers fixed: names, `*` matching any characters. Repeatable.
     #[arg(long = "freeze", value_name = "PATTERN", requires = "train")]
     pub(crate) freeze: Vec<String>,
@@ -366,7 +371,12 @@ impl TrainArgs {
             "mse" => Loss::MeanSquaredError,
             _ => Loss::CrossEntropy { smoothing: self.label_smoothing },
         };
-        Ok(Some(TrainConfig { loss, loss_on: self.loss_on.clone(), optimizer: Some(optimizer), freeze: self.freeze.clone() }))
+        let batch_norm = if self.batch_norm == "train" {
+            smelt_passes::train::BatchNorm::Train { momentum: 0.1 }
+        } else {
+            smelt_passes::train::BatchNorm::Frozen
+        };
+        Ok(Some(TrainConfig { loss, loss_on: self.loss_on.clone(), optimizer: Some(optimizer), freeze: self.freeze.clone(), batch_norm }))
     }
 }
 

@@ -186,6 +186,7 @@ fn samples() -> Vec<(KernelOp, Vec<TensorType>)> {
     v.push((KernelOp::Op(Op::Update(sgd)), vec![p.clone(), p.clone(), f32t(&[]), p.clone()]));
     v.push((KernelOp::Op(Op::Update(adam)), vec![p.clone(), p.clone(), f32t(&[]), p.clone(), p.clone(), p.clone()]));
     v.push((KernelOp::Op(Op::Update(smelt_ir::Optimizer::Count)), vec![f32t(&[])]));
+    v.push((KernelOp::Op(Op::Update(smelt_ir::Optimizer::Ema { momentum: 0.1 })), vec![p.clone(), p.clone(), f32t(&[])]));
     for (op, _) in &v {
         covered(op);
     }

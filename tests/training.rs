@@ -42,7 +42,7 @@ fn three_steps_give_pytorchs_weights() {
         let x = read_tensor_file(&d.join("input_0.pb")).unwrap().1;
         let labels = read_tensor_file(&d.join("labels.pb")).unwrap().1;
         for opt in ["sgd", "sgd_nesterov", "adam", "adamw"] {
-            let cfg = TrainConfig { loss, loss_on: None, optimizer: Some(optimizer(opt)), freeze: vec![] };
+            let cfg = TrainConfig { loss, loss_on: None, optimizer: Some(optimizer(opt)), freeze: vec![], batch_norm: Default::default() };
             let step = training_step(&model, &cfg).unwrap_or_else(|e| panic!("{case}: {e}"));
             let want_losses = read_tensor_file(&d.join(opt).join("losses.pb")).unwrap().1.to_f32_vec();
             // The step as built, and as the pass pipeline fuses it.
@@ -69,11 +69,21 @@ fn three_steps_give_pytorchs_weights() {
 /// Runs one training step per expected loss on the CPU reference executor
 /// (any graph level), checking each loss; returns the parameters after.
 fn steps<O: smelt_runtime::cpu::Eval>(
-    mut g: smelt_ir::Graph<O>,
+    g: smelt_ir::Graph<O>,
     x: &Tensor,
     labels: &Tensor,
     want_losses: &[f32],
 ) -> Result<Vec<(String, Tensor)>, String> {
+    Ok(persistent_after(g, x, labels, want_losses)?.into_iter().filter(|p| p.2 == Op::Parameter).map(|p| (p.0, p.1)).collect())
+}
+
+/// As [`steps`], returning every persistent value after, with its kind.
+fn persistent_after<O: smelt_runtime::cpu::Eval>(
+    mut g: smelt_ir::Graph<O>,
+    x: &Tensor,
+    labels: &Tensor,
+    want_losses: &[f32],
+) -> Result<Vec<(String, Tensor, Op)>, String> {
     for (i, want) in want_losses.iter().enumerate() {
         let out = smelt_runtime::cpu::run_step(&mut g, &[x.clone(), labels.clone()]).map_err(|e| e.to_string())?;
         let got = out[0].to_f32_vec()[0];
@@ -82,8 +92,7 @@ fn steps<O: smelt_runtime::cpu::Eval>(
         }
     }
     Ok(g.node_ids()
-        .filter(|&n| g.node(n).op.semantic() == Some(&Op::Parameter))
-        .map(|n| (g.node(n).name.clone(), g.weight(n).unwrap().as_ref().clone()))
+        .filter_map(|n| Some((g.node(n).name.clone(), g.weight(n)?.as_ref().clone(), g.node(n).op.semantic()?.clone())))
         .collect())
 }
 
@@ -257,7 +266,8 @@ fn every_gradient_rule_matches_finite_differences() {
     for case in &cases {
         let model = model_of(case);
         let name = format!("{} {:?}", case.op.name(), case.operands.iter().map(|t| t.shape().to_vec()).collect::<Vec<_>>());
-        let cfg = TrainConfig { loss: Loss::MeanSquaredError, loss_on: None, optimizer: None, freeze: vec![] };
+        let cfg =
+            TrainConfig { loss: Loss::MeanSquaredError, loss_on: None, optimizer: None, freeze: vec![], batch_norm: Default::default() };
         let step = training_step(&model, &cfg).unwrap_or_else(|e| panic!("{name}: {e}"));
         let mut g = step.graph;
         let target_ty = g.node(g.inputs()[0]).outputs[0].clone();
@@ -306,8 +316,18 @@ fn every_gradient_rule_matches_finite_differences() {
     println!("{checked} gradient rules match finite differences");
 }
 
+/// Cross-entropy with `make_training.py`'s optimizer `opt`.
+fn ce(opt: &str, batch_norm: smelt_passes::train::BatchNorm) -> TrainConfig {
+    TrainConfig { loss: Loss::CrossEntropy { smoothing: 0.0 }, loss_on: None, optimizer: Some(optimizer(opt)), freeze: vec![], batch_norm }
+}
+
 fn sgd_config() -> TrainConfig {
-    TrainConfig { loss: Loss::CrossEntropy { smoothing: 0.0 }, loss_on: None, optimizer: Some(optimizer("sgd")), freeze: vec![] }
+    ce("sgd", Default::default())
+}
+
+/// A case's batch: the input and the labels.
+fn batch(d: &std::path::Path) -> (Tensor, Tensor) {
+    (read_tensor_file(&d.join("input_0.pb")).unwrap().1, read_tensor_file(&d.join("labels.pb")).unwrap().1)
 }
 
 /// Every light model's training step plans, with fusion and without, and
@@ -318,7 +338,6 @@ fn sgd_config() -> TrainConfig {
 #[test]
 fn every_light_models_training_step_plans_and_checks() {
     use smelt_ir::traits::Kind;
-    use smelt_ir::OpSet;
     for name in common::LIGHT {
         let path = common::variant(name).join("model.onnx");
         let opts = smelt::Options { batch: Some(2), train: Some(sgd_config()), ..Default::default() };
@@ -385,16 +404,21 @@ fn rows(t: &Tensor, from: usize, to: usize) -> Tensor {
 #[test]
 fn accumulation_over_micro_batches_equals_the_whole_batch() {
     let d = dir("cnn");
-    let x = read_tensor_file(&d.join("input_0.pb")).unwrap().1;
-    let labels = read_tensor_file(&d.join("labels.pb")).unwrap().1;
+    let (x, labels) = batch(&d);
     for opt in ["sgd", "adam"] {
         let with = |k: usize| {
             let mut o = optimizer(opt);
             match &mut o {
                 Optimizer::Sgd { accumulate, .. } | Optimizer::Adam { accumulate, .. } => *accumulate = k,
-                Optimizer::Count => unreachable!(),
+                _ => unreachable!(),
             }
-            TrainConfig { loss: Loss::CrossEntropy { smoothing: 0.0 }, loss_on: None, optimizer: Some(o), freeze: vec![] }
+            TrainConfig {
+                loss: Loss::CrossEntropy { smoothing: 0.0 },
+                loss_on: None,
+                optimizer: Some(o),
+                freeze: vec![],
+                batch_norm: Default::default(),
+            }
         };
         let path = d.join("model.onnx");
         let open = |k: usize| {
@@ -428,6 +452,30 @@ fn accumulation_over_micro_batches_equals_the_whole_batch() {
     }
 }
 
+/// `n` steps of a compiled training step as CUDA C on the emulator (the
+/// parameters and state stay on the device between steps), every kernel
+/// checked against its description: the program and the last outputs.
+fn emulated_steps(
+    s: &mut smelt::Session,
+    compiled: &smelt::Compiled,
+    inputs: &[Tensor],
+    n: usize,
+) -> (smelt_codegen::Program, Vec<Tensor>) {
+    let planned = s.plan(compiled).unwrap_or_else(|e| panic!("{e}"));
+    let program = s.program(compiled, &planned).unwrap_or_else(|e| panic!("{e}"));
+    let blob = program.weights_blob(&compiled.graph).unwrap();
+    let mut exec = smelt_runtime::emu::executor(program.clone(), &blob, &|_| {}).unwrap_or_else(|e| panic!("{e}"));
+    let mut outs = Vec::new();
+    for _ in 0..n {
+        let (o, checks) = exec.run_checked(inputs, 1e-5).unwrap_or_else(|e| panic!("{e}"));
+        let bad: Vec<String> =
+            checks.iter().filter(|c| !c.ok).map(|c| format!("{} ({}): {:.3e} of range", c.kernel, c.node, c.of_range)).collect();
+        assert!(bad.is_empty(), "kernels disagree with their descriptions:\n{}", bad.join("\n"));
+        outs = o;
+    }
+    (program, outs)
+}
+
 /// The whole training step as generated CUDA C: the program of each case
 /// (fused, planned, every backward op and update a kernel) runs three steps
 /// on the emulator, every kernel checked against its description on the
@@ -441,36 +489,22 @@ fn training_steps_run_as_cuda_c_on_the_emulator() {
     let mut sources = std::collections::BTreeMap::new();
     for case in ["cnn", "resnet_blocks", "mlp"] {
         let d = dir(case);
-        let x = read_tensor_file(&d.join("input_0.pb")).unwrap().1;
-        let labels = read_tensor_file(&d.join("labels.pb")).unwrap().1;
+        let (x, labels) = batch(&d);
         for opt in ["sgd", "adam"] {
-            let cfg =
-                TrainConfig { loss: Loss::CrossEntropy { smoothing: 0.0 }, loss_on: None, optimizer: Some(optimizer(opt)), freeze: vec![] };
-            let opts = smelt::Options { train: Some(cfg), ..Default::default() };
+            let opts = smelt::Options { train: Some(ce(opt, Default::default())), ..Default::default() };
             let mut s = smelt::Session::open(d.join("model.onnx").to_str().unwrap(), opts).unwrap();
             let compiled = s.compile().unwrap();
-            let planned = s.plan(&compiled).unwrap();
-            let program = s.program(&compiled, &planned).unwrap_or_else(|e| panic!("{case}/{opt}: {e}"));
+            let inputs = [x.clone(), labels.clone()];
+            let (program, outs) = emulated_steps(&mut s, &compiled, &inputs, 3);
             let kinds: std::collections::BTreeSet<&str> = program.steps.iter().map(|st| st.kernel.kind()).collect();
             assert!(kinds.contains("update") && (case == "mlp" || kinds.contains("grad")), "{case}: {kinds:?}");
             sources.extend(program.sources());
-            let blob = program.weights_blob(&compiled.graph).unwrap();
-            let inputs = [x.clone(), labels.clone()];
             // The descriptions, one step: the same outputs as the reference's first step.
-            let cpu = program.run_cpu(&blob, &inputs).unwrap();
+            let cpu = program.run_cpu(&program.weights_blob(&compiled.graph).unwrap(), &inputs).unwrap();
             let want = smelt_runtime::cpu::run(&compiled.graph, &inputs).unwrap();
             for (i, (a, b)) in cpu.iter().zip(&want).enumerate() {
                 let c = smelt::compare(a, b, 1e-5, 1e-7);
                 assert!(c.ok, "{case}/{opt}: program output {} on the CPU: {c:?}", program.outputs[i].name);
-            }
-            let mut exec = smelt_runtime::emu::executor(program.clone(), &blob, &|_| {}).unwrap_or_else(|e| panic!("{e}"));
-            let mut outs = Vec::new();
-            for _ in 0..3 {
-                let (o, checks) = exec.run_checked(&inputs, 1e-5).unwrap_or_else(|e| panic!("{case}/{opt}: {e}"));
-                let bad: Vec<String> =
-                    checks.iter().filter(|c| !c.ok).map(|c| format!("{} ({}): {:.3e} of range", c.kernel, c.node, c.of_range)).collect();
-                assert!(bad.is_empty(), "{case}/{opt}: kernels disagree with their descriptions:\n{}", bad.join("\n"));
-                outs = o;
             }
             let mut n = 0;
             for (io, got) in program.outputs.iter().zip(&outs) {
@@ -503,8 +537,7 @@ fn training_steps_run_as_cuda_c_on_the_emulator() {
 #[test]
 fn mixed_precision_training_steps_compile_and_run() {
     let d = dir("cnn");
-    let x = read_tensor_file(&d.join("input_0.pb")).unwrap().1;
-    let labels = read_tensor_file(&d.join("labels.pb")).unwrap().1;
+    let (x, labels) = batch(&d);
     let opts = smelt::Options {
         train: Some(sgd_config()),
         precision: smelt_passes::precision::Options { policy: "mixed-f16".parse().unwrap(), keep_f32: vec![] },
@@ -515,20 +548,52 @@ fn mixed_precision_training_steps_compile_and_run() {
     let stats = compiled.stats.precision.as_ref().unwrap();
     let classifiers: Vec<_> = stats.kept_f32.iter().filter(|k| k.reason == "classifier").collect();
     assert_eq!(classifiers.len(), 1, "only the last gemm is the classifier: {classifiers:?}");
-    let planned = s.plan(&compiled).unwrap();
-    let program = s.program(&compiled, &planned).unwrap();
-    let blob = program.weights_blob(&compiled.graph).unwrap();
-    let mut exec = smelt_runtime::emu::executor(program.clone(), &blob, &|_| {}).unwrap();
-    let mut outs = Vec::new();
-    for _ in 0..3 {
-        let (o, checks) = exec.run_checked(&[x.clone(), labels.clone()], 1e-5).unwrap();
-        assert!(checks.iter().all(|c| c.ok), "{:?}", checks.iter().filter(|c| !c.ok).collect::<Vec<_>>());
-        outs = o;
-    }
+    let (program, outs) = emulated_steps(&mut s, &compiled, &[x.clone(), labels.clone()], 3);
     for (io, got) in program.outputs.iter().zip(&outs) {
         if let Ok((_, want)) = read_tensor_file(&d.join("sgd").join(format!("{}.pb", io.name))) {
             let err = common::excess(got, &want, 0.0, 0.02);
             assert!(err <= 1.0, "{}: mixed-f16 weights after 3 steps are {err} x 2% of range from PyTorch's f32", io.name);
+        }
+    }
+}
+
+/// Batch norm in training mode (`BatchNorm::Train`): batch statistics
+/// normalize and the running statistics follow them. Three steps of SGD
+/// with momentum and of Adam from PyTorch's `model.train()` give PyTorch's
+/// parameters and running statistics, as built, fused, and as CUDA C on the
+/// emulator.
+#[test]
+fn batch_norm_in_training_mode_matches_pytorch() {
+    let d = dir("bn_train");
+    let model = common::load(d.join("model.onnx").to_str().unwrap(), None);
+    let (x, labels) = batch(&d);
+    for opt in ["sgd", "adam"] {
+        let cfg = ce(opt, smelt_passes::train::BatchNorm::Train { momentum: 0.1 });
+        let want_losses = read_tensor_file(&d.join(opt).join("losses.pb")).unwrap().1.to_f32_vec();
+        let step = training_step(&model, &cfg).unwrap();
+        let mut s = common::session(&model, smelt::Options { train: Some(cfg), ..Default::default() });
+        let compiled = s.compile().unwrap();
+        let (program, emulated) = emulated_steps(&mut s, &compiled, &[x.clone(), labels.clone()], 3);
+        let emulated: Vec<(String, Tensor)> = program.outputs.iter().map(|io| io.name.clone()).zip(emulated).collect();
+        // Every persistent value after three steps: parameters and running statistics.
+        let all = |r: Result<Vec<(String, Tensor, Op)>, String>| -> Vec<(String, Tensor)> {
+            r.unwrap_or_else(|e| panic!("{opt}: {e}")).into_iter().map(|p| (p.0, p.1)).collect()
+        };
+        let built = all(persistent_after(step.graph, &x, &labels, &want_losses));
+        let fused = all(persistent_after(compiled.graph.clone(), &x, &labels, &want_losses));
+        for (how, values) in [("as built", &built), ("fused", &fused), ("emulated", &emulated)] {
+            let mut n = 0;
+            for (name, got) in values {
+                let want = read_tensor_file(&d.join(opt).join(format!("{name}.pb")))
+                    .or_else(|_| read_tensor_file(&d.join(opt).join("running").join(format!("{name}.pb"))));
+                if let Ok((_, want)) = want {
+                    let c = smelt::compare(got, &want, 1e-4, 1e-6);
+                    assert!(c.ok, "{opt} {how}: {name} after 3 steps differs from PyTorch's: {c:?}");
+                    n += 1;
+                }
+            }
+            // 8 parameters (2 convs' weights, 2 norms' scale and bias, the linear's two) and 4 running statistics.
+            assert_eq!(n, 12, "{opt} {how}: every parameter and running statistic compared");
         }
     }
 }

@@ -132,7 +132,7 @@ fn print_training(a: &PlanArgs, t: &smelt::plan::TrainBreakdown, tr: &smelt::Tra
         if t.accumulators.count > 0 { "gradient sums over the micro-batches" } else { "none without --accumulate" },
     )?;
     line("frozen", &t.frozen, "initializers not trained, running statistics")?;
-    line("other state", &t.other_state, "the step counter")?;
+    line("other state", &t.other_state, "the step counter, running statistics of training-mode batch norms")?;
     outln!(
         "arena: {} at its peak, step {} ({}; backward starts at step {})",
         human_bytes(t.arena_bytes),

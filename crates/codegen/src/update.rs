@@ -60,6 +60,15 @@ impl Update {
             );
             return s;
         }
+        if let Optimizer::Ema { momentum } = self.optimizer {
+            s += &format!(
+                "extern \"C\" __global__ void {}(float* p, const float* __restrict__ g, const float* __restrict__ t, unsigned long long n) {{\n",
+                self.name
+            );
+            s += "    unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;\n    if (i >= n) return;\n";
+            s += &format!("    p[i] = {} * g[i] + {} * p[i];\n}}\n", f(momentum), f(1.0 - momentum));
+            return s;
+        }
         let states: Vec<String> = (0..self.optimizer.states()).map(|i| format!(", float* s{i}")).collect();
         s += &format!(
             "extern \"C\" __global__ void {}(float* p, const float* __restrict__ g, const float* __restrict__ t{}, unsigned long long n) {{\n",
@@ -99,7 +108,7 @@ impl Update {
                 s += &format!("    float v = {v} * {} + {} * d * d;\n    {v} = v;\n", f(beta2), f(1.0 - beta2));
                 s += &format!("    float denom = sqrtf(v) / bc2_sqrt + {};\n    p[i] = pi - step_size * m / denom;\n", f(eps));
             }
-            Optimizer::Count => unreachable!("handled above"),
+            Optimizer::Ema { .. } | Optimizer::Count => unreachable!("handled above"),
         }
         s += "}\n";
         s
@@ -112,8 +121,12 @@ impl Update {
         if self.optimizer == Optimizer::Count {
             return vec![Tensor::from_f32(inputs[0].shape().to_vec(), vec![t + 1.0])];
         }
-        let k = self.optimizer.accumulate().max(1) as u64;
         let shape = inputs[0].shape().to_vec();
+        if let Optimizer::Ema { momentum } = self.optimizer {
+            let (p, g) = (inputs[0].to_f32_vec(), inputs[1].to_f32_vec());
+            return vec![Tensor::from_f32(shape, p.iter().zip(&g).map(|(&p, &g)| momentum * g + (1.0 - momentum) * p).collect())];
+        }
+        let k = self.optimizer.accumulate().max(1) as u64;
         let (mut p, g) = (inputs[0].to_f32_vec(), inputs[1].to_f32_vec());
         let mut st: Vec<Vec<f32>> = inputs[3..].iter().map(|x| x.to_f32_vec()).collect();
         let micro = t as u64;
@@ -155,7 +168,7 @@ impl Update {
                     st[own + 1][i] = v;
                     p[i] = pi - step_size * m / (v.sqrt() / bc2_sqrt + eps);
                 }
-                Optimizer::Count => unreachable!("handled above"),
+                Optimizer::Ema { .. } | Optimizer::Count => unreachable!("handled above"),
             }
         }
         std::iter::once(p).chain(st).map(|v| Tensor::from_f32(shape.clone(), v)).collect()

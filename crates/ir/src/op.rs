@@ -587,6 +587,13 @@ pub enum Optimizer {
         /// Micro-steps per update (1: none); see [`Optimizer::accumulate`].
         accumulate: usize,
     },
+    /// A running statistic (batch norm in training mode): `p = (1 -
+    /// momentum) p + momentum g`, `g` the batch's statistic (PyTorch's
+    /// convention for `momentum`). No state.
+    Ema {
+        /// Weight of the new value.
+        momentum: f32,
+    },
     /// The step counter: `t + 1`, after every other update has read `t`.
     Count,
 }
@@ -599,7 +606,7 @@ impl Optimizer {
         match self {
             Optimizer::Sgd { momentum, .. } => acc + usize::from(*momentum != 0.0),
             Optimizer::Adam { .. } => acc + 2,
-            Optimizer::Count => 0,
+            Optimizer::Ema { .. } | Optimizer::Count => 0,
         }
     }
 
@@ -610,7 +617,7 @@ impl Optimizer {
     pub fn accumulate(&self) -> usize {
         match self {
             Optimizer::Sgd { accumulate, .. } | Optimizer::Adam { accumulate, .. } => *accumulate,
-            Optimizer::Count => 1,
+            Optimizer::Ema { .. } | Optimizer::Count => 1,
         }
     }
 
@@ -619,6 +626,7 @@ impl Optimizer {
         match self {
             Optimizer::Sgd { .. } => "sgd_update",
             Optimizer::Adam { .. } => "adam_update",
+            Optimizer::Ema { .. } => "ema_update",
             Optimizer::Count => "count_update",
         }
     }

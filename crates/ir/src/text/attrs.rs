@@ -92,6 +92,7 @@ pub fn attrs_of(op: &Op) -> Vec<(&'static str, Attr)> {
             ("decoupled", Bool(*decoupled)),
             ("accumulate", Int(*accumulate as i64)),
         ],
+        Op::Update(Optimizer::Ema { momentum }) => vec![("momentum", Float(*momentum))],
         Op::Update(Optimizer::Count) => vec![],
         Op::BatchNorm { epsilon } => vec![("epsilon", Float(*epsilon))],
         Op::Unary(u) => u.params().into_iter().map(|(k, v)| (k, Float(v))).collect(),
@@ -313,6 +314,7 @@ pub fn op_from(name: &str, mut a: Attrs) -> Result<Op, String> {
             accumulate: a.usize("accumulate")?.max(1),
         })),
         "count_update" => Ok(Op::Update(Optimizer::Count)),
+        "ema_update" => Ok(Op::Update(Optimizer::Ema { momentum: a.float("momentum")? })),
         "dropout" => Ok(Op::Dropout),
         "identity" => Ok(Op::Identity),
         "cast" => match a.take("to")? {

@@ -30,6 +30,22 @@ pub enum Loss {
     MeanSquaredError,
 }
 
+/// How batch norms train.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub enum BatchNorm {
+    /// As exported for inference: the running statistics normalize (and
+    /// stay fixed); scale and bias train.
+    #[default]
+    Frozen,
+    /// Training mode: the batch's statistics normalize, and the running
+    /// statistics follow them, `r = (1 - momentum) r + momentum s` (the
+    /// variance unbiased), as PyTorch's `model.train()`.
+    Train {
+        /// PyTorch's momentum (0.1 by default).
+        momentum: f32,
+    },
+}
+
 /// What to train and how.
 #[derive(Clone, Debug)]
 pub struct TrainConfig {
@@ -42,6 +58,8 @@ pub struct TrainConfig {
     pub optimizer: Option<Optimizer>,
     /// Initializers kept fixed: names, `*` matching any run of characters.
     pub freeze: Vec<String>,
+    /// How batch norms train.
+    pub batch_norm: BatchNorm,
 }
 
 /// Training errors: the user's model or options (most), or smelt's bug.
@@ -191,9 +209,39 @@ pub fn training_step(model: &Graph, cfg: &TrainConfig) -> Result<TrainStep, Trai
     let mut g = Graph::new();
     let mut map: HashMap<ValueId, ValueId> = HashMap::new();
     let mut params: Vec<(String, ValueId)> = Vec::new();
+    // Batch norms in training mode: their running statistics become state.
+    let mut running: HashSet<NodeId> = HashSet::new();
+    if let BatchNorm::Train { .. } = cfg.batch_norm {
+        for n in model.node_ids().filter(|&n| matches!(model.node(n).op, Op::BatchNorm { .. })) {
+            for v in &model.inputs_of(n)[3..] {
+                if model.node(v.node).op.is_persistent() {
+                    running.insert(v.node);
+                } else {
+                    return Err(TrainError::Usage(format!(
+                        "batch norm {:?}: its running statistics are computed, not initializers",
+                        model.node(n).name
+                    )));
+                }
+            }
+        }
+    }
+    let step = match (cfg.optimizer, cfg.batch_norm) {
+        (None, BatchNorm::Frozen) => None,
+        _ => Some(g.add_persistent(Op::State, "train.step", Arc::new(Tensor::from_f32(vec![], vec![0.0])))),
+    };
+    let mut stat_updates: Vec<(String, ValueId)> = Vec::new();
     for id in model.topo_order().map_err(bug)? {
         let node = model.node(id);
-        let new = if train.contains(&id) {
+        let new = if running.contains(&id) {
+            let w = model.weight(id).cloned().ok_or_else(|| TrainError::Usage(format!("initializer {:?} has no data", node.name)))?;
+            g.add_persistent(Op::State, node.name.clone(), w).node
+        } else if let (Op::BatchNorm { epsilon }, BatchNorm::Train { momentum }) = (&node.op, cfg.batch_norm) {
+            let ins: Vec<ValueId> = model.inputs_of(id).iter().map(|v| map[v]).collect();
+            let step = step.expect("made for batch norm in training mode");
+            let (y, updates) = batch_norm_train(&mut g, &node.name, &ins, *epsilon, momentum, step)?;
+            stat_updates.extend(updates);
+            y.node
+        } else if train.contains(&id) {
             let w = model.weight(id).cloned().ok_or_else(|| TrainError::Usage(format!("initializer {:?} has no data", node.name)))?;
             let v = g.add_persistent(Op::Parameter, node.name.clone(), w);
             params.push((g.node(v.node).name.clone(), v));
@@ -329,10 +377,7 @@ pub fn training_step(model: &Graph, cfg: &TrainConfig) -> Result<TrainStep, Trai
     // The updates (or the gradients as outputs).
     let mut outs = vec![(fresh_output(&params, "loss"), loss)];
     let mut trained = Vec::new();
-    let step = match cfg.optimizer {
-        Some(_) => Some(ad.g.add_persistent(Op::State, "train.step", Arc::new(Tensor::from_f32(vec![], vec![0.0])))),
-        None => None,
-    };
+    outs.extend(stat_updates);
     for (name, p) in &params {
         let Some(&d) = total.get(p) else {
             notes.push(format!("parameter {name:?} does not reach the loss: not trained"));
@@ -370,6 +415,52 @@ pub fn training_step(model: &Graph, cfg: &TrainConfig) -> Result<TrainStep, Trai
     smelt_ir::verify(&g).map_err(bug)?;
     let _ = fresh;
     Ok(TrainStep { graph: g, params: trained, forward, notes })
+}
+
+/// A batch norm in training mode, spelled out so that autodiff
+/// differentiates through the batch's statistics: `y = (x - mean) /
+/// sqrt(var + eps) * scale + bias` over every axis but the channels; and the
+/// updates of its running statistics (`ins[3]`, `ins[4]`, state) from the
+/// batch's mean and unbiased variance. Returns `y` and the updates' outputs.
+fn batch_norm_train(
+    g: &mut Graph,
+    name: &str,
+    ins: &[ValueId],
+    epsilon: f32,
+    momentum: f32,
+    step: ValueId,
+) -> Result<(ValueId, Vec<(String, ValueId)>), TrainError> {
+    let shape = g.ty(ins[0]).shape.clone();
+    let (rank, c) = (shape.len(), shape[1]);
+    let axes: Vec<usize> = (0..rank).filter(|&a| a != 1).collect();
+    let count: usize = axes.iter().map(|&a| shape[a]).product();
+    let mut ad = vjp::Ad::new(g);
+    ad.name = name.to_string();
+    let mean = |ad: &mut vjp::Ad, v| ad.op(Op::Reduce { op: ReduceOp::Mean, axes: axes.clone(), keepdims: true }, &[v]);
+    let mu = mean(&mut ad, ins[0])?;
+    let xc = ad.bin(smelt_ir::BinaryOp::Sub, ins[0], mu)?;
+    let sq = ad.mul(xc, xc)?;
+    let var = mean(&mut ad, sq)?;
+    let eps = ad.scalar(epsilon);
+    let ve = ad.bin(smelt_ir::BinaryOp::Add, var, eps)?;
+    let sd = ad.un(smelt_ir::UnaryOp::Sqrt, ve)?;
+    let rstd = ad.un(smelt_ir::UnaryOp::Reciprocal, sd)?;
+    let xhat = ad.mul(xc, rstd)?;
+    let scale = ad.per_channel(ins[1], rank)?;
+    let bias = ad.per_channel(ins[2], rank)?;
+    let ys = ad.mul(xhat, scale)?;
+    let y = ad.bin(smelt_ir::BinaryOp::Add, ys, bias)?;
+    // The running statistics follow the batch's (the variance unbiased).
+    let mu_c = ad.reshape(mu, vec![c])?;
+    let var_c = ad.reshape(var, vec![c])?;
+    let var_u = ad.mul_c(var_c, count as f32 / (count.max(2) - 1) as f32)?;
+    let mut updates = Vec::new();
+    for (stat, value) in [(ins[3], mu_c), (ins[4], var_u)] {
+        let stat_name = ad.g.node(stat.node).name.clone();
+        let u = ad.g.add(Op::Update(Optimizer::Ema { momentum }), format!("{stat_name}.update"), &[stat, value, step])?;
+        updates.push((stat_name, ValueId { node: u, slot: 0 }));
+    }
+    Ok((y, updates))
 }
 
 /// The convolution that batch norm `n` alone reads, when its statistics

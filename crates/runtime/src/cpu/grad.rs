@@ -166,6 +166,10 @@ pub(crate) fn update(o: &Optimizer, args: &[std::sync::Arc<Tensor>]) -> Vec<Vec<
     if *o == Optimizer::Count {
         return vec![vec![t + 1.0]];
     }
+    if let Optimizer::Ema { momentum } = *o {
+        let (p, g) = (f32s(&args[0]), f32s(&args[1]));
+        return vec![p.iter().zip(g.iter()).map(|(&p, &g)| momentum * g + (1.0 - momentum) * p).collect()];
+    }
     let k = o.accumulate().max(1);
     let (mut p, g) = (f32s(&args[0]).into_owned(), f32s(&args[1]).into_owned());
     let mut states: Vec<Vec<f32>> = args[3..].iter().map(|a| f32s(a).into_owned()).collect();
@@ -219,7 +223,7 @@ pub(crate) fn update(o: &Optimizer, args: &[std::sync::Arc<Tensor>]) -> Vec<Vec<
                 p[i] -= step_size * m[i] / denom;
             }
         }
-        Optimizer::Count => unreachable!("handled above"),
+        Optimizer::Ema { .. } | Optimizer::Count => unreachable!("handled above"),
     }
     let mut out = vec![p];
     out.extend(states);
