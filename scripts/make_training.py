@@ -53,6 +53,24 @@ class Block(torch.nn.Module):
         return torch.relu(y + (x if self.down is None else self.down(x)))
 
 
+class Encoder(torch.nn.Module):
+    """nn.TransformerEncoder (2 layers, post-norm, ReLU), mean-pooled, a linear head."""
+
+    def __init__(self):
+        super().__init__()
+        layer = torch.nn.TransformerEncoderLayer(d_model=16, nhead=2, dim_feedforward=32, dropout=0.0, batch_first=True)
+        self.enc = torch.nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+        self.head = torch.nn.Linear(16, 4)
+        # Distinct values everywhere: the layers start as copies, and the
+        # exporter would share identical initializers between them.
+        with torch.no_grad():
+            for p in self.parameters():
+                p.add_(0.1 * torch.randn_like(p))
+
+    def forward(self, x):
+        return self.head(self.enc(x).mean(dim=1))
+
+
 def randomize_bn(m):
     for mod in m.modules():
         if isinstance(mod, torch.nn.BatchNorm2d):
@@ -77,6 +95,7 @@ def cases():
         nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
         Block(8, 1), Block(8, 2), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 7),
     ), (4, 3, 12, 12), "ce"
+    yield "tenc", Encoder(), (3, 5, 16), "ce"
     # Batch norm in training mode: batch statistics, running statistics
     # updated. (No conv bias before it: the batch mean cancels it, so its
     # gradient is rounding noise that Adam would amplify into a full step.)
@@ -104,7 +123,7 @@ def main():
         bn_train = name == "bn_train"
         x = torch.randn(*shape)
         if loss == "ce":
-            classes = [m for m in model.modules() if isinstance(m, torch.nn.Linear)][-1].out_features
+            classes = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and not isinstance(m, torch.nn.modules.linear.NonDynamicallyQuantizableLinear)][-1].out_features
             y = torch.randint(0, classes, (shape[0],))
         else:
             y = torch.randn(shape[0], [m for m in model.modules() if isinstance(m, torch.nn.Linear)][-1].out_features)
@@ -125,7 +144,7 @@ def main():
                 opt.zero_grad()
                 z = model(x)
                 if loss == "ce":
-                    if isinstance(model[-1], torch.nn.Softmax):
+                    if isinstance(model, torch.nn.Sequential) and isinstance(model[-1], torch.nn.Softmax):
                         z = model[:-1](x)
                     l = torch.nn.functional.cross_entropy(z, y)
                 else:

@@ -209,7 +209,8 @@ impl Session {
                 let src = std::fs::read_to_string(path).map_err(|source| IrError::Io { path: spec.to_string(), error: source })?;
                 text::parse(&src)?
             } else {
-                onnx::import_file(path, &onnx::ImportOptions { batch, dims: options.dims.clone(), base_dir: None })?
+                let keep_weights = options.train.is_some();
+                onnx::import_file(path, &onnx::ImportOptions { batch, dims: options.dims.clone(), base_dir: None, keep_weights })?
             }
         };
         let mut s = Session::from_graph(spec, graph, options)?;

@@ -179,6 +179,9 @@ fn samples() -> Vec<(KernelOp, Vec<TensorType>)> {
     v.push((KernelOp::Op(Op::MaxPoolGrad(window.clone())), vec![x.clone(), x.clone()]));
     v.push((KernelOp::Op(Op::AvgPoolGrad { pool: window, count_include_pad: false, shape: vec![1, 4, 5, 5] }), vec![x.clone()]));
     v.push((KernelOp::Op(Op::LrnGrad { size: 3, alpha: 1e-4, beta: 0.75, bias: 1.0 }), vec![x.clone(), x.clone()]));
+    let i64s = |shape: &[usize]| TensorType::new(DType::I64, shape.to_vec());
+    v.push((KernelOp::Op(Op::GatherGrad { axis: 1, shape: vec![2, 6, 3] }), vec![i64s(&[2, 2]), f32t(&[2, 2, 2, 3])]));
+    v.push((KernelOp::Op(Op::GatherGrad { axis: 0, shape: vec![3, 4] }), vec![i64s(&[]), f32t(&[4])]));
     let p = f32t(&[4, 5]);
     let sgd = smelt_ir::Optimizer::Sgd { lr: 0.1, momentum: 0.9, dampening: 0.0, nesterov: true, weight_decay: 1e-4, accumulate: 1 };
     let adam =
@@ -253,6 +256,7 @@ fn covered_op(op: &Op) {
         | Op::MaxPoolGrad(_)
         | Op::AvgPoolGrad { .. }
         | Op::LrnGrad { .. }
+        | Op::GatherGrad { .. }
         | Op::Update(_) => {}
     }
 }

@@ -10,7 +10,7 @@ use smelt_ir::{Op, Optimizer, Tensor};
 use smelt_passes::train::{training_step, Loss, TrainConfig};
 use std::path::PathBuf;
 
-const CASES: [&str; 4] = ["mlp", "mlp_mse", "cnn", "resnet_blocks"];
+const CASES: [&str; 5] = ["mlp", "mlp_mse", "cnn", "resnet_blocks", "tenc"];
 
 fn dir(case: &str) -> PathBuf {
     let d = common::testdata().join("training").join(case);
@@ -36,18 +36,22 @@ fn optimizer(name: &str) -> Optimizer {
 fn three_steps_give_pytorchs_weights() {
     for case in CASES {
         let d = dir(case);
-        let model = common::load(d.join("model.onnx").to_str().unwrap(), None);
         let meta = std::fs::read_to_string(d.join("meta.txt")).unwrap();
         let loss = if meta.contains("loss=mse") { Loss::MeanSquaredError } else { Loss::CrossEntropy { smoothing: 0.0 } };
         let x = read_tensor_file(&d.join("input_0.pb")).unwrap().1;
         let labels = read_tensor_file(&d.join("labels.pb")).unwrap().1;
         for opt in ["sgd", "sgd_nesterov", "adam", "adamw"] {
             let cfg = TrainConfig { loss, loss_on: None, optimizer: Some(optimizer(opt)), freeze: vec![], batch_norm: Default::default() };
-            let step = training_step(&model, &cfg).unwrap_or_else(|e| panic!("{case}: {e}"));
             let want_losses = read_tensor_file(&d.join(opt).join("losses.pb")).unwrap().1.to_f32_vec();
             // The step as built, and as the pass pipeline fuses it.
-            let fused = common::session(&model, smelt::Options { train: Some(cfg.clone()), ..Default::default() }).compile().unwrap().graph;
-            let runs = [("as built", steps(step.graph, &x, &labels, &want_losses)), ("fused", steps(fused, &x, &labels, &want_losses))];
+            let mut s =
+                smelt::Session::open(d.join("model.onnx").to_str().unwrap(), smelt::Options { train: Some(cfg), ..Default::default() })
+                    .unwrap_or_else(|e| panic!("{case}: {e}"));
+            let fused = s.compile().unwrap().graph;
+            let train = s.train.expect("a training session");
+            let model = train.model;
+            let runs =
+                [("as built", steps(train.step.graph, &x, &labels, &want_losses)), ("fused", steps(fused, &x, &labels, &want_losses))];
             for (how, after) in runs {
                 let after = after.unwrap_or_else(|e| panic!("{case}/{opt} {how}: {e}"));
                 for (name, got) in &after {
@@ -55,7 +59,8 @@ fn three_steps_give_pytorchs_weights() {
                         read_tensor_file(&d.join(opt).join(format!("{name}.pb"))).unwrap_or_else(|e| panic!("{case}/{opt}/{name}: {e}")).1;
                     let initial = model.weight(model.node_ids().find(|&n| model.node(n).name == *name).unwrap()).unwrap();
                     assert!(!smelt::compare(initial, &want, 1e-4, 1e-6).ok, "{case}/{opt}: {name} moved in PyTorch");
-                    let c = smelt::compare(got, &want, 1e-4, 1e-6);
+                    let (got, want) = without_key_bias(name, opt, got, &want);
+                    let c = smelt::compare(&got, &want, 1e-4, 1e-6);
                     assert!(c.ok, "{case}/{opt} {how}: parameter {name} after 3 steps differs from PyTorch's: {c:?}");
                 }
                 let expected = std::fs::read_dir(d.join(opt)).unwrap().count() - 1;
@@ -64,6 +69,25 @@ fn three_steps_give_pytorchs_weights() {
             }
         }
     }
+}
+
+/// The attention's key bias (the middle third of `in_proj_bias`) has a
+/// gradient of exactly 0 (the softmax cancels a constant added to a row of
+/// scores), so it is rounding noise in PyTorch and in smelt alike, and
+/// Adam's normalization turns noise into full steps of either sign. Under
+/// Adam those elements are dropped from the comparison; both sides must
+/// still have moved them by at most 3 steps of lr.
+fn without_key_bias(name: &str, opt: &str, got: &Tensor, want: &Tensor) -> (Tensor, Tensor) {
+    if !(name.ends_with("in_proj_bias") && opt.starts_with("adam")) {
+        return (got.clone(), want.clone());
+    }
+    let (g, w) = (got.to_f32_vec(), want.to_f32_vec());
+    let d = g.len() / 3;
+    let keep = |v: &[f32]| Tensor::from_f32(vec![2 * d], v[..d].iter().chain(&v[2 * d..]).copied().collect());
+    for i in d..2 * d {
+        assert!((g[i] - w[i]).abs() <= 2.0 * 3.0 * 1e-3 + 1e-6, "{name}[{i}]: {} against {}", g[i], w[i]);
+    }
+    (keep(&g), keep(&w))
 }
 
 /// Runs one training step per expected loss on the CPU reference executor
@@ -237,6 +261,12 @@ fn every_gradient_rule_matches_finite_differences() {
         },
         OneOp { op: Op::Expand { shape: vec![3, 4, 5] }, operands: vec![random(r, &[4, 1], -1.0, 1.0)], fixed: vec![] },
         OneOp { op: Op::Tile { repeats: vec![2, 1, 3] }, operands: vec![random(r, &[2, 3, 2], -1.0, 1.0)], fixed: vec![] },
+        // A gather's gradient is a scatter-add: repeated and negative indices.
+        OneOp {
+            op: Op::Gather { axis: 1 },
+            operands: vec![random(r, &[2, 5, 3], -1.0, 1.0), Tensor::from_i64(vec![2, 2], vec![1, -1, 1, 0])],
+            fixed: vec![],
+        },
     ];
     for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
         let a = if ta { [4, 3] } else { [3, 4] };
@@ -487,7 +517,7 @@ fn emulated_steps(
 fn training_steps_run_as_cuda_c_on_the_emulator() {
     let nvrtc = common::nvrtc_compiler("training");
     let mut sources = std::collections::BTreeMap::new();
-    for case in ["cnn", "resnet_blocks", "mlp"] {
+    for case in ["cnn", "resnet_blocks", "mlp", "tenc"] {
         let d = dir(case);
         let (x, labels) = batch(&d);
         for opt in ["sgd", "adam"] {
@@ -503,14 +533,16 @@ fn training_steps_run_as_cuda_c_on_the_emulator() {
             let cpu = program.run_cpu(&program.weights_blob(&compiled.graph).unwrap(), &inputs).unwrap();
             let want = smelt_runtime::cpu::run(&compiled.graph, &inputs).unwrap();
             for (i, (a, b)) in cpu.iter().zip(&want).enumerate() {
-                let c = smelt::compare(a, b, 1e-5, 1e-7);
+                let (a, b) = without_key_bias(&program.outputs[i].name, opt, a, b);
+                let c = smelt::compare(&a, &b, 1e-5, 1e-7);
                 assert!(c.ok, "{case}/{opt}: program output {} on the CPU: {c:?}", program.outputs[i].name);
             }
             let mut n = 0;
             for (io, got) in program.outputs.iter().zip(&outs) {
                 let path = d.join(opt).join(format!("{}.pb", io.name));
                 if let Ok((_, want)) = read_tensor_file(&path) {
-                    let c = smelt::compare(got, &want, 1e-4, 1e-6);
+                    let (got, want) = without_key_bias(&io.name, opt, got, &want);
+                    let c = smelt::compare(&got, &want, 1e-4, 1e-6);
                     assert!(c.ok, "{case}/{opt}: {} after 3 steps on the emulator differs from PyTorch's: {c:?}", io.name);
                     n += 1;
                 }

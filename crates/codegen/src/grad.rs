@@ -18,6 +18,13 @@ pub enum GradKind {
     MaxPool(Pool),
     /// dx of average pooling (count padding or not): input dy.
     AvgPool(Pool, bool),
+    /// dx of a gather (a scatter-add, any rank): inputs indices, dy.
+    Gather {
+        /// The indexed axis.
+        axis: usize,
+        /// The indices' dtype (i64 or i32).
+        index: DType,
+    },
     /// dx of LRN: inputs x, dy.
     Lrn {
         /// Channels summed over.
@@ -62,6 +69,9 @@ impl Grad {
             KernelOp::Op(Op::AvgPoolGrad { pool, count_include_pad, .. }) => {
                 (GradKind::AvgPool(pool.clone(), *count_include_pad), "avg_pool_grad")
             }
+            KernelOp::Op(Op::GatherGrad { axis, .. }) => {
+                (GradKind::Gather { axis: *axis, index: g.ty(g.inputs_of(id)[0]).dtype }, "gather_grad")
+            }
             KernelOp::Op(Op::LrnGrad { size, alpha, beta, bias }) => {
                 (GradKind::Lrn { size: *size, alpha: *alpha, beta: *beta, bias: *bias }, "lrn_grad")
             }
@@ -69,13 +79,15 @@ impl Grad {
         };
         let inputs: Vec<Vec<usize>> = g.inputs_of(id).iter().map(|v| g.ty(*v).shape.clone()).collect();
         let out = &node.outputs[0];
-        if out.shape.len() != 4 || inputs.iter().any(|s| s.len() != 4) || !out.dtype.is_float() {
+        let images = !matches!(kind, GradKind::Gather { .. });
+        if images && (out.shape.len() != 4 || inputs.iter().any(|s| s.len() != 4)) || !out.dtype.is_float() {
             return None;
         }
         let window = match &kind {
             GradKind::ConvData(c) | GradKind::ConvWeight(c) => format!("s{}d{}g{}_", c.strides[0], c.dilations[0], c.group),
             GradKind::MaxPool(p) | GradKind::AvgPool(p, _) => format!("k{}x{}s{}_", p.kernel[0], p.kernel[1], p.strides[0]),
             GradKind::Lrn { size, .. } => format!("n{size}_"),
+            GradKind::Gather { axis, index } => format!("a{axis}_{index}_{}_", inputs[0].iter().product::<usize>()),
         };
         let dims: Vec<String> = out.shape.iter().map(|d| d.to_string()).collect();
         let suffix = if out.dtype == DType::F32 { String::new() } else { format!("_{}", out.dtype) };
@@ -100,6 +112,7 @@ impl Grad {
             }
             GradKind::MaxPool(p) | GradKind::AvgPool(p, _) => p.kernel.iter().product(),
             GradKind::Lrn { size, .. } => size * size,
+            GradKind::Gather { .. } => self.inputs[0].iter().product(),
         };
         self.numel() * per
     }
@@ -112,6 +125,20 @@ impl Grad {
         let ins: Vec<String> = (0..self.inputs.len()).map(|i| format!("const {ty}* __restrict__ in{i}")).collect();
         s += &format!("extern \"C\" __global__ void {}({}, {ty}* __restrict__ out, unsigned long long n) {{\n", self.name, ins.join(", "));
         s += "    unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;\n    if (i >= n) return;\n";
+        if let GradKind::Gather { axis, index } = &self.kind {
+            // out: dx [outer, dim, inner]; in0: indices (m); in1: dy [outer, m, inner]
+            let (outer, dim, inner) = self.gather_dims(*axis);
+            let m: usize = self.inputs[0].iter().product();
+            let _ = outer;
+            let it = if *index == DType::I32 { "int" } else { "long long" };
+            s = s.replace(&format!("const {ty}* __restrict__ in0"), &format!("const {it}* __restrict__ in0"));
+            s += &format!("    unsigned long long c = i % {inner}ull, j = (i / {inner}ull) % {dim}ull, o = i / {}ull;\n", dim * inner);
+            s += "    float acc = 0.0f;\n";
+            s += &format!("    for (unsigned long long k = 0; k < {m}ull; ++k) {{\n        long long x = (long long)in0[k];\n        if (x < 0) x += {dim};\n");
+            s += &format!("        if (x == (long long)j) acc += {load}(in1[(o * {m}ull + k) * {inner}ull + c]);\n    }}\n");
+            s += &format!("    out[i] = {store}(acc);\n}}\n");
+            return s;
+        }
         let [_, a1, a2, a3] = nchw(&self.output);
         s += &format!(
             "    long long q3 = i % {a3}ull, q2 = (i / {a3}ull) % {a2}ull, q1 = (i / {}ull) % {a1}ull, q0 = i / {}ull;\n",
@@ -196,6 +223,7 @@ impl Grad {
                 }
                 s += &format!("            acc += {} / div;\n        }}\n    }}\n", ld(&format!("in0[plane + y * {ow} + z]")));
             }
+            GradKind::Gather { .. } => unreachable!("handled above"),
             GradKind::Lrn { size, alpha, beta, bias } => {
                 // out: dx; in0: x [n, c, h, w]; in1: dy
                 let c = a1;
@@ -239,8 +267,34 @@ impl Grad {
         s
     }
 
+    /// (outer, indexed extent, inner) of a gather's data.
+    fn gather_dims(&self, axis: usize) -> (usize, usize, usize) {
+        let s = &self.output;
+        (s[..axis].iter().product(), s[axis], s[axis + 1..].iter().product())
+    }
+
     /// Runs the description on the CPU exactly as the kernel does.
     pub fn run_cpu(&self, inputs: &[&Tensor]) -> Tensor {
+        if let GradKind::Gather { axis, .. } = &self.kind {
+            let (_, dim, inner) = self.gather_dims(*axis);
+            let idx = inputs[0].to_i64_vec();
+            let dy = inputs[1].to_f32_vec();
+            let m = idx.len();
+            let out = (0..self.numel())
+                .map(|i| {
+                    let (c, j, o) = (i % inner, (i / inner) % dim, i / (dim * inner));
+                    let mut acc = 0f32;
+                    for (k, &x) in idx.iter().enumerate() {
+                        let x = if x < 0 { x + dim as i64 } else { x };
+                        if x == j as i64 {
+                            acc += dy[(o * m + k) * inner + c];
+                        }
+                    }
+                    acc
+                })
+                .collect();
+            return Tensor::from_f32(self.output.clone(), out).cast(self.dtype);
+        }
         let ins: Vec<Vec<f32>> = inputs.iter().map(|t| t.to_f32_vec()).collect();
         let [_, a1, a2, a3] = nchw(&self.output);
         let mut out = vec![0f32; self.numel()];
@@ -336,6 +390,7 @@ impl Grad {
                         }
                     }
                 }
+                GradKind::Gather { .. } => unreachable!("handled above"),
                 GradKind::Lrn { size, alpha, beta, bias } => {
                     let (c, inner) = (a1, a2 * a3);
                     let (lo, hi) = ((size - 1) / 2, size / 2);

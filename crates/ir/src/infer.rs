@@ -114,6 +114,14 @@ pub fn infer(op: &Op, ins: &[&TensorType]) -> Result<Vec<TensorType>, String> {
             expect_forward(ins[0], ins[1], "dy")?;
             ins[0].clone()
         }
+        Op::GatherGrad { axis, shape } => {
+            arity(ins, 2, 2)?;
+            let data = TensorType::new(ins[1].dtype, shape.clone());
+            float(&data)?;
+            let forward = infer(&Op::Gather { axis: *axis }, &[&data, ins[0]])?.remove(0);
+            expect_forward(&forward, ins[1], "dy")?;
+            data
+        }
         Op::Update(o) => return update(o, ins),
         Op::Slice { axes, starts, ends, steps } => {
             arity(ins, 1, 1)?;

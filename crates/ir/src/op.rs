@@ -530,6 +530,15 @@ pub enum Op {
         /// The forward input's shape.
         shape: Vec<usize>,
     },
+    /// Gradient of a gather (a scatter-add): `dy`'s slices added into a
+    /// zero tensor of `shape` at the indices. Inputs: indices, dy. Output:
+    /// `shape`, the gathered data's.
+    GatherGrad {
+        /// The indexed axis.
+        axis: usize,
+        /// The data's shape.
+        shape: Vec<usize>,
+    },
     /// Gradient of local response normalization. Inputs: x, dy.
     LrnGrad {
         /// Number of channels summed over.
@@ -799,6 +808,7 @@ impl Op {
             Op::MaxPoolGrad(_) => "max_pool_grad",
             Op::AvgPoolGrad { .. } => "avg_pool_grad",
             Op::LrnGrad { .. } => "lrn_grad",
+            Op::GatherGrad { .. } => "gather_grad",
             Op::Update(o) => o.name(),
         }
     }

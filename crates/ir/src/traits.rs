@@ -143,6 +143,7 @@ impl Op {
             Op::ConvGradData { .. } | Op::ConvGradWeight { .. } => t(K::Layer, P::Sensitive, I::No, L::Kernel),
             Op::MaxPoolGrad(_) | Op::AvgPoolGrad { .. } => t(K::Window, P::Sensitive, I::No, L::Kernel),
             Op::LrnGrad { .. } => t(K::Normalization, P::Sensitive, I::No, L::Kernel),
+            Op::GatherGrad { .. } => t(K::Movement, P::Sensitive, I::No, L::Kernel),
             Op::Update(_) => t(K::Update, P::Fixed, I::No, L::Kernel),
         }
     }

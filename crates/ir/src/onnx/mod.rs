@@ -39,6 +39,10 @@ pub struct ImportOptions {
     /// Where tensors stored as external data are found (the model file's
     /// folder; `None` refuses external data).
     pub base_dir: Option<std::path::PathBuf>,
+    /// Keep float initializers as they are (for training): no op reading
+    /// one is folded, so that the trained value is the initializer itself
+    /// (an exporter's `Transpose` of a weight stays an op, not a new weight).
+    pub keep_weights: bool,
 }
 
 /// Imports an `.onnx` file.
@@ -69,13 +73,16 @@ pub fn import(bytes: &[u8], opts: &ImportOptions) -> Result<Graph, IrError> {
         )));
     }
     let used = graph.node.iter().flat_map(|n| n.input.iter().cloned()).chain(graph.output.iter().map(|o| o.name().to_string())).collect();
-    let mut im = Importer { g: Graph::new(), env: HashMap::new(), opset, batch: None, used };
+    let mut im = Importer { g: Graph::new(), env: HashMap::new(), opset, batch: None, used, kept: Default::default() };
 
     for init in &graph.initializer {
         if init.name().is_empty() {
             return Err(IrError::Malformed("an initializer has no name".into()));
         }
         let t = tensor::from_proto_at(init, opts.base_dir.as_deref())?;
+        if opts.keep_weights && t.ty().dtype.is_float() {
+            im.kept.insert(init.name().to_string());
+        }
         if im.env.insert(init.name().to_string(), Entry { konst: Some(Arc::new(t)), value: None }).is_some() {
             return Err(IrError::Malformed(format!("two initializers are named \"{}\"", init.name())));
         }
@@ -164,6 +171,8 @@ pub(crate) struct Importer {
     pub batch: Option<(usize, usize)>,
     /// Names some node or graph output reads.
     pub used: std::collections::HashSet<String>,
+    /// Float initializers no op is folded over ([`ImportOptions::keep_weights`]).
+    pub kept: std::collections::HashSet<String>,
 }
 
 impl Importer {

@@ -260,7 +260,8 @@ const FOLD_FREELY_BYTES: usize = 1 << 20;
 /// Adds `op` on the named inputs, or folds it when they are all constants
 /// and [`fold::op`] evaluates it.
 pub(super) fn emit(im: &mut Importer, cx: &Cx, op: Op, inputs: &[&str]) -> Result<Vec<Entry>, IrError> {
-    let consts: Option<Vec<Arc<Tensor>>> = inputs.iter().map(|n| im.konst(n)).collect();
+    let kept = inputs.iter().any(|n| im.kept.contains(*n));
+    let consts: Option<Vec<Arc<Tensor>>> = if kept { None } else { inputs.iter().map(|n| im.konst(n)).collect() };
     if let Some(cs) = consts.filter(|c| !c.is_empty()) {
         let tys: Vec<&crate::dtype::TensorType> = cs.iter().map(|c| c.ty()).collect();
         let out = crate::infer::infer(&op, &tys).map_err(|m| cx.bad(m))?;
@@ -289,7 +290,7 @@ pub(super) fn emit_values(im: &mut Importer, cx: &Cx, op: Op, vs: &[ValueId]) ->
 /// A reshaping op (`Reshape`, `Flatten`, `Squeeze`, `Unsqueeze`, identities):
 /// folded when its input is constant, else emitted.
 pub(super) fn reshaping(im: &mut Importer, cx: &Cx, op: Op, x: &str) -> Result<Vec<Entry>, IrError> {
-    if let Some(t) = im.konst(x) {
+    if let Some(t) = im.konst(x).filter(|_| !im.kept.contains(x)) {
         let out = crate::infer::infer(&op, &[t.ty()]).map_err(|m| cx.bad(m))?;
         return Ok(konst((*t).clone().reshaped(out[0].shape.clone()).expect("same element count")));
     }

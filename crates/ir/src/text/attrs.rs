@@ -67,6 +67,7 @@ pub fn attrs_of(op: &Op) -> Vec<(&'static str, Attr)> {
         Op::Conv(c) => conv(c),
         Op::ConvGradData { conv: c, shape } | Op::ConvGradWeight { conv: c, shape } => with_shape(conv(c), shape),
         Op::MaxPoolGrad(p) => pool(p),
+        Op::GatherGrad { axis, shape } => vec![("axis", Int(*axis as i64)), ("shape", ints(shape))],
         Op::AvgPoolGrad { pool: p, count_include_pad, shape } => {
             let mut a = pool(p);
             a.push(("count_include_pad", Bool(*count_include_pad)));
@@ -292,6 +293,7 @@ pub fn op_from(name: &str, mut a: Attrs) -> Result<Op, String> {
         "conv_grad_data" => Ok(Op::ConvGradData { conv: a.conv()?, shape: a.usizes("shape")? }),
         "conv_grad_weight" => Ok(Op::ConvGradWeight { conv: a.conv()?, shape: a.usizes("shape")? }),
         "max_pool_grad" => Ok(Op::MaxPoolGrad(a.pool()?)),
+        "gather_grad" => Ok(Op::GatherGrad { axis: a.usize("axis")?, shape: a.usizes("shape")? }),
         "avg_pool_grad" => {
             Ok(Op::AvgPoolGrad { pool: a.pool()?, count_include_pad: a.bool("count_include_pad")?, shape: a.usizes("shape")? })
         }

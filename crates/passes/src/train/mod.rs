@@ -126,11 +126,12 @@ pub fn matches(pattern: &str, name: &str) -> bool {
 /// The values trained by default: the graph's parameters (a text model
 /// declares them with `param`), and the float initializers that are a
 /// layer's weights or bias, a normalization's scale and bias, or a bias
-/// added to a layer's output (through views).
+/// added to a layer's output (through views and transposes: exporters
+/// transpose a linear layer's weight before its MatMul).
 fn trainable(g: &Graph) -> HashSet<NodeId> {
     let through_views = |mut v: ValueId| loop {
         let op = &g.node(v.node).op;
-        if op.traits().kind == smelt_ir::traits::Kind::View {
+        if op.traits().kind == smelt_ir::traits::Kind::View || matches!(op, Op::Transpose { .. }) {
             v = g.inputs_of(v.node)[0];
         } else {
             return v.node;

@@ -553,16 +553,13 @@ pub(super) fn vjp(ad: &mut Ad, n: NodeId, dys: &[Option<ValueId>], needs: &[bool
         Op::Cast { .. } => {
             set!(0, ad.op(Op::Cast { to: in_dtype0 }, &[dy])?);
         }
-        Op::Gather { .. } => {
-            if needs[0] {
-                return Err(unsupported("the gradient of a gather (an embedding table) is not supported yet: freeze the table"));
-            }
-        }
+        Op::Gather { axis } => set!(0, ad.op(Op::GatherGrad { axis: *axis, shape: xs[0].clone() }, &[ins[1], dy])?),
         Op::ConvGradData { .. }
         | Op::ConvGradWeight { .. }
         | Op::MaxPoolGrad(_)
         | Op::AvgPoolGrad { .. }
         | Op::LrnGrad { .. }
+        | Op::GatherGrad { .. }
         | Op::Update(_) => return Err(unsupported("second derivatives are not supported")),
     }
     Ok(out)

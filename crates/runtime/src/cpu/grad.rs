@@ -127,6 +127,27 @@ pub(crate) fn avg_pool_grad(p: &Pool, include_pad: bool, dy: &Tensor, out: &Tens
     Ok(dx)
 }
 
+/// dx of a gather: each slice of `dy` added into the data's slice its index names.
+pub(crate) fn gather_grad(indices: &Tensor, dy: &Tensor, axis: usize, out: &smelt_ir::TensorType) -> Result<Vec<f32>, String> {
+    let s = &out.shape;
+    let (outer, dim, inner) = (s[..axis].iter().product::<usize>(), s[axis], s[axis + 1..].iter().product::<usize>());
+    let idx = indices.to_i64_vec();
+    let dyv = f32s(dy);
+    let mut dx = vec![0f32; out.numel()];
+    for o in 0..outer {
+        for (k, &i) in idx.iter().enumerate() {
+            let j = if i < 0 { i + dim as i64 } else { i };
+            if !(0..dim as i64).contains(&j) {
+                return Err(format!("index {i} out of range for axis {axis} of extent {dim}"));
+            }
+            for c in 0..inner {
+                dx[(o * dim + j as usize) * inner + c] += dyv[(o * idx.len() + k) * inner + c];
+            }
+        }
+    }
+    Ok(dx)
+}
+
 /// dx of LRN: `y_i = x_i s_i^-beta`, `s_i = bias + alpha/size sum x_k^2`
 /// over the channel window of i, so `dx_j = dy_j s_j^-beta - 2 alpha beta /
 /// size x_j sum dy_i x_i s_i^(-beta-1)` over the windows holding j.

@@ -320,6 +320,7 @@ fn eval(op: &Op, args: &[Arc<Tensor>], out: &[TensorType]) -> Result<Vec<Tensor>
         Op::ConvGradWeight { conv: c, .. } => float(grad::conv_grad_weight(c, &args[0], &args[1], o)?),
         Op::MaxPoolGrad(p) => float(grad::max_pool_grad(p, &args[0], &args[1])?),
         Op::AvgPoolGrad { pool: p, count_include_pad, .. } => float(grad::avg_pool_grad(p, *count_include_pad, &args[0], o)?),
+        Op::GatherGrad { axis, .. } => float(grad::gather_grad(&args[0], &args[1], *axis, o)?),
         Op::LrnGrad { size, alpha, beta, bias } => float(grad::lrn_grad(&args[0], &args[1], *size, *alpha, *beta, *bias)),
         Op::Update(u) => Ok(grad::update(u, args).into_iter().zip(out).map(|(v, ty)| tensor_of(ty, v)).collect()),
     }
