@@ -17,6 +17,7 @@ then <out>/.done.
 Usage: make_training.py [--out DIR]
 """
 import argparse
+import math
 import os
 
 import numpy as np
@@ -30,7 +31,20 @@ OPTS = {
     "sgd_nesterov": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, nesterov=True),
     "adam": lambda p: torch.optim.Adam(p, lr=1e-3),
     "adamw": lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.1),
+    # Gradients clipped by their global norm (CLIP) before the update.
+    "sgd_clip": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),
+    # Hugging Face's cosine schedule with warmup (WARMUP, then to 0 at step STEPS).
+    "adamw_cosine": lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.1),
 }
+CLIP, WARMUP = 0.5, 1
+
+
+def cosine_with_warmup(step):
+    """get_cosine_schedule_with_warmup's factor (num_cycles 0.5)."""
+    if step < WARMUP:
+        return step / max(1, WARMUP)
+    progress = (step - WARMUP) / max(1, STEPS - WARMUP)
+    return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
 
 
 class Block(torch.nn.Module):
@@ -139,6 +153,7 @@ def main():
         for opt_name, make in OPTS.items():
             model.load_state_dict(init)
             opt = make(model.parameters())
+            sched = torch.optim.lr_scheduler.LambdaLR(opt, cosine_with_warmup) if opt_name.endswith("cosine") else None
             losses = []
             for _ in range(STEPS):
                 opt.zero_grad()
@@ -151,7 +166,11 @@ def main():
                     l = torch.nn.functional.mse_loss(z, y)
                 losses.append(l.item())
                 l.backward()
+                if opt_name.endswith("clip"):
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
                 opt.step()
+                if sched is not None:
+                    sched.step()
             od = os.path.join(d, opt_name)
             os.makedirs(od, exist_ok=True)
             for k, p in model.named_parameters():

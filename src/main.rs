@@ -328,6 +328,18 @@ pub(crate) struct TrainArgs {
     /// plan is the micro-step's; the accumulators are persistent).
     #[arg(long, value_name = "K", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..), requires = "train")]
     pub(crate) accumulate: u32,
+    /// Learning-rate schedule: a cosine decay to 0 over this many optimizer
+    /// steps, after --warmup steps of linear warmup (Hugging Face's
+    /// cosine-with-warmup). Default: constant.
+    #[arg(long, value_name = "STEPS", requires = "train")]
+    pub(crate) cosine: Option<usize>,
+    /// Steps of linear learning-rate warmup (with --cosine).
+    #[arg(long, value_name = "STEPS", default_value_t = 0, requires = "train")]
+    pub(crate) warmup: usize,
+    /// Clip the gradients by their global L2 norm (PyTorch's
+    /// clip_grad_norm_): every gradient is kept until all are computed.
+    #[arg(long, value_name = "MAX_NORM", requires = "train")]
+    pub(crate) clip_norm: Option<f32>,
     /// Batch norm: frozen (as exported: running statistics normalize, scale
     /// and bias train) or train (batch statistics; the running statistics
     /// follow them with PyTorch's momentum 0.1, as `model.train()`).
@@ -345,6 +357,12 @@ impl TrainArgs {
         use smelt_passes::train::{Loss, TrainConfig};
         let Some(opt) = &self.train else { return Ok(None) };
         let wd = self.weight_decay.unwrap_or(if opt == "adamw" { 0.01 } else { 0.0 });
+        let schedule = match (self.cosine, self.warmup) {
+            (Some(total), w) if w < total => smelt_ir::Schedule { warmup: w, total },
+            (Some(total), w) => anyhow::bail!("--warmup {w} must be shorter than --cosine {total}"),
+            (None, 0) => smelt_ir::Schedule::default(),
+            (None, _) => anyhow::bail!("--warmup needs --cosine STEPS (the schedule's length)"),
+        };
         let optimizer = match opt.as_str() {
             "sgd" => Optimizer::Sgd {
                 lr: self.lr.unwrap_or(0.01),
@@ -353,6 +371,7 @@ impl TrainArgs {
                 nesterov: self.nesterov,
                 weight_decay: wd,
                 accumulate: self.accumulate as usize,
+                schedule,
             },
             _ => Optimizer::Adam {
                 lr: self.lr.unwrap_or(1e-3),
@@ -362,6 +381,7 @@ impl TrainArgs {
                 weight_decay: wd,
                 decoupled: opt == "adamw",
                 accumulate: self.accumulate as usize,
+                schedule,
             },
         };
         if self.nesterov && (opt != "sgd" || self.momentum == 0.0) {
@@ -376,7 +396,17 @@ impl TrainArgs {
         } else {
             smelt_passes::train::BatchNorm::Frozen
         };
-        Ok(Some(TrainConfig { loss, loss_on: self.loss_on.clone(), optimizer: Some(optimizer), freeze: self.freeze.clone(), batch_norm }))
+        if self.clip_norm.is_some_and(|c| !(c > 0.0 && c.is_finite())) {
+            anyhow::bail!("--clip-norm must be a positive number");
+        }
+        Ok(Some(TrainConfig {
+            loss,
+            loss_on: self.loss_on.clone(),
+            optimizer: Some(optimizer),
+            freeze: self.freeze.clone(),
+            batch_norm,
+            clip_norm: self.clip_norm,
+        }))
     }
 }
 

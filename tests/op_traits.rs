@@ -183,9 +183,25 @@ fn samples() -> Vec<(KernelOp, Vec<TensorType>)> {
     v.push((KernelOp::Op(Op::GatherGrad { axis: 1, shape: vec![2, 6, 3] }), vec![i64s(&[2, 2]), f32t(&[2, 2, 2, 3])]));
     v.push((KernelOp::Op(Op::GatherGrad { axis: 0, shape: vec![3, 4] }), vec![i64s(&[]), f32t(&[4])]));
     let p = f32t(&[4, 5]);
-    let sgd = smelt_ir::Optimizer::Sgd { lr: 0.1, momentum: 0.9, dampening: 0.0, nesterov: true, weight_decay: 1e-4, accumulate: 1 };
-    let adam =
-        smelt_ir::Optimizer::Adam { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0, decoupled: false, accumulate: 3 };
+    let sgd = smelt_ir::Optimizer::Sgd {
+        lr: 0.1,
+        momentum: 0.9,
+        dampening: 0.0,
+        nesterov: true,
+        weight_decay: 1e-4,
+        accumulate: 1,
+        schedule: Default::default(),
+    };
+    let adam = smelt_ir::Optimizer::Adam {
+        lr: 1e-3,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.0,
+        decoupled: false,
+        accumulate: 3,
+        schedule: smelt_ir::Schedule { warmup: 2, total: 9 },
+    };
     v.push((KernelOp::Op(Op::Update(sgd)), vec![p.clone(), p.clone(), f32t(&[]), p.clone()]));
     v.push((KernelOp::Op(Op::Update(adam)), vec![p.clone(), p.clone(), f32t(&[]), p.clone(), p.clone(), p.clone()]));
     v.push((KernelOp::Op(Op::Update(smelt_ir::Optimizer::Count)), vec![f32t(&[])]));

@@ -20,16 +20,45 @@ fn dir(case: &str) -> PathBuf {
 
 /// PyTorch's optimizer of each case directory, as `make_training.py` makes it.
 fn optimizer(name: &str) -> Optimizer {
-    let sgd = |nesterov, weight_decay| Optimizer::Sgd { lr: 0.05, momentum: 0.9, dampening: 0.0, nesterov, weight_decay, accumulate: 1 };
-    let adam =
-        |weight_decay, decoupled| Optimizer::Adam { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay, decoupled, accumulate: 1 };
+    let sgd = |nesterov, weight_decay| Optimizer::Sgd {
+        lr: 0.05,
+        momentum: 0.9,
+        dampening: 0.0,
+        nesterov,
+        weight_decay,
+        accumulate: 1,
+        schedule: Default::default(),
+    };
+    let adam = |weight_decay, decoupled| Optimizer::Adam {
+        lr: 1e-3,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay,
+        decoupled,
+        accumulate: 1,
+        schedule: Default::default(),
+    };
     match name {
         "sgd" => sgd(false, 1e-4),
         "sgd_nesterov" => sgd(true, 0.0),
         "adam" => adam(0.0, false),
         "adamw" => adam(0.1, true),
+        "sgd_clip" => sgd(false, 0.0),
+        "adamw_cosine" => match adam(0.1, true) {
+            Optimizer::Adam { lr, beta1, beta2, eps, weight_decay, decoupled, accumulate, .. } => {
+                let schedule = smelt_ir::Schedule { warmup: 1, total: 3 };
+                Optimizer::Adam { lr, beta1, beta2, eps, weight_decay, decoupled, accumulate, schedule }
+            }
+            _ => unreachable!(),
+        },
         _ => unreachable!(),
     }
+}
+
+/// The global-norm clipping of `make_training.py`'s optimizer `name`.
+fn clip(name: &str) -> Option<f32> {
+    name.ends_with("clip").then_some(0.5)
 }
 
 #[test]
@@ -40,8 +69,15 @@ fn three_steps_give_pytorchs_weights() {
         let loss = if meta.contains("loss=mse") { Loss::MeanSquaredError } else { Loss::CrossEntropy { smoothing: 0.0 } };
         let x = read_tensor_file(&d.join("input_0.pb")).unwrap().1;
         let labels = read_tensor_file(&d.join("labels.pb")).unwrap().1;
-        for opt in ["sgd", "sgd_nesterov", "adam", "adamw"] {
-            let cfg = TrainConfig { loss, loss_on: None, optimizer: Some(optimizer(opt)), freeze: vec![], batch_norm: Default::default() };
+        for opt in ["sgd", "sgd_nesterov", "adam", "adamw", "sgd_clip", "adamw_cosine"] {
+            let cfg = TrainConfig {
+                loss,
+                loss_on: None,
+                optimizer: Some(optimizer(opt)),
+                freeze: vec![],
+                batch_norm: Default::default(),
+                clip_norm: clip(opt),
+            };
             let want_losses = read_tensor_file(&d.join(opt).join("losses.pb")).unwrap().1.to_f32_vec();
             // The step as built, and as the pass pipeline fuses it.
             let mut s =
@@ -296,8 +332,14 @@ fn every_gradient_rule_matches_finite_differences() {
     for case in &cases {
         let model = model_of(case);
         let name = format!("{} {:?}", case.op.name(), case.operands.iter().map(|t| t.shape().to_vec()).collect::<Vec<_>>());
-        let cfg =
-            TrainConfig { loss: Loss::MeanSquaredError, loss_on: None, optimizer: None, freeze: vec![], batch_norm: Default::default() };
+        let cfg = TrainConfig {
+            loss: Loss::MeanSquaredError,
+            loss_on: None,
+            optimizer: None,
+            freeze: vec![],
+            batch_norm: Default::default(),
+            clip_norm: None,
+        };
         let step = training_step(&model, &cfg).unwrap_or_else(|e| panic!("{name}: {e}"));
         let mut g = step.graph;
         let target_ty = g.node(g.inputs()[0]).outputs[0].clone();
@@ -348,7 +390,14 @@ fn every_gradient_rule_matches_finite_differences() {
 
 /// Cross-entropy with `make_training.py`'s optimizer `opt`.
 fn ce(opt: &str, batch_norm: smelt_passes::train::BatchNorm) -> TrainConfig {
-    TrainConfig { loss: Loss::CrossEntropy { smoothing: 0.0 }, loss_on: None, optimizer: Some(optimizer(opt)), freeze: vec![], batch_norm }
+    TrainConfig {
+        loss: Loss::CrossEntropy { smoothing: 0.0 },
+        loss_on: None,
+        optimizer: Some(optimizer(opt)),
+        freeze: vec![],
+        batch_norm,
+        clip_norm: None,
+    }
 }
 
 fn sgd_config() -> TrainConfig {
@@ -448,6 +497,7 @@ fn accumulation_over_micro_batches_equals_the_whole_batch() {
                 optimizer: Some(o),
                 freeze: vec![],
                 batch_norm: Default::default(),
+                clip_norm: None,
             }
         };
         let path = d.join("model.onnx");

@@ -83,8 +83,9 @@ impl Update {
             s += &format!("    d = (s0[i] + d) / {};\n    s0[i] = 0.0f;\n", f(k as f32));
         }
         s += &format!("    double step = (double)(micro / {k}ull + 1);\n    float pi = p[i];\n");
+        s += &self.lr_c(k);
         match self.optimizer {
-            Optimizer::Sgd { lr, momentum, dampening, nesterov, weight_decay, .. } => {
+            Optimizer::Sgd { momentum, dampening, nesterov, weight_decay, .. } => {
                 s += &format!("    d = d + {} * pi;\n", f(weight_decay));
                 if momentum != 0.0 {
                     let b = format!("s{own}[i]");
@@ -92,15 +93,15 @@ impl Update {
                         &format!("    float buf = step == 1.0 ? d : {} * {b} + {} * d;\n    {b} = buf;\n", f(momentum), f(1.0 - dampening));
                     s += &if nesterov { format!("    d = d + {} * buf;\n", f(momentum)) } else { "    d = buf;\n".to_string() };
                 }
-                s += &format!("    p[i] = pi - {} * d;\n", f(lr));
+                s += "    p[i] = pi - lr * d;\n";
             }
-            Optimizer::Adam { lr, beta1, beta2, eps, weight_decay, decoupled, .. } => {
+            Optimizer::Adam { beta1, beta2, eps, weight_decay, decoupled, .. } => {
                 let (m, v) = (format!("s{own}[i]"), format!("s{}[i]", own + 1));
                 s += &format!("    double bc1 = 1.0 - pow({:?}, step);\n", beta1 as f64);
                 s += &format!("    float bc2_sqrt = (float)sqrt(1.0 - pow({:?}, step));\n", beta2 as f64);
-                s += &format!("    float step_size = (float)({:?} / bc1);\n", lr as f64);
+                s += "    float step_size = (float)((double)lr / bc1);\n";
                 s += &if decoupled {
-                    format!("    pi = pi * {};\n", f(1.0 - lr * weight_decay))
+                    format!("    pi = pi * (1.0f - lr * {});\n", f(weight_decay))
                 } else {
                     format!("    d = d + {} * pi;\n", f(weight_decay))
                 };
@@ -112,6 +113,26 @@ impl Update {
         }
         s += "}\n";
         s
+    }
+
+    /// The CUDA C of the learning rate at this step: `float lr`, the base
+    /// rate times the schedule's factor (computed in double, as
+    /// [`Optimizer::lr_at`]).
+    fn lr_c(&self, k: usize) -> String {
+        let (lr, sched) = match self.optimizer {
+            Optimizer::Sgd { lr, schedule, .. } | Optimizer::Adam { lr, schedule, .. } => (lr, schedule),
+            Optimizer::Ema { .. } | Optimizer::Count => return String::new(),
+        };
+        if sched.total == 0 {
+            return format!("    float lr = {};\n", crate::c_f32(lr));
+        }
+        let (w, t) = (sched.warmup as f64, sched.total as f64);
+        format!(
+            "    double t0 = (double)(micro / {k}ull);\n    double factor = t0 < {w:?} ? t0 / {:?} : fmax(0.0, 0.5 * (1.0 + cos(3.141592653589793 * (t0 - {w:?}) / {:?})));\n    float lr = (float)({:?} * factor);\n",
+            w.max(1.0),
+            (t - w).max(1.0),
+            lr as f64
+        )
     }
 
     /// Runs the description on the CPU: the new values of the operands it
@@ -132,6 +153,7 @@ impl Update {
         let micro = t as u64;
         let own = usize::from(k > 1);
         let step = (micro / k + 1) as f64;
+        let lr = self.optimizer.lr_at(micro / k);
         for i in 0..p.len() {
             let mut d = g[i];
             if k > 1 {
@@ -144,7 +166,7 @@ impl Update {
             }
             let mut pi = p[i];
             match self.optimizer {
-                Optimizer::Sgd { lr, momentum, dampening, nesterov, weight_decay, .. } => {
+                Optimizer::Sgd { momentum, dampening, nesterov, weight_decay, .. } => {
                     d += weight_decay * pi;
                     if momentum != 0.0 {
                         let buf = if step == 1.0 { d } else { momentum * st[own][i] + (1.0 - dampening) * d };
@@ -153,7 +175,7 @@ impl Update {
                     }
                     p[i] = pi - lr * d;
                 }
-                Optimizer::Adam { lr, beta1, beta2, eps, weight_decay, decoupled, .. } => {
+                Optimizer::Adam { beta1, beta2, eps, weight_decay, decoupled, .. } => {
                     let bc1 = 1.0 - (beta1 as f64).powf(step);
                     let bc2_sqrt = (1.0 - (beta2 as f64).powf(step)).sqrt() as f32;
                     let step_size = (lr as f64 / bc1) as f32;

@@ -33,7 +33,9 @@ pub use fused::{round_to, Act, Expr, ExprNode};
 pub use graph::{Graph, Node, NodeId, ValueId};
 pub use infer::{attention_types, broadcast, broadcast_index, broadcast_strides, infer, infer_kernel, slice_len};
 pub use kernel_op::{KernelGraph, KernelOp, OpSet};
-pub use op::{apply_binary, apply_unary, erf, BinaryOp, CompareOp, Conv, LogicOp, Op, Optimizer, PadMode, Pool, ReduceOp, UnaryOp};
+pub use op::{
+    apply_binary, apply_unary, erf, BinaryOp, CompareOp, Conv, LogicOp, Op, Optimizer, PadMode, Pool, ReduceOp, Schedule, UnaryOp,
+};
 pub use rng::Rng;
 pub use tensor::{Tensor, TensorData};
 pub use verify::verify;

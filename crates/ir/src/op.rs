@@ -558,6 +558,34 @@ pub enum Op {
     Update(Optimizer),
 }
 
+/// A learning-rate schedule: the factor applied to the base learning rate
+/// at each optimizer step. `total == 0`: constant. Otherwise a linear
+/// warmup over `warmup` steps, then a cosine decay to 0 at step `total`, as
+/// Hugging Face's `get_cosine_schedule_with_warmup` (the first step's
+/// factor is 0 when there is a warmup).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Schedule {
+    /// Steps of linear warmup.
+    pub warmup: usize,
+    /// The step where the cosine reaches 0 (0: no schedule).
+    pub total: usize,
+}
+
+impl Schedule {
+    /// The factor at optimizer step `step` (0 for the first).
+    pub fn factor(&self, step: u64) -> f64 {
+        if self.total == 0 {
+            return 1.0;
+        }
+        let (t, w) = (step as f64, self.warmup as f64);
+        if t < w {
+            return t / w.max(1.0);
+        }
+        let progress = (t - w) / (self.total as f64 - w).max(1.0);
+        (0.5 * (1.0 + (std::f64::consts::PI * progress).cos())).max(0.0)
+    }
+}
+
 /// The rule of an [`Op::Update`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Optimizer {
@@ -578,6 +606,8 @@ pub enum Optimizer {
         weight_decay: f32,
         /// Micro-steps per update (1: none); see [`Optimizer::accumulate`].
         accumulate: usize,
+        /// The learning rate's schedule.
+        schedule: Schedule,
     },
     /// Adam, or AdamW when `decoupled`. State: the first and second moments.
     Adam {
@@ -595,6 +625,8 @@ pub enum Optimizer {
         decoupled: bool,
         /// Micro-steps per update (1: none); see [`Optimizer::accumulate`].
         accumulate: usize,
+        /// The learning rate's schedule.
+        schedule: Schedule,
     },
     /// A running statistic (batch norm in training mode): `p = (1 -
     /// momentum) p + momentum g`, `g` the batch's statistic (PyTorch's
@@ -627,6 +659,15 @@ impl Optimizer {
         match self {
             Optimizer::Sgd { accumulate, .. } | Optimizer::Adam { accumulate, .. } => *accumulate,
             Optimizer::Ema { .. } | Optimizer::Count => 1,
+        }
+    }
+
+    /// The learning rate at optimizer step `step` (0 for the first): the
+    /// base rate times the schedule's factor, rounded to f32.
+    pub fn lr_at(&self, step: u64) -> f32 {
+        match self {
+            Optimizer::Sgd { lr, schedule, .. } | Optimizer::Adam { lr, schedule, .. } => (*lr as f64 * schedule.factor(step)) as f32,
+            Optimizer::Ema { .. } | Optimizer::Count => 0.0,
         }
     }
 

@@ -3,7 +3,7 @@
 
 use crate::dtype::DType;
 use crate::kernel_op::KernelOp;
-use crate::op::{BinaryOp, CompareOp, Conv, LogicOp, Op, Optimizer, PadMode, Pool, ReduceOp, UnaryOp};
+use crate::op::{BinaryOp, CompareOp, Conv, LogicOp, Op, Optimizer, PadMode, Pool, ReduceOp, Schedule, UnaryOp};
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -76,15 +76,17 @@ pub fn attrs_of(op: &Op) -> Vec<(&'static str, Attr)> {
         Op::LrnGrad { size, alpha, beta, bias } => {
             vec![("size", Int(*size as i64)), ("alpha", Float(*alpha)), ("beta", Float(*beta)), ("bias", Float(*bias))]
         }
-        Op::Update(Optimizer::Sgd { lr, momentum, dampening, nesterov, weight_decay, accumulate }) => vec![
+        Op::Update(Optimizer::Sgd { lr, momentum, dampening, nesterov, weight_decay, accumulate, schedule }) => vec![
             ("lr", Float(*lr)),
             ("momentum", Float(*momentum)),
             ("dampening", Float(*dampening)),
             ("nesterov", Bool(*nesterov)),
             ("weight_decay", Float(*weight_decay)),
             ("accumulate", Int(*accumulate as i64)),
+            ("warmup", Int(schedule.warmup as i64)),
+            ("total", Int(schedule.total as i64)),
         ],
-        Op::Update(Optimizer::Adam { lr, beta1, beta2, eps, weight_decay, decoupled, accumulate }) => vec![
+        Op::Update(Optimizer::Adam { lr, beta1, beta2, eps, weight_decay, decoupled, accumulate, schedule }) => vec![
             ("lr", Float(*lr)),
             ("beta1", Float(*beta1)),
             ("beta2", Float(*beta2)),
@@ -92,6 +94,8 @@ pub fn attrs_of(op: &Op) -> Vec<(&'static str, Attr)> {
             ("weight_decay", Float(*weight_decay)),
             ("decoupled", Bool(*decoupled)),
             ("accumulate", Int(*accumulate as i64)),
+            ("warmup", Int(schedule.warmup as i64)),
+            ("total", Int(schedule.total as i64)),
         ],
         Op::Update(Optimizer::Ema { momentum }) => vec![("momentum", Float(*momentum))],
         Op::Update(Optimizer::Count) => vec![],
@@ -305,6 +309,7 @@ pub fn op_from(name: &str, mut a: Attrs) -> Result<Op, String> {
             nesterov: a.bool("nesterov")?,
             weight_decay: a.float("weight_decay")?,
             accumulate: a.usize("accumulate")?.max(1),
+            schedule: Schedule { warmup: a.usize("warmup")?, total: a.usize("total")? },
         })),
         "adam_update" => Ok(Op::Update(Optimizer::Adam {
             lr: a.float("lr")?,
@@ -314,6 +319,7 @@ pub fn op_from(name: &str, mut a: Attrs) -> Result<Op, String> {
             weight_decay: a.float("weight_decay")?,
             decoupled: a.bool("decoupled")?,
             accumulate: a.usize("accumulate")?.max(1),
+            schedule: Schedule { warmup: a.usize("warmup")?, total: a.usize("total")? },
         })),
         "count_update" => Ok(Op::Update(Optimizer::Count)),
         "ema_update" => Ok(Op::Update(Optimizer::Ema { momentum: a.float("momentum")? })),

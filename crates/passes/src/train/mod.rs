@@ -60,6 +60,9 @@ pub struct TrainConfig {
     pub freeze: Vec<String>,
     /// How batch norms train.
     pub batch_norm: BatchNorm,
+    /// Clip the gradients by their global L2 norm to at most this
+    /// (PyTorch's `clip_grad_norm_`, eps 1e-6).
+    pub clip_norm: Option<f32>,
 }
 
 /// Training errors: the user's model or options (most), or smelt's bug.
@@ -372,6 +375,40 @@ pub fn training_step(model: &Graph, cfg: &TrainConfig) -> Result<TrainStep, Trai
         for (v, d) in ins.into_iter().zip(contribs) {
             if let Some(d) = d {
                 grads.entry(v).or_default().push(d);
+            }
+        }
+    }
+    // Clipping by the global norm: every gradient scaled by
+    // min(1, max / (norm + 1e-6)) once all are known.
+    if let Some(max) = cfg.clip_norm {
+        if cfg.optimizer.is_some_and(|o| o.accumulate() > 1) {
+            return Err(TrainError::Usage(
+                "--clip-norm with --accumulate is not supported yet (the accumulated gradient is what PyTorch clips)".into(),
+            ));
+        }
+        ad.name = "clip".into();
+        let mut squares = Vec::new();
+        for (_, p) in &params {
+            if let Some(&d) = total.get(p) {
+                let sq = ad.mul(d, d)?;
+                let r = ad.shape(sq).len();
+                squares.push(ad.sum(sq, (0..r).collect(), false)?);
+            }
+        }
+        if !squares.is_empty() {
+            let all = if squares.len() == 1 { squares[0] } else { ad.op(Op::Sum, &squares)? };
+            let norm = ad.un(smelt_ir::UnaryOp::Sqrt, all)?;
+            let eps = ad.scalar(1e-6);
+            let den = ad.bin(smelt_ir::BinaryOp::Add, norm, eps)?;
+            let m = ad.scalar(max);
+            let coef = ad.bin(smelt_ir::BinaryOp::Div, m, den)?;
+            let one = ad.scalar(1.0);
+            let coef = ad.bin(smelt_ir::BinaryOp::Min, coef, one)?;
+            for (_, p) in &params {
+                if let Some(d) = total.get(p).copied() {
+                    let clipped = ad.mul(d, coef)?;
+                    total.insert(*p, clipped);
+                }
             }
         }
     }

@@ -212,9 +212,10 @@ pub(crate) fn update(o: &Optimizer, args: &[std::sync::Arc<Tensor>]) -> Vec<Vec<
     };
     let step = (micro / k as u64 + 1) as f64;
     let first = step == 1.0;
+    let lr = o.lr_at(micro / k as u64);
     let own = usize::from(k > 1);
     match *o {
-        Optimizer::Sgd { lr, momentum, dampening, nesterov, weight_decay, .. } => {
+        Optimizer::Sgd { momentum, dampening, nesterov, weight_decay, .. } => {
             for i in 0..p.len() {
                 let mut d = g[i] + weight_decay * p[i];
                 if momentum != 0.0 {
@@ -225,7 +226,7 @@ pub(crate) fn update(o: &Optimizer, args: &[std::sync::Arc<Tensor>]) -> Vec<Vec<
                 p[i] -= lr * d;
             }
         }
-        Optimizer::Adam { lr, beta1, beta2, eps, weight_decay, decoupled, .. } => {
+        Optimizer::Adam { beta1, beta2, eps, weight_decay, decoupled, .. } => {
             let bc1 = 1.0 - (beta1 as f64).powf(step);
             let bc2_sqrt = (1.0 - (beta2 as f64).powf(step)).sqrt() as f32;
             let step_size = (lr as f64 / bc1) as f32;
