@@ -44,6 +44,33 @@ pub fn verify<O: OpSet>(g: &Graph<O>) -> Result<(), IrError> {
                     }
                 }
             }
+            Some(op @ crate::Op::Update(_)) => {
+                // An update writes into what it replaces: a parameter or state,
+                // each replaced by one update only.
+                for slot in 0..node.outputs.len() {
+                    let target = op.updated_operand(slot).and_then(|i| ins.get(i));
+                    let persistent =
+                        target.is_some_and(|t| matches!(g.node(t.node).op.semantic(), Some(crate::Op::Parameter | crate::Op::State)));
+                    if !persistent {
+                        return Err(IrError::Invalid(format!("{}: output {slot} must replace a parameter or state operand", who())));
+                    }
+                    let t = target.expect("checked").node;
+                    let writers = g.users_of(t).into_iter().collect::<HashSet<_>>().into_iter().filter(|&u| {
+                        g.node(u).op.semantic().is_some_and(|o| {
+                            let ui = g.inputs_of(u);
+                            (0..g.node(u).outputs.len()).any(|s| o.updated_operand(s).and_then(|i| ui.get(i)).is_some_and(|v| v.node == t))
+                        })
+                    });
+                    if writers.count() > 1 {
+                        return Err(IrError::Invalid(format!("{}: \"{}\" is replaced by more than one update", who(), g.node(t).name)));
+                    }
+                }
+                let tys: Vec<_> = ins.iter().map(|&v| g.ty(v)).collect();
+                let want = node.op.infer(&tys).map_err(|m| IrError::Invalid(format!("{}: {m}", who())))?;
+                if want != node.outputs {
+                    return Err(IrError::Invalid(format!("{}: stored types differ from inference", who())));
+                }
+            }
             _ => {
                 let tys: Vec<_> = ins.iter().map(|&v| g.ty(v)).collect();
                 let want = node.op.infer(&tys).map_err(|m| IrError::Invalid(format!("{}: {m}", who())))?;
