@@ -127,9 +127,8 @@ impl Grad {
         s += "    unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;\n    if (i >= n) return;\n";
         if let GradKind::Gather { axis, index } = &self.kind {
             // out: dx [outer, dim, inner]; in0: indices (m); in1: dy [outer, m, inner]
-            let (outer, dim, inner) = self.gather_dims(*axis);
+            let (_, dim, inner) = self.gather_dims(*axis);
             let m: usize = self.inputs[0].iter().product();
-            let _ = outer;
             let it = if *index == DType::I32 { "int" } else { "long long" };
             s = s.replace(&format!("const {ty}* __restrict__ in0"), &format!("const {it}* __restrict__ in0"));
             s += &format!("    unsigned long long c = i % {inner}ull, j = (i / {inner}ull) % {dim}ull, o = i / {}ull;\n", dim * inner);

@@ -171,11 +171,6 @@ fn trainable(g: &Graph) -> HashSet<NodeId> {
     out
 }
 
-fn fresh(g: &Graph, base: &str) -> String {
-    let taken: HashSet<&str> = g.node_ids().map(|n| g.node(n).name.as_str()).collect();
-    std::iter::once(base.to_string()).chain((1..).map(|i| format!("{base}.{i}"))).find(|n| !taken.contains(n.as_str())).expect("free")
-}
-
 /// Builds the training step of `model` (a verified semantic graph).
 pub fn training_step(model: &Graph, cfg: &TrainConfig) -> Result<TrainStep, TrainError> {
     let bug = TrainError::Bug;
@@ -451,7 +446,6 @@ pub fn training_step(model: &Graph, cfg: &TrainConfig) -> Result<TrainStep, Trai
     g.remove_dead();
     let forward = forward.into_iter().filter(|&n| g.contains(n)).collect();
     smelt_ir::verify(&g).map_err(bug)?;
-    let _ = fresh;
     Ok(TrainStep { graph: g, params: trained, forward, notes })
 }
 

@@ -387,7 +387,7 @@ pub(super) fn vjp(ad: &mut Ad, n: NodeId, dys: &[Option<ValueId>], needs: &[bool
             let count: usize = xs[0][2..].iter().product();
             set!(0, ad.mul_c(e, 1.0 / count.max(1) as f32)?);
         }
-        Op::Reduce { op: r, axes, keepdims } => {
+        Op::Reduce { op: r, axes, .. } => {
             let mut kept = xs[0].clone();
             axes.iter().for_each(|&a| kept[a] = 1);
             let d = ad.reshape(dy, kept.clone())?;
@@ -398,7 +398,6 @@ pub(super) fn vjp(ad: &mut Ad, n: NodeId, dys: &[Option<ValueId>], needs: &[bool
                 ReduceOp::Mean => ad.mul_c(d, 1.0 / count.max(1) as f32)?,
                 ReduceOp::Max => {
                     // Split evenly between the maxima, as PyTorch's amax does.
-                    let _ = keepdims;
                     let yk = ad.reshape(y, kept)?;
                     let eq = ad.op(Op::Compare(CompareOp::Equal), &[ins[0], yk])?;
                     let m = ad.op(Op::Cast { to: DType::F32 }, &[eq])?;
