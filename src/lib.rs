@@ -61,15 +61,18 @@ pub fn precision_error(half: &Tensor, reference: &Tensor) -> PrecisionError {
     }
 }
 
-/// Gives every constant without data deterministic random values seeded by
-/// its name (normal, std 0.1). Returns how many were filled.
+/// Gives every constant and parameter without data deterministic random
+/// values seeded by its name (normal, std 0.1), and state without data
+/// zeros. Returns how many were filled.
 pub fn fill_missing_weights<O: OpSet>(g: &mut Graph<O>) -> usize {
     let missing: Vec<_> = g.node_ids().filter(|&id| g.node(id).op.is_persistent() && g.weight(id).is_none()).collect();
     for &id in &missing {
         let node = g.node(id);
         let mut rng = Rng::from_name(&node.name);
         let ty = node.outputs[0].clone();
-        let vals: Vec<f32> = (0..ty.numel()).map(|_| 0.1 * rng.normal()).collect();
+        // State (optimizer moments, step counters) starts at zero.
+        let state = node.op.semantic() == Some(&smelt_ir::Op::State);
+        let vals: Vec<f32> = (0..ty.numel()).map(|_| if state { 0.0 } else { 0.1 * rng.normal() }).collect();
         let t = Tensor::from_f32(ty.shape.clone(), vals).cast(ty.dtype);
         g.set_weight(id, t).expect("type matches the node");
     }

@@ -331,8 +331,8 @@ impl Program {
             )));
         }
         let mut arena = vec![0u8; self.arena];
-        // Updates write the parameters and their state: a copy of the blob.
-        let mut weights = weights.to_vec();
+        // Updates write the parameters and their state: a copy of the blob, made on the first write.
+        let mut weights = std::borrow::Cow::Borrowed(weights);
         for (io, t) in self.inputs.iter().zip(inputs) {
             let b = t.data().to_le_bytes();
             if b.len() != io.bytes {
@@ -354,7 +354,7 @@ impl Program {
             let targets: Vec<&Arg> =
                 if written.is_empty() { vec![s.args.last().expect("an output")] } else { written.iter().map(|&i| &s.args[i]).collect() };
             for (a, y) in targets.into_iter().zip(ys) {
-                let mem = if a.space == Space::Arena { &mut arena[..] } else { &mut weights[..] };
+                let mem = if a.space == Space::Arena { &mut arena[..] } else { &mut weights.to_mut()[..] };
                 mem[a.offset..a.offset + a.bytes].copy_from_slice(&y.data().to_le_bytes());
             }
         }

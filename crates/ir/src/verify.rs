@@ -45,8 +45,9 @@ pub fn verify<O: OpSet>(g: &Graph<O>) -> Result<(), IrError> {
                 }
             }
             Some(op @ crate::Op::Update(_)) => {
-                // An update writes into what it replaces: a parameter or state,
-                // each replaced by one update only.
+                // An update writes into what it replaces: distinct parameters or
+                // state, each replaced by one update only.
+                let mut targets = HashSet::new();
                 for slot in 0..node.outputs.len() {
                     let target = op.updated_operand(slot).and_then(|i| ins.get(i));
                     let persistent =
@@ -55,6 +56,9 @@ pub fn verify<O: OpSet>(g: &Graph<O>) -> Result<(), IrError> {
                         return Err(IrError::Invalid(format!("{}: output {slot} must replace a parameter or state operand", who())));
                     }
                     let t = target.expect("checked").node;
+                    if !targets.insert(t) {
+                        return Err(IrError::Invalid(format!("{}: replaces \"{}\" twice", who(), g.node(t).name)));
+                    }
                     let writers = g.users_of(t).into_iter().collect::<HashSet<_>>().into_iter().filter(|&u| {
                         g.node(u).op.semantic().is_some_and(|o| {
                             let ui = g.inputs_of(u);

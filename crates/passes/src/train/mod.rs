@@ -232,8 +232,7 @@ pub fn training_step(model: &Graph, cfg: &TrainConfig) -> Result<TrainStep, Trai
     for id in model.topo_order().map_err(bug)? {
         let node = model.node(id);
         let new = if running.contains(&id) {
-            let w = model.weight(id).cloned().ok_or_else(|| TrainError::Usage(format!("initializer {:?} has no data", node.name)))?;
-            g.add_persistent(Op::State, node.name.clone(), w).node
+            persistent(&mut g, Op::State, &node.name, &node.outputs[0], model.weight(id).cloned()).node
         } else if let (Op::BatchNorm { epsilon }, BatchNorm::Train { momentum }) = (&node.op, cfg.batch_norm) {
             let ins: Vec<ValueId> = model.inputs_of(id).iter().map(|v| map[v]).collect();
             let step = step.expect("made for batch norm in training mode");
@@ -241,8 +240,7 @@ pub fn training_step(model: &Graph, cfg: &TrainConfig) -> Result<TrainStep, Trai
             stat_updates.extend(updates);
             y.node
         } else if train.contains(&id) {
-            let w = model.weight(id).cloned().ok_or_else(|| TrainError::Usage(format!("initializer {:?} has no data", node.name)))?;
-            let v = g.add_persistent(Op::Parameter, node.name.clone(), w);
+            let v = persistent(&mut g, Op::Parameter, &node.name, &node.outputs[0], model.weight(id).cloned());
             params.push((g.node(v.node).name.clone(), v));
             v.node
         } else {
@@ -427,7 +425,10 @@ pub fn training_step(model: &Graph, cfg: &TrainConfig) -> Result<TrainStep, Trai
                     _ => &["adam_m", "adam_v"],
                 });
                 for s in &suffixes[..o.states()] {
-                    ins.push(ad.g.add_persistent(Op::State, format!("{name}.{s}"), Arc::new(Tensor::full(&ty, 0.0))));
+                    // Zeros, allocated only where the parameter has data (a text
+                    // model's may not: planning needs no values).
+                    let zeros = ad.g.weight(p.node).map(|_| Arc::new(Tensor::full(&ty, 0.0)));
+                    ins.push(persistent(ad.g, Op::State, &format!("{name}.{s}"), &ty, zeros));
                 }
                 let u = ad.g.add(Op::Update(o), format!("{name}.update"), &ins).map_err(bug)?;
                 for slot in 0..ad.g.node(u).outputs.len() {
@@ -447,6 +448,15 @@ pub fn training_step(model: &Graph, cfg: &TrainConfig) -> Result<TrainStep, Trai
     let forward = forward.into_iter().filter(|&n| g.contains(n)).collect();
     smelt_ir::verify(&g).map_err(bug)?;
     Ok(TrainStep { graph: g, params: trained, forward, notes })
+}
+
+/// A persistent value `name` of kind `op` with its data, or a reference
+/// without data (filled by the commands that need values).
+fn persistent(g: &mut Graph, op: Op, name: &str, ty: &TensorType, data: Option<Arc<Tensor>>) -> ValueId {
+    match data {
+        Some(w) => g.add_persistent(op, name, w),
+        None => g.add_persistent_ref(op, name, ty.clone()),
+    }
 }
 
 /// A batch norm in training mode, spelled out so that autodiff
