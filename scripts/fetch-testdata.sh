@@ -9,6 +9,8 @@
 #                           needs torch from scripts/requirements-torch.txt)
 #   .testdata/training/     small models with PyTorch's weights after three
 #                           optimizer steps (scripts/make_training.py)
+#   .testdata/train_runs/   data sets for `smelt train` and PyTorch's weights
+#                           after 20 steps on them (scripts/make_train_runs.py)
 # Works from any directory; progress goes to stderr.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -83,5 +85,14 @@ else
     log "making training cases (seconds)"
     rm -rf .testdata/training
     "$py" scripts/make_training.py 2> >(grep -v -e 'torch.onnx.export' -e 'DeprecationWarning' >&2)
+fi
+# 7. `smelt train` runs: data sets and PyTorch's weights after 20 steps.
+tr2_stamp=.testdata/train_runs/.done
+if [[ -f $tr2_stamp && $tr2_stamp -nt scripts/make_train_runs.py && $tr2_stamp -nt $torch_stamp && $tr2_stamp -nt $pip_stamp ]]; then
+    log "training runs up to date"
+else
+    log "making training runs (seconds)"
+    rm -rf .testdata/train_runs
+    "$py" scripts/make_train_runs.py 2> >(grep -v -e 'torch.onnx.export' -e 'DeprecationWarning' >&2)
 fi
 log "done"

@@ -64,13 +64,33 @@ pub enum Error {
     /// An option does not apply (such as `--batch` on a `.tir` file).
     #[error("{0}")]
     Usage(String),
+    /// A data set or checkpoint does not fit the model (`smelt train`).
+    #[error("{file}: {msg}")]
+    Data {
+        /// The file.
+        file: String,
+        /// What is wrong.
+        msg: String,
+    },
+    /// Running the program failed (a device, an input, a limit).
+    #[error(transparent)]
+    Runtime(#[from] smelt_runtime::RuntimeError),
+    /// The loss stopped being finite: training diverged.
+    #[error("the loss is {loss} after step {step}: training diverged (try a smaller --lr, or --clip-norm)")]
+    Diverged {
+        /// The optimizer step (from 1).
+        step: usize,
+        /// The loss.
+        loss: f32,
+    },
 }
 
 impl Error {
     /// Whether this is smelt's fault rather than the input's.
     pub fn is_bug(&self) -> bool {
         match self {
-            Error::Model(_) | Error::Usage(_) | Error::NoKernel { .. } => false,
+            Error::Model(_) | Error::Usage(_) | Error::NoKernel { .. } | Error::Data { .. } | Error::Diverged { .. } => false,
+            Error::Runtime(e) => e.is_bug(),
             Error::Pass(e) => e.is_bug(),
             Error::Codegen(e) => e.is_bug(),
             Error::Train(e) => e.is_bug(),

@@ -7,6 +7,7 @@ pub mod emit;
 pub mod fuzz;
 pub mod plan;
 pub mod report;
+pub mod train;
 
 pub use driver::{Compiled, Error, Options, Planned, Session, Timings, Training};
 

@@ -64,7 +64,7 @@ use std::path::PathBuf;
     version,
     about,
     long_about,
-    after_help = "Examples:\n  smelt inspect model.onnx --batch 8\n  smelt compile model.onnx --dump-ir fuse\n  smelt compile model.onnx --batch 8 --out build/ --ptxas-stats\n  smelt plan model.onnx --batch 8 --svg memory.svg --memory-limit 6GiB\n  smelt plan model.onnx --batch 8 --precision mixed-f16\n  smelt run model.onnx --backend cuda --profile\n  smelt run model.onnx --backend emulator --check-kernels\n  smelt run model.onnx --input input_0.pb --expect output_0.pb\n  smelt print zoo:mobilenet_v2 > mobilenet.tir\n  smelt run mobilenet.tir --json"
+    after_help = "Examples:\n  smelt inspect model.onnx --batch 8\n  smelt compile model.onnx --dump-ir fuse\n  smelt compile model.onnx --batch 8 --out build/ --ptxas-stats\n  smelt plan model.onnx --batch 8 --svg memory.svg --memory-limit 6GiB\n  smelt plan model.onnx --batch 8 --precision mixed-f16\n  smelt run model.onnx --backend cuda --profile\n  smelt run model.onnx --backend emulator --check-kernels\n  smelt run model.onnx --input input_0.pb --expect output_0.pb\n  smelt print zoo:mobilenet_v2 > mobilenet.tir\n  smelt run mobilenet.tir --json\n  smelt train model.onnx --data train.npz --val val.npz --optimizer adam --batch 32 --epochs 5 --save trained.onnx"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -117,6 +117,24 @@ enum Command {
     Run(RunArgs),
     /// Print the model in smelt's text IR (weights by name, not values).
     Print(PrintArgs),
+    /// Train the model on data: the compiled training step (forward, loss,
+    /// backward, optimizer update) run on every batch, with the weights and
+    /// optimizer state in device memory fixed before the first step.
+    ///
+    /// The data is an .npz (numpy.savez) with one array per model input
+    /// (named as the input, or `x` for the only one) and the labels (`y` or
+    /// `labels`: int64 or int32 class indices for --loss ce; `targets` or
+    /// `y`, floats of the output's shape, for --loss mse), one row per
+    /// sample. Every array is checked before the first step: shapes, dtypes,
+    /// finite values, labels in range. Each epoch is shuffled by a
+    /// generator seeded with --seed and the epoch; a last partial batch is
+    /// dropped (the summary says how many samples).
+    ///
+    /// Backends: cpu (the kernel descriptions of the compiled program, from
+    /// one arena and the persistent region: what a GPU runs, on the CPU),
+    /// emulator (the generated CUDA C compiled for this CPU, every access
+    /// checked) and cuda (GPU 0).
+    Train(TrainCmdArgs),
 }
 
 #[derive(Args)]
@@ -241,6 +259,61 @@ pub(crate) struct RunArgs {
 }
 
 #[derive(Args)]
+pub(crate) struct TrainCmdArgs {
+    #[command(flatten)]
+    pub(crate) model: ModelArgs,
+    /// The training data (.npz): one array per model input and the labels.
+    #[arg(long, value_name = "FILE.npz")]
+    pub(crate) data: PathBuf,
+    /// Validation data (.npz, as --data): loss and accuracy of the forward
+    /// pass with the trained weights after each epoch and at the end.
+    #[arg(long, value_name = "FILE.npz")]
+    pub(crate) val: Option<PathBuf>,
+    /// Passes over the data (default 1).
+    #[arg(long, conflicts_with = "steps")]
+    pub(crate) epochs: Option<usize>,
+    /// Optimizer steps in all (across epochs; counted from the start when resuming).
+    #[arg(long)]
+    pub(crate) steps: Option<usize>,
+    /// Where to run: cpu (the compiled program's kernel descriptions),
+    /// emulator (its CUDA C on the CPU) or cuda (GPU 0).
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "emulator", "cuda"])]
+    pub(crate) backend: String,
+    /// Refuse to start when the step's device memory (activation arena +
+    /// weights and optimizer state) exceeds SIZE, before allocating anything.
+    #[arg(long, value_name = "SIZE", value_parser = smelt::plan::parse_size)]
+    pub(crate) memory_limit: Option<usize>,
+    /// Write the model with the trained weights (and batch-norm running
+    /// statistics) as its initializers: same graph, same names.
+    #[arg(long, value_name = "FILE.onnx")]
+    pub(crate) save: Option<PathBuf>,
+    /// Keep a checkpoint in DIR (checkpoint.npz: parameters, optimizer
+    /// state, step counter; checkpoint.json: step, seed, options), written
+    /// every --every steps and at the end.
+    #[arg(long, value_name = "DIR")]
+    pub(crate) checkpoint: Option<PathBuf>,
+    /// Steps between checkpoints.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) every: Option<u64>,
+    /// Continue from the checkpoint in DIR (made with the same options):
+    /// the weights are those an uninterrupted run reaches.
+    #[arg(long, value_name = "DIR")]
+    pub(crate) resume: Option<PathBuf>,
+    /// Seed of the data order.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) seed: u64,
+    /// Take the samples in file order every epoch.
+    #[arg(long)]
+    pub(crate) no_shuffle: bool,
+    /// Write one JSON line per step (step, epoch, loss, ms, samples/s) and the summary last.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) log_json: Option<PathBuf>,
+    /// Print the summary as JSON (no progress bar).
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+#[derive(Args)]
 pub(crate) struct PrintArgs {
     #[command(flatten)]
     pub(crate) model: ModelArgs,
@@ -298,7 +371,7 @@ pub(crate) struct TrainArgs {
     /// unless --momentum), adam or adamw. Trained: every float initializer
     /// that is a conv, gemm or matmul weight, a norm's scale or bias, or a
     /// bias added to a layer (and a text model's `param`s), except --freeze.
-    #[arg(long, value_name = "OPTIMIZER", value_parser = ["sgd", "adam", "adamw"])]
+    #[arg(long, visible_alias = "optimizer", value_name = "OPTIMIZER", value_parser = ["sgd", "adam", "adamw"])]
     pub(crate) train: Option<String>,
     /// The loss: ce (cross-entropy on logits against int64 labels, input
     /// `labels`) or mse (against f32 targets of the output's shape, input
@@ -488,6 +561,7 @@ fn main() {
         Some(Command::Plan(a)) => cmd::plan::run(&a),
         Some(Command::Run(a)) => cmd::run::run(&a),
         Some(Command::Print(a)) => cmd::print(&a),
+        Some(Command::Train(a)) => cmd::train::run(&a),
     };
     // What is still buffered must reach stdout too, or the failure be said.
     let result = result.and_then(|ok| {

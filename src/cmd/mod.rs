@@ -5,6 +5,7 @@ pub mod compile;
 pub mod inspect;
 pub mod plan;
 pub mod run;
+pub mod train;
 
 use crate::PrintArgs;
 use anyhow::{Context, Result};

@@ -17,6 +17,7 @@ mod fused;
 mod graph;
 mod infer;
 pub mod kernel_op;
+pub mod npy;
 pub mod onnx;
 mod op;
 mod rng;

@@ -251,6 +251,39 @@ impl<D: Device> Executor<D> {
         Ok((outs, total_ms, times))
     }
 
+    /// Runs once, launching every kernel without timing them, and reads
+    /// back only the outputs listed (by index): a training step reads its
+    /// loss, not the parameters its updates wrote in place.
+    pub fn run_reading(&mut self, inputs: &[Tensor], outputs: &[usize]) -> Result<Vec<Tensor>, RuntimeError> {
+        self.load_inputs(inputs)?;
+        for i in 0..self.launches.len() {
+            self.launch(i)?;
+        }
+        let mut outs = Vec::with_capacity(outputs.len());
+        for &i in outputs {
+            let (io, ty) = self
+                .program
+                .outputs
+                .get(i)
+                .zip(self.program.output_types.get(i))
+                .ok_or_else(|| RuntimeError::Program(format!("the program has no output {i}")))?;
+            let mut host = vec![0u8; io.bytes];
+            self.device.read(io.space.clone(), io.offset, &mut host)?;
+            outs.push(tensor(ty, &host)?);
+        }
+        self.device.finish()?;
+        Ok(outs)
+    }
+
+    /// The weights blob as it is now on the device (optimizer updates write
+    /// it in place), laid out as [`Program::weights`] says.
+    pub fn read_weights(&mut self) -> Result<Vec<u8>, RuntimeError> {
+        let mut blob = vec![0u8; self.program.weights_bytes];
+        self.device.read(Space::Weights, 0, &mut blob)?;
+        self.device.finish()?;
+        Ok(blob)
+    }
+
     /// Runs once and checks every kernel against its description: before
     /// each launch its operands are read back from the device, and after it
     /// its output is compared with [`smelt_codegen::kernel::Kernel::run_cpu`]

@@ -3,7 +3,8 @@
 //! rounded to their dtype after each op, as kernels that store in half do).
 //! The CUDA executor ([`cuda`]) runs a compiled program on a GPU in one
 //! arena of the planned size; the emulator ([`emu`]) runs the same
-//! program's CUDA C on the CPU. Both are [`exec::Device`]s driven by one
+//! program's CUDA C on the CPU, and the host device ([`host`]) its kernel
+//! descriptions. All three are [`exec::Device`]s driven by one
 //! [`exec::Executor`].
 
 pub mod cpu;
@@ -11,6 +12,7 @@ pub mod cuda;
 pub mod emu;
 mod error;
 pub mod exec;
+pub mod host;
 
 pub use error::RuntimeError;
 

@@ -289,3 +289,37 @@ impl Importer {
         })
     }
 }
+
+/// The ONNX model `bytes` (its external data, if any, under `base_dir`)
+/// with the initializers named in `weights` replaced by those tensors: the
+/// same graph, the same names, new values (`smelt train --save`). Tensors
+/// stored as external data are inlined, so the result stands alone. Every
+/// tensor must replace an initializer of its type.
+pub fn with_initializers(bytes: &[u8], base_dir: Option<&Path>, weights: &HashMap<String, Tensor>) -> Result<Vec<u8>, IrError> {
+    let mut model = ModelProto::decode(bytes).map_err(|e| IrError::Malformed(format!("not an ONNX model: {e}")))?;
+    let graph = model.graph.as_mut().ok_or_else(|| IrError::Malformed("the model has no graph".into()))?;
+    let mut replaced = std::collections::HashSet::new();
+    for init in &mut graph.initializer {
+        let name = init.name().to_string();
+        if let Some(t) = weights.get(&name) {
+            let old = tensor::from_proto_at(init, base_dir)?;
+            if old.ty() != t.ty() {
+                return Err(IrError::Invalid(format!(
+                    "initializer \"{name}\" is {} in the model but the new value is {}",
+                    old.ty(),
+                    t.ty()
+                )));
+            }
+            *init = to_proto(&name, t);
+            replaced.insert(name);
+        } else if !init.external_data.is_empty() {
+            *init = to_proto(&name, &tensor::from_proto_at(init, base_dir)?);
+        }
+    }
+    let mut missing: Vec<&String> = weights.keys().filter(|n| !replaced.contains(*n)).collect();
+    if !missing.is_empty() {
+        missing.sort();
+        return Err(IrError::Invalid(format!("the model has no initializers named {missing:?} to replace")));
+    }
+    Ok(model.encode_to_vec())
+}

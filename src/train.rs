@@ -1,0 +1,478 @@
+//! Training on data (`smelt train`): a compiled training step run again and
+//! again on batches of a data set, on any [`Device`] (the CPU's kernel
+//! descriptions, the emulator, a GPU), with the weights and the optimizer
+//! state living in the program's persistent region from the first step to
+//! the last. Nothing here allocates per step beyond a batch's host copy.
+//!
+//! - [`Data`]: the arrays of an `.npz`, checked against the step's inputs
+//!   before any step runs (names, shapes, dtypes, finite values, labels in
+//!   range).
+//! - [`Trainer`]: the loop's state: the step counter, the epoch's order
+//!   (a function of the seed and the epoch, so a checkpoint's RNG state is
+//!   the seed and the step), [`Trainer::step`], [`Trainer::weights`],
+//!   checkpoints ([`Trainer::save_checkpoint`], [`load_checkpoint`]).
+//! - [`evaluate`]: the model's forward pass with the trained weights on the
+//!   CPU reference executor: loss and accuracy on a data set.
+
+use crate::driver::Error;
+use smelt_codegen::program::Space;
+use smelt_ir::{npy, DType, Graph, Op, OpSet, Rng, Tensor, TensorType};
+use smelt_runtime::exec::{Device, Executor};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// A data set: one array per input of the training step, all with the same
+/// number of samples, as the step takes them.
+#[derive(Clone, Debug)]
+pub struct Data {
+    /// The file it came from.
+    pub file: PathBuf,
+    /// Samples in every array.
+    pub samples: usize,
+    columns: Vec<Column>,
+}
+
+#[derive(Clone, Debug)]
+struct Column {
+    /// The step input it feeds.
+    input: String,
+    /// The input's type (its first dimension is the micro-batch).
+    ty: TensorType,
+    /// Bytes of one sample.
+    row: usize,
+    /// Every sample's bytes, as the input's dtype.
+    bytes: Vec<u8>,
+}
+
+/// The array keys that can feed `input` (of `model_inputs` inputs besides
+/// the labels): its name; `x` for the only one; `y` for the labels or targets.
+fn keys_for(input: &str, model_inputs: usize) -> Vec<String> {
+    let mut keys = vec![input.to_string()];
+    match input {
+        "labels" | "targets" => keys.push("y".into()),
+        _ if model_inputs == 1 => keys.push("x".into()),
+        _ => {}
+    }
+    keys
+}
+
+impl Data {
+    /// Reads `path` for a step whose inputs are `inputs` (name, type at the
+    /// micro-batch), the labels or targets last. `classes`: the number of
+    /// classes that int labels must be below. Everything wrong is said
+    /// here, before any step runs: a missing array, a wrong shape or dtype,
+    /// arrays of different lengths, a value that is not finite, a label out
+    /// of range, fewer samples than `batch`.
+    pub fn load(path: &Path, inputs: &[(String, TensorType)], classes: Option<usize>, batch: usize) -> Result<Data, Error> {
+        let file = path.display().to_string();
+        let err = |msg: String| Error::Data { file: file.clone(), msg };
+        let arrays = npy::read_npz(path)?;
+        let names: Vec<&str> = arrays.iter().map(|(n, _)| n.as_str()).collect();
+        let model_inputs = inputs.iter().filter(|(n, _)| n != "labels" && n != "targets").count();
+        let mut columns = Vec::with_capacity(inputs.len());
+        let mut samples: Option<(usize, String)> = None;
+        for (input, ty) in inputs {
+            let keys = keys_for(input, model_inputs);
+            let (key, a) = arrays.iter().find(|(n, _)| keys.contains(n)).ok_or_else(|| {
+                err(format!(
+                    "no array for input \"{input}\" (looked for {}); the archive holds {}",
+                    keys.iter().map(|k| format!("'{k}'")).collect::<Vec<_>>().join(" or "),
+                    if names.is_empty() {
+                        "nothing".to_string()
+                    } else {
+                        names.iter().map(|k| format!("'{k}'")).collect::<Vec<_>>().join(", ")
+                    }
+                ))
+            })?;
+            let sample = &ty.shape[1..];
+            let what = if input == "labels" { "labels" } else { "samples" };
+            if a.shape().len() != ty.shape.len() || &a.shape()[1..] != sample {
+                return Err(err(format!(
+                    "array '{key}' is {}: input \"{input}\" takes {what} of shape {sample:?} ({ty} per micro-batch), so the array must be [N{}]",
+                    a.ty(),
+                    sample.iter().map(|d| format!(", {d}")).collect::<String>()
+                )));
+            }
+            let fits = if ty.dtype.is_float() { a.ty().dtype.is_float() } else { matches!(a.ty().dtype, DType::I64 | DType::I32) };
+            if !fits {
+                let want = if ty.dtype.is_float() { "floats (float32, float64 or float16)" } else { "integers (int64 or int32)" };
+                return Err(err(format!("array '{key}' holds {}: input \"{input}\" takes {want}", a.ty().dtype.name())));
+            }
+            let n = a.shape()[0];
+            match &samples {
+                Some((m, other)) if *m != n => {
+                    return Err(err(format!("array '{key}' has {n} samples but '{other}' has {m}: every array needs one row per sample")))
+                }
+                _ => samples = Some((n, key.clone())),
+            }
+            let a = a.cast(ty.dtype);
+            if ty.dtype.is_float() {
+                if let Some(i) = a.to_f32_vec().iter().position(|x| !x.is_finite()) {
+                    let row = i / sample.iter().product::<usize>().max(1);
+                    return Err(err(format!("array '{key}' holds a value that is not finite (NaN or infinite) in sample {row}")));
+                }
+            } else if input == "labels" {
+                if let Some(c) = classes {
+                    if let Some((i, y)) = a.to_i64_vec().into_iter().enumerate().find(|&(_, y)| y < 0 || y as usize >= c) {
+                        return Err(err(format!("label {y} of sample {i} is out of range: the model has {c} classes (0 to {})", c - 1)));
+                    }
+                }
+            }
+            let row = ty.bytes() / ty.shape[0].max(1);
+            columns.push(Column { input: input.clone(), ty: ty.clone(), row, bytes: a.data().to_le_bytes() });
+        }
+        let samples = samples.map_or(0, |(n, _)| n);
+        if samples < batch {
+            return Err(err(format!("{samples} samples, fewer than one batch of {batch}")));
+        }
+        Ok(Data { file: path.to_path_buf(), samples, columns })
+    }
+
+    /// The inputs named `names` (all of them when `None`) for the samples
+    /// `idx`, in the data's column order, batched.
+    pub fn gather(&self, idx: &[usize], names: Option<&[String]>) -> Vec<Tensor> {
+        self.columns
+            .iter()
+            .filter(|c| names.is_none_or(|n| n.contains(&c.input)))
+            .map(|c| {
+                let mut bytes = Vec::with_capacity(c.row * idx.len());
+                for &i in idx {
+                    bytes.extend_from_slice(&c.bytes[i * c.row..(i + 1) * c.row]);
+                }
+                let mut shape = c.ty.shape.clone();
+                shape[0] = idx.len();
+                Tensor::from_le_bytes(&TensorType::new(c.ty.dtype, shape), &bytes).expect("rows of the input's type")
+            })
+            .collect()
+    }
+
+    /// The labels (or targets) of the samples `idx`.
+    fn target(&self, idx: &[usize]) -> Option<Tensor> {
+        let last = self.columns.last()?;
+        matches!(last.input.as_str(), "labels" | "targets").then(|| self.gather(idx, Some(std::slice::from_ref(&last.input))).remove(0))
+    }
+}
+
+/// The order of the samples in `epoch`: shuffled by a generator seeded with
+/// the seed and the epoch (so any step's batch follows from the seed and
+/// the step alone), or in file order.
+pub fn epoch_order(seed: u64, epoch: usize, samples: usize, shuffle: bool) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..samples).collect();
+    if shuffle {
+        let mut rng = Rng::new(seed ^ (epoch as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        for i in (1..samples).rev() {
+            order.swap(i, rng.below(i + 1));
+        }
+    }
+    order
+}
+
+/// How long to train.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Length {
+    /// Whole passes over the data.
+    Epochs(usize),
+    /// Optimizer steps.
+    Steps(usize),
+}
+
+/// What the loop does, besides the step itself.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct Config {
+    /// Samples per optimizer step.
+    pub batch: usize,
+    /// Micro-batches per optimizer step (the program's batch is batch / accumulate).
+    pub accumulate: usize,
+    /// How long.
+    pub length: Length,
+    /// Seed of the data order.
+    pub seed: u64,
+    /// Shuffle each epoch (else file order).
+    pub shuffle: bool,
+    /// What a checkpoint must agree on to be resumed: the model and every
+    /// option that changes the step.
+    pub recipe: String,
+}
+
+impl Config {
+    /// Optimizer steps per epoch (a last partial batch is dropped).
+    pub fn steps_per_epoch(&self, samples: usize) -> usize {
+        samples / self.batch
+    }
+
+    /// Optimizer steps in all.
+    pub fn total_steps(&self, samples: usize) -> usize {
+        match self.length {
+            Length::Epochs(e) => e * self.steps_per_epoch(samples),
+            Length::Steps(s) => s,
+        }
+    }
+}
+
+/// One optimizer step's result.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct StepReport {
+    /// Optimizer steps done, this one included.
+    pub step: usize,
+    /// The epoch it belongs to (from 0).
+    pub epoch: usize,
+    /// Whether it was the epoch's last.
+    pub epoch_end: bool,
+    /// The mean loss of its micro-batches.
+    pub loss: f32,
+    /// Milliseconds it took (batch copies included).
+    pub ms: f64,
+    /// Samples per second over this step.
+    pub samples_per_sec: f64,
+}
+
+/// A training step loaded on a device, with its data and the loop's state.
+pub struct Trainer<D: Device> {
+    exec: Executor<D>,
+    data: Data,
+    cfg: Config,
+    step: usize,
+    order: Option<(usize, Vec<usize>)>,
+    loss_output: usize,
+    state: Vec<Persistent>,
+}
+
+/// A value an update writes: where it is in the weights blob.
+#[derive(Clone, Debug)]
+struct Persistent {
+    name: String,
+    ty: TensorType,
+    offset: usize,
+}
+
+impl<D: Device> Trainer<D> {
+    /// A trainer over `exec` (a training step's program, loaded with its
+    /// weights and state) starting after `step` optimizer steps.
+    pub fn new(exec: Executor<D>, data: Data, cfg: Config, step: usize) -> Result<Trainer<D>, Error> {
+        let p = exec.program();
+        let loss_output =
+            p.outputs.iter().position(|o| o.name == "loss").ok_or_else(|| Error::Usage("the program has no loss output".into()))?;
+        let state = p
+            .outputs
+            .iter()
+            .zip(&p.output_types)
+            .filter(|(o, _)| o.space == Space::Weights)
+            .map(|(o, ty)| Persistent { name: o.name.clone(), ty: ty.clone(), offset: o.offset })
+            .collect();
+        if cfg.batch == 0 || cfg.accumulate == 0 || cfg.batch % cfg.accumulate != 0 {
+            return Err(Error::Usage(format!("a batch of {} does not split into {} micro-batches", cfg.batch, cfg.accumulate)));
+        }
+        Ok(Trainer { exec, data, cfg, step, order: None, loss_output, state })
+    }
+
+    /// Optimizer steps done.
+    pub fn steps_done(&self) -> usize {
+        self.step
+    }
+
+    /// The loop's configuration.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// The executor (its device and program).
+    pub fn executor(&self) -> &Executor<D> {
+        &self.exec
+    }
+
+    /// The data.
+    pub fn data(&self) -> &Data {
+        &self.data
+    }
+
+    /// Runs one optimizer step: the next batch of the epoch's order, as
+    /// `accumulate` micro-batches. A loss that is not finite is an error
+    /// (the step has been applied: the weights are no longer usable).
+    pub fn step(&mut self) -> Result<StepReport, Error> {
+        let t = Instant::now();
+        let per_epoch = self.cfg.steps_per_epoch(self.data.samples);
+        let (epoch, pos) = (self.step / per_epoch, self.step % per_epoch);
+        if self.order.as_ref().is_none_or(|(e, _)| *e != epoch) {
+            self.order = Some((epoch, epoch_order(self.cfg.seed, epoch, self.data.samples, self.cfg.shuffle)));
+        }
+        let order = &self.order.as_ref().expect("set above").1;
+        let batch = &order[pos * self.cfg.batch..(pos + 1) * self.cfg.batch];
+        let micro = self.cfg.batch / self.cfg.accumulate;
+        let mut loss = 0f64;
+        for part in batch.chunks(micro) {
+            let ins = self.data.gather(part, None);
+            let out = self.exec.run_reading(&ins, &[self.loss_output])?;
+            loss += out[0].to_f32_vec().first().copied().unwrap_or(f32::NAN) as f64;
+        }
+        let loss = (loss / self.cfg.accumulate as f64) as f32;
+        self.step += 1;
+        if !loss.is_finite() {
+            return Err(Error::Diverged { step: self.step, loss });
+        }
+        let secs = t.elapsed().as_secs_f64();
+        Ok(StepReport {
+            step: self.step,
+            epoch,
+            epoch_end: pos + 1 == per_epoch,
+            loss,
+            ms: secs * 1e3,
+            samples_per_sec: self.cfg.batch as f64 / secs.max(1e-9),
+        })
+    }
+
+    /// Every value the updates write (parameters, batch-norm running
+    /// statistics, optimizer state, the step counter), by name, as they are now.
+    pub fn weights(&mut self) -> Result<Vec<(String, Tensor)>, Error> {
+        let blob = self.exec.read_weights()?;
+        self.state
+            .iter()
+            .map(|p| {
+                let bytes = blob
+                    .get(p.offset..p.offset + p.ty.bytes())
+                    .ok_or_else(|| Error::Usage(format!("{} is outside the weights", p.name)))?;
+                let t = Tensor::from_le_bytes(&p.ty, bytes).ok_or_else(|| Error::Usage(format!("{} does not hold a {}", p.name, p.ty)))?;
+                Ok((p.name.clone(), t))
+            })
+            .collect()
+    }
+
+    /// Writes a checkpoint into `dir`: `checkpoint.npz` (every value the
+    /// updates write, by name) and `checkpoint.json` (the step, the seed,
+    /// the recipe), each through a temporary file renamed into place, the
+    /// JSON last, so an interrupted write leaves the previous checkpoint.
+    pub fn save_checkpoint(&mut self, dir: &Path) -> Result<(), Error> {
+        let io = |error: std::io::Error| Error::Model(smelt_ir::IrError::Io { path: dir.display().to_string(), error });
+        std::fs::create_dir_all(dir).map_err(io)?;
+        let arrays = self.weights()?;
+        npy::write_npz(&dir.join("checkpoint.npz"), &arrays)?;
+        let meta = Checkpoint { format: 1, step: self.step, config: self.cfg.clone() };
+        let tmp = dir.join("checkpoint.json.tmp");
+        std::fs::write(&tmp, serde_json::to_string_pretty(&meta).expect("serializable")).map_err(io)?;
+        std::fs::rename(&tmp, dir.join("checkpoint.json")).map_err(io)
+    }
+}
+
+/// What `checkpoint.json` holds.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct Checkpoint {
+    /// The format's version.
+    pub format: u32,
+    /// Optimizer steps done.
+    pub step: usize,
+    /// The loop's configuration (seed and recipe included).
+    pub config: Config,
+}
+
+/// Reads the checkpoint in `dir`, checks that it was made by the same
+/// recipe and seed as `cfg`, and writes its values into `graph` (the
+/// training step, before it is compiled). Returns the steps it had done.
+pub fn load_checkpoint(dir: &Path, cfg: &Config, graph: &mut Graph) -> Result<usize, Error> {
+    let file = dir.join("checkpoint.json");
+    let err = |msg: String| Error::Data { file: file.display().to_string(), msg };
+    let text = std::fs::read_to_string(&file).map_err(|e| err(format!("cannot read it: {e}")))?;
+    let meta: Checkpoint = serde_json::from_str(&text).map_err(|e| err(format!("not a smelt checkpoint: {e}")))?;
+    if meta.format != 1 {
+        return Err(err(format!("checkpoint format {} (this smelt reads format 1)", meta.format)));
+    }
+    let same = |what: &str, a: String, b: String| {
+        if a == b {
+            Ok(())
+        } else {
+            Err(err(format!("it was made with {what} {a}, this run has {b}: resume with the same options")))
+        }
+    };
+    same("the recipe", meta.config.recipe.clone(), cfg.recipe.clone())?;
+    same("--batch", meta.config.batch.to_string(), cfg.batch.to_string())?;
+    same("--accumulate", meta.config.accumulate.to_string(), cfg.accumulate.to_string())?;
+    same("--seed", meta.config.seed.to_string(), cfg.seed.to_string())?;
+    same("shuffling", meta.config.shuffle.to_string(), cfg.shuffle.to_string())?;
+    let arrays = npy::read_npz(&dir.join("checkpoint.npz"))?;
+    let by_name: HashMap<String, smelt_ir::NodeId> =
+        graph.node_ids().filter(|&n| graph.node(n).op.is_persistent()).map(|n| (graph.node(n).name.clone(), n)).collect();
+    for (name, t) in arrays {
+        let id = *by_name.get(&name).ok_or_else(|| err(format!("it holds \"{name}\", which the training step does not have")))?;
+        let ty = graph.node(id).outputs[0].clone();
+        if t.ty() != &ty {
+            return Err(err(format!("it holds \"{name}\" as {}, the training step has {ty}", t.ty())));
+        }
+        graph.set_weight(id, t).map_err(|e| err(e.to_string()))?;
+    }
+    Ok(meta.step)
+}
+
+/// Loss and accuracy of a forward pass over a data set.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Evaluation {
+    /// Mean loss per sample (cross-entropy without smoothing, or squared error).
+    pub loss: f64,
+    /// Fraction of samples whose arg-max is the label (cross-entropy only).
+    pub accuracy: Option<f64>,
+    /// Samples evaluated.
+    pub samples: usize,
+}
+
+/// Sets the values of `weights` on the persistent nodes of `model` with
+/// those names (the others are the optimizer's). Returns how many.
+pub fn set_weights(model: &mut Graph, weights: &[(String, Tensor)]) -> Result<usize, Error> {
+    let by_name: HashMap<&str, &Tensor> = weights.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    let ids: Vec<_> = model.node_ids().filter(|&n| model.node(n).op.is_persistent()).collect();
+    let mut n = 0;
+    for id in ids {
+        if let Some(t) = by_name.get(model.node(id).name.as_str()) {
+            model.set_weight(id, (*t).clone()).map_err(|e| Error::Usage(e.to_string()))?;
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+/// Runs `model` (the forward pass, weights set) on every sample of `data`
+/// on the CPU reference executor, in batches of its batch size; `rest`
+/// (the same model at the remainder's batch size) takes the last partial
+/// batch, which is skipped without it. The loss reads output `on`.
+pub fn evaluate(model: &Graph, rest: Option<&Graph>, data: &Data, on: &str, cross_entropy: bool) -> Result<Evaluation, Error> {
+    let batch = model.inputs().first().map_or(1, |&i| model.node(i).outputs[0].shape.first().copied().unwrap_or(1)).max(1);
+    let names: Vec<String> = model.inputs().iter().map(|&i| model.node(i).name.clone()).collect();
+    let out = model.outputs().iter().position(|(n, _)| n == on).ok_or_else(|| Error::Usage(format!("the model has no output {on:?}")))?;
+    let softmax = matches!(model.node(model.outputs()[out].1.node).op, Op::Softmax { .. });
+    let (mut loss, mut right, mut seen) = (0f64, 0usize, 0usize);
+    let mut chunks: Vec<(Vec<usize>, &Graph)> = Vec::new();
+    let whole = data.samples / batch * batch;
+    for start in (0..whole).step_by(batch) {
+        chunks.push(((start..start + batch).collect(), model));
+    }
+    if let (Some(r), true) = (rest, whole < data.samples) {
+        chunks.push(((whole..data.samples).collect(), r));
+    }
+    for (idx, g) in chunks {
+        let ins = data.gather(&idx, Some(&names));
+        let ys = smelt_runtime::cpu::run(g, &ins)?;
+        let y = ys[out].to_f32_vec();
+        let t = data.target(&idx).ok_or_else(|| Error::Usage("the data has no labels or targets".into()))?;
+        if cross_entropy {
+            let labels = t.to_i64_vec();
+            let classes = y.len() / idx.len();
+            for (i, &l) in labels.iter().enumerate() {
+                let row = &y[i * classes..(i + 1) * classes];
+                let p = if softmax {
+                    (row[l as usize] as f64).max(f64::MIN_POSITIVE).ln()
+                } else {
+                    let m = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
+                    let lse = m + row.iter().map(|&z| (z as f64 - m).exp()).sum::<f64>().ln();
+                    row[l as usize] as f64 - lse
+                };
+                loss -= p;
+                let arg = (0..classes).max_by(|&a, &b| row[a].total_cmp(&row[b]).then(b.cmp(&a))).unwrap_or(0);
+                right += (arg == l as usize) as usize;
+            }
+        } else {
+            let t = t.to_f32_vec();
+            let per = y.len() / idx.len();
+            loss += y.iter().zip(&t).map(|(a, b)| ((a - b) as f64).powi(2)).sum::<f64>() / per as f64;
+        }
+        seen += idx.len();
+    }
+    Ok(Evaluation { loss: loss / seen.max(1) as f64, accuracy: cross_entropy.then(|| right as f64 / seen.max(1) as f64), samples: seen })
+}
