@@ -186,7 +186,9 @@ impl Run<'_> {
             if let (Some(v), true) = (&self.val, r.epoch_end && r.step < self.total) {
                 set_weights(&mut model, &t.weights()?)?;
                 let e = evaluate(&model, rest.as_ref(), v, &self.loss_on, self.cross_entropy)?;
-                bar.suspend(|| errln!("epoch {}: validation loss {:.4}{}", r.epoch + 1, e.loss, accuracy(&e)));
+                if !a.json {
+                    bar.suspend(|| errln!("epoch {}: validation loss {:.4}{}", r.epoch + 1, e.loss, accuracy(&e)));
+                }
                 evals.push((r.step, e));
             }
             reports.push(r);

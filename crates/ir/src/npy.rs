@@ -35,14 +35,20 @@ pub fn read_npz_from<R: Read + Seek>(reader: R) -> Result<Vec<(String, Tensor)>,
         let full = f.name().map_err(|e| bad(e.to_string()))?.to_string();
         let name = full.strip_suffix(".npy").unwrap_or(&full).to_string();
         let declared = f.size();
-        let t = read_npy(&mut f, declared).map_err(|m| IrError::Malformed(format!("array {name:?}: {m}")))?;
+        let t = parse_npy(&mut f, declared).map_err(|m| IrError::Malformed(format!("array {name:?}: {m}")))?;
         out.push((name, t));
     }
     Ok(out)
 }
 
+/// The array of a `.npy` file (as `numpy.save` writes it).
+pub fn read_npy(path: &Path) -> Result<Tensor, IrError> {
+    let bytes = std::fs::read(path).map_err(|error| IrError::Io { path: path.display().to_string(), error })?;
+    parse_npy(&mut bytes.as_slice(), bytes.len() as u64).map_err(|m| IrError::Malformed(format!("{}: {m}", path.display())))
+}
+
 /// One `.npy` stream of `declared` bytes (the zip entry's size).
-fn read_npy(r: &mut impl Read, declared: u64) -> Result<Tensor, String> {
+fn parse_npy(r: &mut impl Read, declared: u64) -> Result<Tensor, String> {
     let mut magic = [0u8; 8];
     r.read_exact(&mut magic).map_err(|e| format!("no .npy header: {e}"))?;
     if &magic[..6] != b"\x93NUMPY" {
@@ -208,11 +214,11 @@ mod tests {
         let at = npy.windows(3).position(|w| w == b"<f4").unwrap();
         npy[at] = b'>';
         let n = npy.len() as u64;
-        let e = read_npy(&mut npy.as_slice(), n).unwrap_err();
+        let e = parse_npy(&mut npy.as_slice(), n).unwrap_err();
         assert!(e.contains("\">f4\" is not supported"), "{e}");
         // A header claiming more data than the entry holds: no allocation.
         let npy = npy_bytes(&Tensor::from_f32(vec![2], vec![1.0, 2.0]));
-        let e = read_npy(&mut npy.as_slice(), n - 4).unwrap_err();
+        let e = parse_npy(&mut npy.as_slice(), n - 4).unwrap_err();
         assert!(e.contains("needs 8 bytes but the entry holds 4"), "{e}");
     }
 }

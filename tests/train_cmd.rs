@@ -1,0 +1,299 @@
+//! `smelt train` end to end: models exported from PyTorch train on
+//! synthetic separable data; the weights after 20 steps are PyTorch's for
+//! the same data order (with and without accumulation); the saved model
+//! gives onnxruntime the outputs of smelt's forward pass with the trained
+//! weights; a resumed run ends where an uninterrupted one does; bad data is
+//! refused before any step. Data and references: scripts/make_train_runs.py.
+
+mod common;
+
+use common::{excess, smelt, testdata};
+use smelt_ir::{npy, Tensor};
+use std::path::{Path, PathBuf};
+
+fn runs(model: &str) -> PathBuf {
+    let d = testdata().join("train_runs");
+    assert!(d.join(".done").is_file(), "test data missing under {}: run scripts/fetch-testdata.sh", d.display());
+    d.join(model)
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("smelt-train-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Runs `smelt train` with `args`; the JSON summary on success.
+fn train(args: &[&str]) -> serde_json::Value {
+    let out = smelt().arg("train").args(args).arg("--json").output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "smelt train {args:?} failed:\n{stderr}\n{stdout}");
+    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"))
+}
+
+/// Runs `smelt train` with `args`, which must fail with exit 2; its message.
+fn refused(args: &[&str]) -> String {
+    let out = smelt().arg("train").args(args).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(2), "smelt train {args:?} should be refused with exit 2:\n{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    stderr
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+#[test]
+fn small_models_train_to_95_percent_on_separable_data() {
+    for (model, epochs) in [("mlp", "20"), ("cnn", "5")] {
+        let d = runs(model);
+        let (data, m) = (d.join("train.npz"), d.join("model.onnx"));
+        let r = train(&[
+            s(&m),
+            "--data",
+            s(&data),
+            "--val",
+            s(&data),
+            "--optimizer",
+            "adam",
+            "--lr",
+            "0.01",
+            "--batch",
+            "32",
+            "--epochs",
+            epochs,
+        ]);
+        let acc = r["validation"]["accuracy"].as_f64().unwrap();
+        let (first, last) = (r["first_loss"].as_f64().unwrap(), r["final_epoch_mean_loss"].as_f64().unwrap());
+        assert!(acc >= 0.95, "{model}: training accuracy {acc} after {epochs} epochs (loss {first} -> {last})");
+        assert!(last < first / 4.0, "{model}: the loss went from {first} to {last}");
+        // 520 samples, batches of 32: 8 dropped each epoch, and said.
+        assert_eq!((r["steps_per_epoch"].as_u64(), r["dropped_per_epoch"].as_u64()), (Some(16), Some(8)));
+        assert_eq!(r["validation"]["samples"].as_u64(), Some(520), "the validation remainder is evaluated too");
+    }
+}
+
+/// Checkpointed values against PyTorch's state dict (the keys both have).
+fn assert_matches_pytorch(checkpoint: &Path, reference: &Path, what: &str) {
+    let got = npy::read_npz(&checkpoint.join("checkpoint.npz")).unwrap();
+    let want = npy::read_npz(reference).unwrap();
+    let mut compared = 0;
+    for (name, w) in &want {
+        let Some((_, g)) = got.iter().find(|(n, _)| n == name) else { continue };
+        let e = excess(g, w, 1e-4, 1e-5);
+        assert!(e <= 1.0, "{what}: {name} differs from PyTorch's beyond rtol 1e-4 ({e:.2} times the tolerance)");
+        compared += 1;
+    }
+    assert!(compared >= 4, "{what}: only {compared} arrays compared");
+}
+
+#[test]
+fn weights_after_20_steps_are_pytorchs() {
+    for model in ["mlp", "cnn"] {
+        let d = runs(model);
+        let (data, m) = (d.join("train.npz"), d.join("model.onnx"));
+        for (run, opt) in [
+            ("sgd", &["--optimizer", "sgd", "--lr", "0.05"][..]),
+            ("adam", &["--optimizer", "adam", "--lr", "0.01"]),
+            ("sgd_acc4", &["--optimizer", "sgd", "--lr", "0.05", "--accumulate", "4"]),
+        ] {
+            let ck = scratch(&format!("{model}-{run}"));
+            let mut args = vec![s(&m), "--data", s(&data), "--batch", "32", "--steps", "20", "--no-shuffle", "--checkpoint", s(&ck)];
+            args.extend_from_slice(opt);
+            let r = train(&args);
+            assert_eq!(r["steps_run"].as_u64(), Some(20));
+            assert_matches_pytorch(&ck, &d.join(format!("{run}.npz")), &format!("{model} {run}"));
+            std::fs::remove_dir_all(&ck).unwrap();
+        }
+    }
+}
+
+#[test]
+fn resuming_gives_the_weights_of_an_uninterrupted_run() {
+    let d = runs("cnn");
+    let (data, m) = (d.join("train.npz"), d.join("model.onnx"));
+    let common = [s(&m), "--data", s(&data), "--optimizer", "adam", "--batch", "32", "--accumulate", "2", "--seed", "7"];
+    let whole = scratch("whole");
+    train(&[&common[..], &["--steps", "40", "--checkpoint", s(&whole)]].concat());
+    // Stopped after 12 steps (a checkpoint every 6), then resumed to 40:
+    // the epoch boundary at 16 and the shuffled order follow the seed.
+    let parts = scratch("parts");
+    let first = train(&[&common[..], &["--steps", "12", "--checkpoint", s(&parts), "--every", "6"]].concat());
+    assert_eq!(first["steps_run"].as_u64(), Some(12));
+    let rest = train(&[&common[..], &["--steps", "40", "--resume", s(&parts), "--checkpoint", s(&parts)]].concat());
+    assert_eq!((rest["resumed_from"].as_u64(), rest["steps_run"].as_u64()), (Some(12), Some(28)));
+    let a = npy::read_npz(&whole.join("checkpoint.npz")).unwrap();
+    let b = npy::read_npz(&parts.join("checkpoint.npz")).unwrap();
+    assert_eq!(a.len(), b.len());
+    assert!(a.iter().any(|(n, _)| n.ends_with(".adam_v")) && a.iter().any(|(n, _)| n == "train.step"), "optimizer state is checkpointed");
+    for ((n, x), (m, y)) in a.iter().zip(&b) {
+        assert_eq!(n, m);
+        assert_eq!(x, y, "{n} differs between the uninterrupted and the resumed run");
+    }
+    // Another learning rate is another run: refused.
+    let e = refused(&[&common[..], &["--lr", "0.5", "--steps", "40", "--resume", s(&parts)]].concat());
+    assert!(e.contains("it was made with the recipe"), "{e}");
+    std::fs::remove_dir_all(&whole).unwrap();
+    std::fs::remove_dir_all(&parts).unwrap();
+}
+
+#[test]
+fn the_saved_model_gives_onnxruntime_smelts_trained_outputs() {
+    let d = runs("cnn");
+    let (data, val, m) = (d.join("train.npz"), d.join("val.npz"), d.join("model.onnx"));
+    let dir = scratch("save");
+    let (saved, ck) = (dir.join("trained.onnx"), dir.join("ck"));
+    let r = train(&[
+        s(&m),
+        "--data",
+        s(&data),
+        "--val",
+        s(&val),
+        "--optimizer",
+        "adam",
+        "--lr",
+        "0.01",
+        "--batch",
+        "32",
+        "--epochs",
+        "2",
+        "--save",
+        s(&saved),
+        "--checkpoint",
+        s(&ck),
+    ]);
+    assert!(r["validation"]["accuracy"].as_f64().unwrap() > 0.5);
+    // smelt's forward pass: the exported model with the checkpoint's weights.
+    let x: Tensor = npy::read_npz(&val).unwrap().into_iter().find(|(n, _)| n == "x").unwrap().1;
+    let opts = smelt_ir::onnx::ImportOptions { batch: Some(x.shape()[0]), keep_weights: true, ..Default::default() };
+    let mut g = smelt_ir::onnx::import_file(&m, &opts).unwrap();
+    let weights = npy::read_npz(&ck.join("checkpoint.npz")).unwrap();
+    assert_eq!(smelt::train::set_weights(&mut g, &weights).unwrap(), 8, "conv, batch norm and linear weights and biases");
+    let want = smelt_runtime::cpu::run(&g, std::slice::from_ref(&x)).unwrap().remove(0);
+    // onnxruntime on the saved file.
+    let (xin, yout) = (dir.join("x.npy"), dir.join("y.npy"));
+    std::fs::write(&xin, npy::npy_bytes(&x)).unwrap();
+    let py = testdata().parent().unwrap().join(".venv/bin/python");
+    let script = "import sys, numpy as np, onnxruntime as ort\n\
+                  s = ort.InferenceSession(sys.argv[1], providers=['CPUExecutionProvider'])\n\
+                  np.save(sys.argv[3], s.run(None, {'x': np.load(sys.argv[2])})[0])";
+    let out = std::process::Command::new(&py).args(["-c", script, s(&saved), s(&xin), s(&yout)]).output();
+    let out = out.unwrap_or_else(|e| panic!("cannot run {} (scripts/fetch-testdata.sh makes it): {e}", py.display()));
+    assert!(out.status.success(), "onnxruntime failed: {}", String::from_utf8_lossy(&out.stderr));
+    let got = npy::read_npy(&yout).unwrap();
+    let e = excess(&got, &want, 1e-4, 1e-5);
+    assert!(e <= 1.0, "onnxruntime on the saved model differs from smelt's trained forward pass ({e:.2} times the tolerance)");
+    // And the weights did change.
+    let untrained = smelt_runtime::cpu::run(&smelt_ir::onnx::import_file(&m, &opts).unwrap(), std::slice::from_ref(&x)).unwrap().remove(0);
+    assert!(excess(&untrained, &want, 1e-2, 1e-2) > 1.0, "the saved model equals the untrained one");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn bad_data_is_refused_before_any_step() {
+    let d = runs("mlp");
+    let m = d.join("model.onnx");
+    let dir = scratch("bad");
+    let good = npy::read_npz(&d.join("train.npz")).unwrap();
+    let (x, y) = (good[0].1.clone(), good[1].1.clone());
+    let n = x.shape()[0];
+    let cases: Vec<(&str, Vec<(String, Tensor)>, &str)> = vec![
+        ("missing", vec![("x".into(), x.clone())], "no array for input \"labels\" (looked for 'labels' or 'y'); the archive holds 'x'"),
+        (
+            "shape",
+            vec![("x".into(), x.clone().reshaped(vec![n / 2, 20]).unwrap()), ("y".into(), y.clone())],
+            "array 'x' is f32[260,20]: input \"x\" takes samples of shape [10]",
+        ),
+        (
+            "dtype",
+            vec![("x".into(), x.clone()), ("y".into(), y.cast(smelt_ir::DType::F32))],
+            "array 'y' holds f32: input \"labels\" takes integers",
+        ),
+        (
+            "range",
+            vec![("x".into(), x.clone()), ("y".into(), Tensor::from_i64(vec![n], (0..n as i64).map(|i| i % 5).collect()))],
+            "label 4 of sample 4 is out of range: the model has 4 classes (0 to 3)",
+        ),
+        (
+            "nan",
+            vec![
+                (
+                    "x".into(),
+                    Tensor::from_f32(
+                        x.shape().to_vec(),
+                        x.to_f32_vec().into_iter().enumerate().map(|(i, v)| if i == 35 { f32::NAN } else { v }).collect(),
+                    ),
+                ),
+                ("y".into(), y.clone()),
+            ],
+            "a value that is not finite (NaN or infinite) in sample 3",
+        ),
+        (
+            "length",
+            vec![("x".into(), x.clone()), ("y".into(), Tensor::from_i64(vec![n - 1], y.to_i64_vec()[1..].to_vec()))],
+            "array 'y' has 519 samples but 'x' has 520",
+        ),
+        (
+            "few",
+            vec![
+                ("x".into(), x.clone().take(&(0..100).collect::<Vec<_>>(), vec![10, 10])),
+                ("y".into(), Tensor::from_i64(vec![10], vec![0; 10])),
+            ],
+            "10 samples, fewer than one batch of 32",
+        ),
+    ];
+    for (name, arrays, want) in cases {
+        let f = dir.join(format!("{name}.npz"));
+        npy::write_npz(&f, &arrays).unwrap();
+        let e = refused(&[s(&m), "--data", s(&f), "--optimizer", "sgd", "--batch", "32"]);
+        assert!(e.contains(want) && e.contains(s(&f)), "{name}: expected {want:?} naming the file, got:\n{e}");
+        assert!(!e.contains("step 1"), "{name}: refused only after a step ran:\n{e}");
+    }
+    // Not an archive at all.
+    let f = dir.join("text.npz");
+    std::fs::write(&f, "x,y\n1,2\n").unwrap();
+    let e = refused(&[s(&m), "--data", s(&f), "--optimizer", "sgd", "--batch", "32"]);
+    assert!(e.contains("not a NumPy .npz archive"), "{e}");
+    // The step's device memory over --memory-limit: refused before allocating.
+    let e = refused(&[s(&m), "--data", s(&d.join("train.npz")), "--optimizer", "adam", "--batch", "32", "--memory-limit", "4KiB"]);
+    assert!(e.contains("over --memory-limit 4.0 KiB") && e.contains("weights and optimizer state"), "{e}");
+    // f16 training needs loss scaling, which is not done yet: said, not ignored.
+    let e = refused(&[s(&m), "--data", s(&d.join("train.npz")), "--optimizer", "adam", "--batch", "32", "--precision", "mixed-f16"]);
+    assert!(e.contains("dynamic loss scaling"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn the_emulator_runs_the_same_training_as_the_cpu() {
+    // The generated CUDA C of every kernel of the step, 6 steps, against
+    // the kernel descriptions' run.
+    let d = runs("cnn");
+    let (data, m) = (d.join("train.npz"), d.join("model.onnx"));
+    let mut got = Vec::new();
+    for backend in ["cpu", "emulator"] {
+        let ck = scratch(&format!("emu-{backend}"));
+        train(&[
+            s(&m),
+            "--data",
+            s(&data),
+            "--optimizer",
+            "adam",
+            "--batch",
+            "16",
+            "--steps",
+            "6",
+            "--backend",
+            backend,
+            "--checkpoint",
+            s(&ck),
+        ]);
+        got.push(npy::read_npz(&ck.join("checkpoint.npz")).unwrap());
+        std::fs::remove_dir_all(&ck).unwrap();
+    }
+    for ((n, a), (_, b)) in got[0].iter().zip(&got[1]) {
+        let e = excess(b, a, 1e-4, 1e-5);
+        assert!(e <= 1.0, "{n}: the emulator's weights differ from the CPU's ({e:.2} times the tolerance)");
+    }
+}
