@@ -262,11 +262,16 @@ pub(crate) struct RunArgs {
 pub(crate) struct TrainCmdArgs {
     #[command(flatten)]
     pub(crate) model: ModelArgs,
-    /// The training data (.npz): one array per model input and the labels.
+    /// The training data (.npz): one array per model input (named as the
+    /// input, or `x` when there is one) and the labels (`y`), one row per
+    /// sample. `synthetic[:N]` generates N samples (default 2048) of a
+    /// separable task for a classifier, from --seed.
     #[arg(long, value_name = "FILE.npz")]
     pub(crate) data: PathBuf,
-    /// Validation data (.npz, as --data): loss and accuracy of the forward
-    /// pass with the trained weights after each epoch and at the end.
+    /// Validation data (.npz or synthetic[:N], as --data): loss and accuracy
+    /// of the forward pass with the trained weights after each epoch and at
+    /// the end. Synthetic validation samples are drawn apart from the
+    /// training ones, from the same task.
     #[arg(long, value_name = "FILE.npz")]
     pub(crate) val: Option<PathBuf>,
     /// Passes over the data (default 1).
@@ -311,6 +316,10 @@ pub(crate) struct TrainCmdArgs {
     /// Print the summary as JSON (no progress bar).
     #[arg(long)]
     pub(crate) json: bool,
+    /// Make optimizer step N's gradients overflow (an infinite loss scale),
+    /// to see the step skipped (tests of loss scaling).
+    #[arg(long, value_name = "N", hide = true)]
+    pub(crate) inject_overflow: Option<usize>,
 }
 
 #[derive(Args)]
@@ -418,6 +427,13 @@ pub(crate) struct TrainArgs {
     /// follow them with PyTorch's momentum 0.1, as `model.train()`).
     #[arg(long, default_value = "frozen", value_parser = ["frozen", "train"], requires = "train")]
     pub(crate) batch_norm: String,
+    /// Loss scaling under --precision f16 or mixed-f16: dynamic (the
+    /// gradients of a scaled loss, unscaled before the update; a step whose
+    /// gradients overflow is skipped and the scale halved, and it doubles
+    /// after 2000 clean steps, as torch.amp.GradScaler) or none. bf16 and
+    /// f32 need none.
+    #[arg(long, default_value = "dynamic", value_parser = ["dynamic", "none"], requires = "train")]
+    pub(crate) loss_scale: String,
     /// Keep these initializers fixed: names, `*` matching any characters. Repeatable.
     #[arg(long = "freeze", value_name = "PATTERN", requires = "train")]
     pub(crate) freeze: Vec<String>,
@@ -479,6 +495,7 @@ impl TrainArgs {
             freeze: self.freeze.clone(),
             batch_norm,
             clip_norm: self.clip_norm,
+            loss_scale: false,
         }))
     }
 }
@@ -504,7 +521,11 @@ impl ModelArgs {
             dims: self.dims.clone(),
             no_fuse: self.no_fuse,
             precision: smelt_passes::precision::Options { policy: self.precision, keep_f32: self.keep_f32.clone() },
-            train: self.train.config()?,
+            train: self.train.config()?.map(|mut t| {
+                use smelt_passes::precision::Policy;
+                t.loss_scale = matches!(self.precision, Policy::F16 | Policy::MixedF16) && self.train.loss_scale == "dynamic";
+                t
+            }),
         })
     }
 

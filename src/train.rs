@@ -129,6 +129,86 @@ impl Data {
         Ok(Data { file: path.to_path_buf(), samples, columns })
     }
 
+    /// The samples a spec `synthetic[:N]` asks for, if `spec` is one.
+    pub fn synthetic_spec(spec: &str) -> Option<Result<usize, Error>> {
+        let rest = spec.strip_prefix("synthetic")?;
+        Some(match rest.strip_prefix(':') {
+            None if rest.is_empty() => Ok(Data::SYNTHETIC_SAMPLES),
+            Some(n) => n
+                .parse::<usize>()
+                .ok()
+                .filter(|&n| n > 0)
+                .ok_or_else(|| Error::Usage(format!("{spec}: synthetic data takes a positive number of samples (synthetic:2048)"))),
+            None => return None,
+        })
+    }
+
+    /// Samples of `synthetic` data when no number is given.
+    pub const SYNTHETIC_SAMPLES: usize = 2048;
+
+    /// A generated classification task for the step's `inputs`: every class
+    /// has a fixed random prototype (a colour per channel plus a pattern,
+    /// drawn from `seed`), and a sample is its class's prototype plus
+    /// Gaussian noise of the same size; the labels are uniform. The task is
+    /// separable and the same for every `draw`; `draw` picks the samples
+    /// (training and validation sets use different draws).
+    pub fn synthetic(inputs: &[(String, TensorType)], classes: Option<usize>, samples: usize, seed: u64, draw: u64) -> Result<Data, Error> {
+        let file = PathBuf::from(format!("synthetic:{samples}"));
+        let err = |msg: String| Error::Data { file: file.display().to_string(), msg };
+        let Some(classes) = classes.filter(|&c| c >= 2) else {
+            return Err(err(
+                "synthetic data is a classification task: it needs a model whose loss is cross-entropy over two or more classes".into(),
+            ));
+        };
+        let mut labels_rng = Rng::new(seed ^ draw.wrapping_mul(0x2545_f491_4f6c_dd1d) ^ 0x6c61_6265_6c73);
+        let labels: Vec<usize> = (0..samples).map(|_| labels_rng.below(classes)).collect();
+        let mut columns = Vec::with_capacity(inputs.len());
+        for (input, ty) in inputs {
+            let sample: usize = ty.shape[1..].iter().product();
+            let row = ty.bytes() / ty.shape[0].max(1);
+            if row.checked_mul(samples).is_none_or(|b| b > Data::SYNTHETIC_LIMIT) {
+                return Err(err(format!(
+                    "{samples} samples of input \"{input}\" take more than {} bytes: ask for fewer",
+                    Data::SYNTHETIC_LIMIT
+                )));
+            }
+            let mut shape = ty.shape.clone();
+            shape[0] = samples;
+            let values = if input == "labels" && sample == 1 {
+                Tensor::from_i64(shape, labels.iter().map(|&y| y as i64).collect()).cast(ty.dtype)
+            } else if input == "labels" || input == "targets" {
+                return Err(err(format!("input \"{input}\" is {ty}: synthetic data makes one class index per sample only")));
+            } else if ty.dtype.is_float() {
+                // Prototypes: a colour per channel (dimension 1) and a pattern.
+                let channels = ty.shape.get(1).copied().unwrap_or(1).max(1);
+                let per_channel = sample / channels;
+                let mut rng = Rng::new(seed ^ Rng::from_name(input).next_u64());
+                let protos: Vec<Vec<f32>> = (0..classes)
+                    .map(|_| {
+                        let colour: Vec<f32> = (0..channels).map(|_| rng.normal()).collect();
+                        (0..sample).map(|i| colour[i / per_channel.max(1)] + 0.5 * rng.normal()).collect()
+                    })
+                    .collect();
+                let mut noise = Rng::new(seed ^ draw.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ Rng::from_name(input).next_u64());
+                let mut data = Vec::with_capacity(samples * sample);
+                for &y in &labels {
+                    data.extend(protos[y].iter().map(|p| p + noise.normal()));
+                }
+                Tensor::from_f32(shape, data).cast(ty.dtype)
+            } else {
+                return Err(err(format!(
+                    "input \"{input}\" takes {} values: synthetic data makes float inputs only (give an .npz)",
+                    ty.dtype.name()
+                )));
+            };
+            columns.push(Column { input: input.clone(), ty: ty.clone(), row, bytes: values.data().to_le_bytes() });
+        }
+        Ok(Data { file, samples, columns })
+    }
+
+    /// The most bytes one input's synthetic data may take.
+    pub const SYNTHETIC_LIMIT: usize = 1 << 30;
+
     /// The inputs named `names` (all of them when `None`) for the samples
     /// `idx`, in the data's column order, batched.
     pub fn gather(&self, idx: &[usize], names: Option<&[String]>) -> Vec<Tensor> {
@@ -222,6 +302,10 @@ pub struct StepReport {
     pub epoch_end: bool,
     /// The mean loss of its micro-batches.
     pub loss: f32,
+    /// Whether its gradients overflowed, so that the optimizer skipped it.
+    pub skipped: bool,
+    /// The loss scale after it, when the loss is scaled.
+    pub loss_scale: Option<f32>,
     /// Milliseconds it took (batch copies included).
     pub ms: f64,
     /// Samples per second over this step.
@@ -237,6 +321,44 @@ pub struct Trainer<D: Device> {
     order: Option<(usize, Vec<usize>)>,
     loss_output: usize,
     state: Vec<Persistent>,
+    /// With loss scaling: the output saying whether the gradients were
+    /// finite, and the scaler's state.
+    scaling: Option<(usize, Scaler)>,
+    inject: Option<usize>,
+}
+
+/// Dynamic loss scaling as `torch.amp.GradScaler` does it: a step whose
+/// gradients overflow is skipped and the scale halved; after
+/// [`Scaler::GROWTH_INTERVAL`] clean steps in a row it doubles.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Scaler {
+    /// The loss scale.
+    pub scale: f32,
+    /// Clean steps since the scale last changed.
+    pub clean: usize,
+    /// Steps skipped so far.
+    pub skipped: usize,
+}
+
+impl Scaler {
+    /// Clean steps before the scale doubles (GradScaler's `growth_interval`).
+    pub const GROWTH_INTERVAL: usize = 2000;
+
+    /// The state after a step whose gradients were finite (`ok`) or not.
+    fn after(mut self, ok: bool) -> Scaler {
+        if ok {
+            self.clean += 1;
+            if self.clean == Scaler::GROWTH_INTERVAL {
+                self.scale *= 2.0;
+                self.clean = 0;
+            }
+        } else {
+            self.scale *= 0.5;
+            self.clean = 0;
+            self.skipped += 1;
+        }
+        self
+    }
 }
 
 /// A value an update writes: where it is in the weights blob.
@@ -264,7 +386,34 @@ impl<D: Device> Trainer<D> {
         if cfg.batch == 0 || cfg.accumulate == 0 || cfg.batch % cfg.accumulate != 0 {
             return Err(Error::Usage(format!("a batch of {} does not split into {} micro-batches", cfg.batch, cfg.accumulate)));
         }
-        Ok(Trainer { exec, data, cfg, step, order: None, loss_output, state })
+        let guard = p.outputs.iter().position(|o| o.name == "train.grads_finite");
+        let scaling = guard.map(|g| (g, Scaler { scale: smelt_passes::train::INITIAL_LOSS_SCALE, clean: 0, skipped: 0 }));
+        if scaling.is_some() && cfg.accumulate > 1 {
+            return Err(Error::Usage("loss scaling with accumulation is not supported".into()));
+        }
+        Ok(Trainer { exec, data, cfg, step, order: None, loss_output, state, scaling, inject: None })
+    }
+
+    /// The loss scaler's state, when the step scales its loss.
+    pub fn scaler(&self) -> Option<Scaler> {
+        self.scaling.map(|(_, s)| s)
+    }
+
+    /// Continues from a checkpoint's scaler state.
+    pub fn set_scaler(&mut self, scaler: Scaler) -> Result<(), Error> {
+        let Some((_, s)) = self.scaling.as_mut() else {
+            return Err(Error::Usage("the checkpoint has a loss scaler but this step does not scale its loss".into()));
+        };
+        *s = scaler;
+        self.exec.write_weight("train.loss_scale", &Tensor::from_f32(vec![], vec![scaler.scale]))?;
+        Ok(())
+    }
+
+    /// Makes optimizer step `step` (from 1) overflow: its loss scale is
+    /// infinite, so its gradients are, and the step must be skipped (a
+    /// test of the skipping, end to end).
+    pub fn inject_overflow_at(&mut self, step: usize) {
+        self.inject = Some(step);
     }
 
     /// Optimizer steps done.
@@ -301,14 +450,31 @@ impl<D: Device> Trainer<D> {
         let batch = &order[pos * self.cfg.batch..(pos + 1) * self.cfg.batch];
         let micro = self.cfg.batch / self.cfg.accumulate;
         let mut loss = 0f64;
+        let mut skipped = false;
         for part in batch.chunks(micro) {
             let ins = self.data.gather(part, None);
-            let out = self.exec.run_reading(&ins, &[self.loss_output])?;
+            let out = match self.scaling {
+                None => self.exec.run_reading(&ins, &[self.loss_output])?,
+                Some((guard, scaler)) => {
+                    let injected = self.inject == Some(self.step + 1);
+                    if injected {
+                        self.exec.write_weight("train.loss_scale", &Tensor::from_f32(vec![], vec![f32::INFINITY]))?;
+                    }
+                    let (out, ok) = self.exec.run_guarded(&ins, &[self.loss_output], guard)?;
+                    let next = scaler.after(ok);
+                    if next.scale != scaler.scale || injected {
+                        self.exec.write_weight("train.loss_scale", &Tensor::from_f32(vec![], vec![next.scale]))?;
+                    }
+                    self.scaling = Some((guard, next));
+                    skipped |= !ok;
+                    out
+                }
+            };
             loss += out[0].to_f32_vec().first().copied().unwrap_or(f32::NAN) as f64;
         }
         let loss = (loss / self.cfg.accumulate as f64) as f32;
         self.step += 1;
-        if !loss.is_finite() {
+        if !loss.is_finite() && !skipped {
             return Err(Error::Diverged { step: self.step, loss });
         }
         let secs = t.elapsed().as_secs_f64();
@@ -317,6 +483,8 @@ impl<D: Device> Trainer<D> {
             epoch,
             epoch_end: pos + 1 == per_epoch,
             loss,
+            skipped,
+            loss_scale: self.scaler().map(|s| s.scale),
             ms: secs * 1e3,
             samples_per_sec: self.cfg.batch as f64 / secs.max(1e-9),
         })
@@ -347,7 +515,7 @@ impl<D: Device> Trainer<D> {
         std::fs::create_dir_all(dir).map_err(io)?;
         let arrays = self.weights()?;
         npy::write_npz(&dir.join("checkpoint.npz"), &arrays)?;
-        let meta = Checkpoint { format: 1, step: self.step, config: self.cfg.clone() };
+        let meta = Checkpoint { format: 1, step: self.step, config: self.cfg.clone(), scaler: self.scaler() };
         let tmp = dir.join("checkpoint.json.tmp");
         std::fs::write(&tmp, serde_json::to_string_pretty(&meta).expect("serializable")).map_err(io)?;
         std::fs::rename(&tmp, dir.join("checkpoint.json")).map_err(io)
@@ -363,12 +531,16 @@ pub struct Checkpoint {
     pub step: usize,
     /// The loop's configuration (seed and recipe included).
     pub config: Config,
+    /// The loss scaler's state, when the loss is scaled.
+    #[serde(default)]
+    pub scaler: Option<Scaler>,
 }
 
 /// Reads the checkpoint in `dir`, checks that it was made by the same
 /// recipe and seed as `cfg`, and writes its values into `graph` (the
-/// training step, before it is compiled). Returns the steps it had done.
-pub fn load_checkpoint(dir: &Path, cfg: &Config, graph: &mut Graph) -> Result<usize, Error> {
+/// training step, before it is compiled). Returns the steps it had done and
+/// the loss scaler's state (for [`Trainer::set_scaler`]).
+pub fn load_checkpoint(dir: &Path, cfg: &Config, graph: &mut Graph) -> Result<(usize, Option<Scaler>), Error> {
     let file = dir.join("checkpoint.json");
     let err = |msg: String| Error::Data { file: file.display().to_string(), msg };
     let text = std::fs::read_to_string(&file).map_err(|e| err(format!("cannot read it: {e}")))?;
@@ -399,7 +571,7 @@ pub fn load_checkpoint(dir: &Path, cfg: &Config, graph: &mut Graph) -> Result<us
         }
         graph.set_weight(id, t).map_err(|e| err(e.to_string()))?;
     }
-    Ok(meta.step)
+    Ok((meta.step, meta.scaler))
 }
 
 /// Loss and accuracy of a forward pass over a data set.

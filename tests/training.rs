@@ -77,6 +77,7 @@ fn three_steps_give_pytorchs_weights() {
                 freeze: vec![],
                 batch_norm: Default::default(),
                 clip_norm: clip(opt),
+                loss_scale: false,
             };
             let want_losses = read_tensor_file(&d.join(opt).join("losses.pb")).unwrap().1.to_f32_vec();
             // The step as built, and as the pass pipeline fuses it.
@@ -339,6 +340,7 @@ fn every_gradient_rule_matches_finite_differences() {
             freeze: vec![],
             batch_norm: Default::default(),
             clip_norm: None,
+            loss_scale: false,
         };
         let step = training_step(&model, &cfg).unwrap_or_else(|e| panic!("{name}: {e}"));
         let mut g = step.graph;
@@ -397,6 +399,7 @@ fn ce(opt: &str, batch_norm: smelt_passes::train::BatchNorm) -> TrainConfig {
         freeze: vec![],
         batch_norm,
         clip_norm: None,
+        loss_scale: false,
     }
 }
 
@@ -498,6 +501,7 @@ fn accumulation_over_micro_batches_equals_the_whole_batch() {
                 freeze: vec![],
                 batch_norm: Default::default(),
                 clip_norm: None,
+                loss_scale: false,
             }
         };
         let path = d.join("model.onnx");

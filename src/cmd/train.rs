@@ -9,7 +9,6 @@ use smelt::report::human_bytes;
 use smelt::train::{evaluate, load_checkpoint, set_weights, Config, Data, Evaluation, Length, StepReport, Trainer};
 use smelt_codegen::{nvrtc::Compiler, program::compile_all};
 use smelt_ir::{Graph, OpSet, TensorType};
-use smelt_passes::precision::Policy;
 use smelt_runtime::exec::{Device, Executor};
 use std::collections::HashMap;
 use std::io::Write as _;
@@ -21,9 +20,6 @@ pub fn run(a: &TrainCmdArgs) -> Result<bool> {
     let Some(cfg) = m.train.config()? else {
         bail!("smelt train needs an optimizer: --optimizer sgd, adam or adamw");
     };
-    if matches!(m.precision, Policy::F16 | Policy::MixedF16) {
-        bail!("--precision {}: f16 training needs dynamic loss scaling, which smelt train does not do yet; use mixed-bf16 (no loss scaling needed) or f32", m.precision);
-    }
     if a.every.is_some() && a.checkpoint.is_none() {
         bail!("--every needs --checkpoint DIR");
     }
@@ -48,9 +44,9 @@ pub fn run(a: &TrainCmdArgs) -> Result<bool> {
         shuffle: !a.no_shuffle,
         recipe: format!("{cfg:?}; precision {}; keep-f32 {:?}; fusion {}", m.precision, m.keep_f32, !m.no_fuse),
     };
-    let start = match &a.resume {
+    let (start, scaler) = match &a.resume {
         Some(dir) => load_checkpoint(dir, &config, &mut s.source)?,
-        None => 0,
+        None => (0, None),
     };
     // The step's inputs and the data, checked before anything is compiled.
     let training = s.train.clone().expect("a training session");
@@ -63,8 +59,19 @@ pub fn run(a: &TrainCmdArgs) -> Result<bool> {
     let cross_entropy = matches!(cfg.loss, smelt_passes::train::Loss::CrossEntropy { .. });
     let classes =
         training.model.outputs().iter().find(|(n, _)| *n == loss_on).and_then(|(_, v)| training.model.ty(*v).shape.get(1).copied());
-    let data = Data::load(&a.data, &inputs, classes.filter(|_| cross_entropy), config.batch)?;
-    let val = a.val.as_ref().map(|v| Data::load(v, &inputs, classes.filter(|_| cross_entropy), 1)).transpose()?;
+    let classes = classes.filter(|_| cross_entropy);
+    let load = |path: &Path, draw: u64, least: usize| -> Result<Data> {
+        let d = match Data::synthetic_spec(&path.to_string_lossy()) {
+            Some(n) => Data::synthetic(&inputs, classes, n?, a.seed, draw)?,
+            None => Data::load(path, &inputs, classes, least)?,
+        };
+        if d.samples < least {
+            bail!("{}: {} samples, fewer than one batch of {least}", d.file.display(), d.samples);
+        }
+        Ok(d)
+    };
+    let data = load(&a.data, 0, config.batch)?;
+    let val = a.val.as_ref().map(|v| load(v, 1, 1)).transpose()?;
     let total = config.total_steps(data.samples);
     if start > total {
         bail!("the checkpoint has done {start} steps, more than the {total} asked for");
@@ -88,8 +95,20 @@ pub fn run(a: &TrainCmdArgs) -> Result<bool> {
         }
     }
     let blob = program.weights_blob(&compiled.graph)?;
-    let ctx =
-        Run { a, config, data, val, start, total, training, loss_on, cross_entropy, spec: m.model.clone(), options: s.options.clone() };
+    let ctx = Run {
+        a,
+        config,
+        data,
+        val,
+        start,
+        scaler,
+        total,
+        training,
+        loss_on,
+        cross_entropy,
+        spec: m.model.clone(),
+        options: s.options.clone(),
+    };
     match a.backend.as_str() {
         "cpu" => ctx.go(Executor::new(smelt_runtime::host::HostDevice::new(), program, &blob, None)?),
         "emulator" => {
@@ -120,6 +139,7 @@ struct Run<'a> {
     data: Data,
     val: Option<Data>,
     start: usize,
+    scaler: Option<smelt::train::Scaler>,
     total: usize,
     training: smelt::Training,
     loss_on: String,
@@ -134,6 +154,12 @@ impl Run<'_> {
         let device = exec.device().info().name;
         let (arena, weights_bytes) = (exec.program().arena, exec.program().weights_bytes);
         let mut t = Trainer::new(exec, self.data.clone(), self.config.clone(), self.start)?;
+        if let Some(sc) = self.scaler {
+            t.set_scaler(sc)?;
+        }
+        if let Some(at) = a.inject_overflow {
+            t.inject_overflow_at(at);
+        }
         let per_epoch = self.config.steps_per_epoch(self.data.samples);
         let dropped = self.data.samples - per_epoch * self.config.batch;
         let mut log = match &a.log_json {
@@ -172,11 +198,7 @@ impl Run<'_> {
             ));
             bar.inc(1);
             if let Some(w) = log.as_mut() {
-                writeln!(
-                    w,
-                    "{}",
-                    json!({"step": r.step, "epoch": r.epoch, "loss": r.loss, "ms": r.ms, "samples_per_sec": r.samples_per_sec})
-                )?;
+                writeln!(w, "{}", serde_json::to_string(&r)?)?;
             }
             if let (Some(dir), Some(every)) = (&a.checkpoint, a.every) {
                 if r.step as u64 % every == 0 {
@@ -227,6 +249,7 @@ impl Run<'_> {
             "arena_bytes": arena, "weights_bytes": weights_bytes, "device_bytes": arena + weights_bytes,
             "validation": final_eval, "validation_per_epoch": evals.iter().map(|(s, e)| json!({"step": s, "loss": e.loss, "accuracy": e.accuracy})).collect::<Vec<_>>(),
             "saved": a.save, "checkpoint": a.checkpoint, "weights_written": set,
+            "loss_scale": t.scaler().map(|s| s.scale), "skipped_steps": t.scaler().map_or(0, |s| s.skipped),
         });
         if let Some(w) = log.as_mut() {
             writeln!(w, "{}", json!({ "summary": summary }))?;
@@ -254,6 +277,9 @@ impl Run<'_> {
                 last_epoch.len(),
                 last_epoch.iter().sum::<f32>() / last_epoch.len() as f32
             );
+        }
+        if let Some(sc) = t.scaler() {
+            outln!("loss scaling: {} of {} steps skipped (gradients not finite), the scale is now {}", sc.skipped, self.total, sc.scale);
         }
         if dropped > 0 {
             outln!(

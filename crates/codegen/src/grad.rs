@@ -272,6 +272,79 @@ impl Grad {
         (s[..axis].iter().product(), s[axis], s[axis + 1..].iter().product())
     }
 
+    /// The data gradient, element by element as the CUDA kernel sums it
+    /// (output channel, then kernel row, then column), with the taps that
+    /// cover an element found once per element rather than per channel.
+    fn conv_data_cpu(&self, c: &ConvAttrs, dy: &[f32], w: &[f32], out: &mut [f32]) {
+        let [_, a1, a2, a3] = nchw(&self.output);
+        let [_, m, oh, ow] = nchw(&self.inputs[0]);
+        let [_, cg, kh, kw] = nchw(&self.inputs[1]);
+        let mg = m / c.group;
+        let covers = |q: usize, a: usize, pad: usize, stride: usize, out: usize| -> Option<usize> {
+            let t = (q + pad).checked_sub(a)?;
+            (t % stride == 0 && t / stride < out).then_some(t / stride)
+        };
+        let mut rows: Vec<(usize, usize)> = Vec::with_capacity(kh);
+        let mut cols: Vec<(usize, usize)> = Vec::with_capacity(kw);
+        for (i, o) in out.iter_mut().enumerate() {
+            let (q3, q2, q1, q0) = (i % a3, (i / a3) % a2, (i / (a2 * a3)) % a1, i / (a1 * a2 * a3));
+            rows.clear();
+            rows.extend((0..kh).filter_map(|a| covers(q2, a * c.dilations[0], c.pads[0], c.strides[0], oh).map(|y| (a, y))));
+            cols.clear();
+            cols.extend((0..kw).filter_map(|b| covers(q3, b * c.dilations[1], c.pads[1], c.strides[1], ow).map(|z| (b, z))));
+            let (g, cl) = (q1 / cg, q1 % cg);
+            let mut acc = 0f32;
+            for mm in 0..mg {
+                let m_ = g * mg + mm;
+                let (dy_plane, w_plane) = ((q0 * m + m_) * oh, (m_ * cg + cl) * kh);
+                for &(a, y) in &rows {
+                    let (dy_row, w_row) = ((dy_plane + y) * ow, (w_plane + a) * kw);
+                    for &(b, z) in &cols {
+                        acc += dy[dy_row + z] * w[w_row + b];
+                    }
+                }
+            }
+            *o = acc;
+        }
+    }
+
+    /// The weight gradient, element by element as the CUDA kernel sums it
+    /// (sample, then output row, then column), visiting only the output
+    /// positions whose tap falls inside the input.
+    fn conv_weight_cpu(&self, c: &ConvAttrs, x: &[f32], dy: &[f32], out: &mut [f32]) {
+        let [_, a1, a2, a3] = nchw(&self.output);
+        let [n, ch, h, w] = nchw(&self.inputs[0]);
+        let [_, m, oh, ow] = nchw(&self.inputs[1]);
+        let (cg, mg) = (ch / c.group, m / c.group);
+        let (sh, sw) = (c.strides[0], c.strides[1]);
+        // The outputs o in 0..len whose input position o * stride + off - pad is in 0..size.
+        let range = |off: usize, pad: usize, stride: usize, len: usize, size: usize| -> (usize, usize) {
+            let lo = pad.saturating_sub(off).div_ceil(stride);
+            let hi = if size + pad > off { ((size + pad - off - 1) / stride + 1).min(len) } else { 0 };
+            (lo, hi.max(lo))
+        };
+        for (i, o) in out.iter_mut().enumerate() {
+            let (q3, q2, q1, q0) = (i % a3, (i / a3) % a2, (i / (a2 * a3)) % a1, i / (a1 * a2 * a3));
+            let ci = (q0 / mg) * cg + q1;
+            let (offh, offw) = (q2 * c.dilations[0], q3 * c.dilations[1]);
+            let (y0, y1) = range(offh, c.pads[0], sh, oh, h);
+            let (x0, x1) = range(offw, c.pads[1], sw, ow, w);
+            let mut acc = 0f32;
+            for b in 0..n {
+                let (dy_plane, x_plane) = ((b * m + q0) * oh, (b * ch + ci) * h);
+                for y in y0..y1 {
+                    let ih = y * sh + offh - c.pads[0];
+                    let dy_row = &dy[(dy_plane + y) * ow..][..ow];
+                    let x_row = &x[(x_plane + ih) * w..][..w];
+                    for xo in x0..x1 {
+                        acc += dy_row[xo] * x_row[xo * sw + offw - c.pads[1]];
+                    }
+                }
+            }
+            *o = acc;
+        }
+    }
+
     /// Runs the description on the CPU exactly as the kernel does.
     pub fn run_cpu(&self, inputs: &[&Tensor]) -> Tensor {
         if let GradKind::Gather { axis, .. } = &self.kind {
@@ -298,6 +371,17 @@ impl Grad {
         let [_, a1, a2, a3] = nchw(&self.output);
         let mut out = vec![0f32; self.numel()];
         let (n0, n1) = (ins[0].as_slice(), ins.get(1).map_or(&[][..], |v| v.as_slice()));
+        match &self.kind {
+            GradKind::ConvData(c) => {
+                self.conv_data_cpu(c, n0, n1, &mut out);
+                return Tensor::from_f32(self.output.clone(), out).cast(self.dtype);
+            }
+            GradKind::ConvWeight(c) => {
+                self.conv_weight_cpu(c, n0, n1, &mut out);
+                return Tensor::from_f32(self.output.clone(), out).cast(self.dtype);
+            }
+            _ => {}
+        }
         // Which output of a window over `len` elements (stride, pad) covers element q at offset a.
         let covers = |q: usize, a: usize, pad: usize, stride: usize, out: usize| -> Option<usize> {
             let t = (q + pad).checked_sub(a)?;
@@ -307,41 +391,8 @@ impl Grad {
             let (q3, q2, q1, q0) = (i % a3, (i / a3) % a2, (i / (a2 * a3)) % a1, i / (a1 * a2 * a3));
             let mut acc = 0f32;
             match &self.kind {
-                GradKind::ConvData(c) => {
-                    let [_, m, oh, ow] = nchw(&self.inputs[0]);
-                    let [_, cg, kh, kw] = nchw(&self.inputs[1]);
-                    let mg = m / c.group;
-                    let (g, cl) = (q1 / cg, q1 % cg);
-                    for mm in 0..mg {
-                        let m_ = g * mg + mm;
-                        for a in 0..kh {
-                            let Some(y) = covers(q2, a * c.dilations[0], c.pads[0], c.strides[0], oh) else { continue };
-                            for b in 0..kw {
-                                let Some(z) = covers(q3, b * c.dilations[1], c.pads[1], c.strides[1], ow) else { continue };
-                                acc += n0[((q0 * m + m_) * oh + y) * ow + z] * n1[((m_ * cg + cl) * kh + a) * kw + b];
-                            }
-                        }
-                    }
-                }
-                GradKind::ConvWeight(c) => {
-                    let [n, ch, h, w] = nchw(&self.inputs[0]);
-                    let [_, m, oh, ow] = nchw(&self.inputs[1]);
-                    let (cg, mg) = (ch / c.group, m / c.group);
-                    let ci = (q0 / mg) * cg + q1;
-                    for b in 0..n {
-                        for y in 0..oh {
-                            let Some(ih) = (y * c.strides[0] + q2 * c.dilations[0]).checked_sub(c.pads[0]).filter(|&v| v < h) else {
-                                continue;
-                            };
-                            for x in 0..ow {
-                                let Some(iw) = (x * c.strides[1] + q3 * c.dilations[1]).checked_sub(c.pads[1]).filter(|&v| v < w) else {
-                                    continue;
-                                };
-                                acc += n1[((b * m + q0) * oh + y) * ow + x] * n0[((b * ch + ci) * h + ih) * w + iw];
-                            }
-                        }
-                    }
-                }
+                GradKind::ConvData(_) => unreachable!("handled above"),
+                GradKind::ConvWeight(_) => unreachable!("handled above"),
                 GradKind::MaxPool(p) => {
                     let [_, _, h, w] = nchw(&self.inputs[0]);
                     let [_, _, oh, ow] = nchw(&self.inputs[1]);

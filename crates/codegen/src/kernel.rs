@@ -232,6 +232,13 @@ impl Kernel {
         }
     }
 
+    /// Whether it is an optimizer's step (a parameter's update or the step
+    /// counter's, not a running statistic's): what a runtime skips when a
+    /// loss-scaled step's gradients overflowed.
+    pub fn is_optimizer_step(&self) -> bool {
+        matches!(self, Kernel::Update(u) if matches!(u.optimizer, smelt_ir::Optimizer::Sgd { .. } | smelt_ir::Optimizer::Adam { .. } | smelt_ir::Optimizer::Count))
+    }
+
     /// Runs the description on the CPU (inputs in the node's order). An
     /// update returns its parameter's new value ([`Kernel::run_in_place`]
     /// has all it writes).

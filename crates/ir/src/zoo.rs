@@ -12,7 +12,7 @@ use crate::op::{BinaryOp, Op, UnaryOp};
 use crate::tensor::Tensor;
 
 /// The names of the built-in models.
-pub const NAMES: [&str; 5] = ["resnet50", "mobilenet_v2", "bert_base", "bert_large", "gpt2"];
+pub const NAMES: [&str; 6] = ["resnet50", "mobilenet_v2", "resnet8", "bert_base", "bert_large", "gpt2"];
 
 /// The sequence length of the transformers when none is given.
 pub const DEFAULT_SEQUENCE: usize = 128;
@@ -34,6 +34,7 @@ pub fn get_sized(name: &str, batch: usize, sequence: Option<usize>) -> Result<Gr
     match name {
         "resnet50" => resnet50(batch),
         "mobilenet_v2" => mobilenet_v2(batch),
+        "resnet8" => resnet8(batch),
         "bert_base" => bert(&Transformer::BERT_BASE, batch, seq),
         "bert_large" => bert(&Transformer::BERT_LARGE, batch, seq),
         "gpt2" => gpt2(&Transformer::GPT2, batch, seq),
@@ -211,6 +212,33 @@ pub fn resnet50(batch: usize) -> Result<Graph, IrError> {
     let x = b.linear(x, 1000)?;
     let x = b.softmax(x)?;
     b.finish("prob", x)
+}
+
+/// ResNet-8 for CIFAR-10 shapes (He et al. 2016, n = 1): a 3x3 stem and
+/// three basic blocks of 16, 32 and 64 channels on 32x32 images, ten
+/// classes. Small enough to train on a CPU in seconds (`smelt train`'s
+/// demonstration).
+pub fn resnet8(batch: usize) -> Result<Graph, IrError> {
+    let mut b = Builder::new(8);
+    let x = b.input("data", &[batch, 3, 32, 32])?;
+    let mut x = conv_bn(&mut b, x, 16, 3, 1, 1, true)?;
+    for (i, &width) in [16, 32, 64].iter().enumerate() {
+        x = basic_block(&mut b, x, width, if i == 0 { 1 } else { 2 })?;
+    }
+    let x = b.pool_flatten(x)?;
+    let x = b.linear(x, 10)?;
+    let x = b.softmax(x)?;
+    b.finish("prob", x)
+}
+
+fn basic_block(b: &mut Builder, x: ValueId, width: usize, stride: usize) -> Res {
+    let cin = b.ty(x).shape[1];
+    let y = conv_bn(b, x, width, 3, stride, 1, true)?;
+    let y = b.conv(y, width, 3, 1, 1)?;
+    let y = b.batch_norm(y, 0.2)?;
+    let skip = if stride != 1 || cin != width { conv_bn(b, x, width, 1, stride, 0, false)? } else { x };
+    let y = b.add(y, skip)?;
+    b.relu(y)
 }
 
 fn conv_bn(b: &mut Builder, x: ValueId, out: usize, k: usize, stride: usize, pad: usize, relu: bool) -> Res {

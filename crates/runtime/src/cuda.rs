@@ -119,9 +119,10 @@ impl Device for CudaDevice {
         Ok((base, wbase))
     }
 
-    fn write(&mut self, offset: usize, bytes: &[u8]) -> Result<(), RuntimeError> {
-        let arena = self.arena.as_mut().ok_or_else(|| RuntimeError::Program("write before alloc".into()))?;
-        let mut dst = arena.slice_mut(offset..offset + bytes.len());
+    fn write(&mut self, space: Space, offset: usize, bytes: &[u8]) -> Result<(), RuntimeError> {
+        let buffer = if space == Space::Arena { &mut self.arena } else { &mut self.weights };
+        let buffer = buffer.as_mut().ok_or_else(|| RuntimeError::Program("write before alloc".into()))?;
+        let mut dst = buffer.slice_mut(offset..offset + bytes.len());
         self.stream.memcpy_htod(bytes, &mut dst).map_err(driver("copying an input"))
     }
 

@@ -24,8 +24,8 @@ pub trait Device {
     /// Allocates the arena (zeroed) and uploads the weights; returns the
     /// device addresses of both (the arena's aligned to [`ARENA_ALIGN`]).
     fn alloc(&mut self, arena: usize, weights: &[u8]) -> Result<(u64, u64), RuntimeError>;
-    /// Copies `bytes` to the arena at `offset`.
-    fn write(&mut self, offset: usize, bytes: &[u8]) -> Result<(), RuntimeError>;
+    /// Copies `bytes` to the arena or the weights at `offset`.
+    fn write(&mut self, space: Space, offset: usize, bytes: &[u8]) -> Result<(), RuntimeError>;
     /// Copies the arena's or the weights' bytes at `offset` into `out`
     /// (waiting for the launches before it).
     fn read(&mut self, space: Space, offset: usize, out: &mut [u8]) -> Result<(), RuntimeError>;
@@ -195,7 +195,7 @@ impl<D: Device> Executor<D> {
             if bytes.len() != io.bytes || t.ty().to_string() != io.ty {
                 return Err(RuntimeError::Input { index: i, name: io.name.clone(), msg: format!("got {}, expected {}", t.ty(), io.ty) });
             }
-            self.device.write(io.offset, &bytes)?;
+            self.device.write(Space::Arena, io.offset, &bytes)?;
         }
         Ok(())
     }
@@ -273,6 +273,58 @@ impl<D: Device> Executor<D> {
         }
         self.device.finish()?;
         Ok(outs)
+    }
+
+    /// As [`Executor::run_reading`], for a loss-scaled training step: the
+    /// optimizer's updates ([`smelt_codegen::kernel::Kernel::is_optimizer_step`])
+    /// run only when output `guard` (a bool, read back once before the first
+    /// of them) is true. Returns the outputs and whether the updates ran.
+    pub fn run_guarded(&mut self, inputs: &[Tensor], outputs: &[usize], guard: usize) -> Result<(Vec<Tensor>, bool), RuntimeError> {
+        let io =
+            self.program.outputs.get(guard).cloned().ok_or_else(|| RuntimeError::Program(format!("the program has no output {guard}")))?;
+        if io.bytes != 1 || io.space != Space::Arena {
+            return Err(RuntimeError::Program(format!("output {} ({}) is not a flag in the arena", io.name, io.ty)));
+        }
+        self.load_inputs(inputs)?;
+        let mut apply = None;
+        for i in 0..self.launches.len() {
+            if self.program.steps[i].kernel.is_optimizer_step() {
+                let ok = match apply {
+                    Some(ok) => ok,
+                    None => {
+                        let mut flag = [0u8];
+                        self.device.read(Space::Arena, io.offset, &mut flag)?;
+                        *apply.insert(flag[0] != 0)
+                    }
+                };
+                if !ok {
+                    continue;
+                }
+            }
+            self.launch(i)?;
+        }
+        let mut outs = Vec::with_capacity(outputs.len());
+        for &i in outputs {
+            let (o, ty) = (&self.program.outputs[i], &self.program.output_types[i]);
+            let mut host = vec![0u8; o.bytes];
+            self.device.read(o.space.clone(), o.offset, &mut host)?;
+            outs.push(tensor(ty, &host)?);
+        }
+        self.device.finish()?;
+        Ok((outs, apply.unwrap_or(true)))
+    }
+
+    /// Writes the persistent value `name` (a weight slot of the program):
+    /// the host's state that kernels read, such as the loss scale.
+    pub fn write_weight(&mut self, name: &str, value: &Tensor) -> Result<(), RuntimeError> {
+        let slot =
+            self.program.weights.iter().find(|w| w.name == name).ok_or_else(|| RuntimeError::Program(format!("no weight {name}")))?;
+        let bytes = value.data().to_le_bytes();
+        if bytes.len() != slot.bytes {
+            return Err(RuntimeError::Program(format!("{name} holds {} bytes, not {}", slot.bytes, bytes.len())));
+        }
+        let offset = slot.offset;
+        self.device.write(Space::Weights, offset, &bytes)
     }
 
     /// The weights blob as it is now on the device (optimizer updates write

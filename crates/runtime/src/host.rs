@@ -70,10 +70,12 @@ impl Device for HostDevice {
         Ok(BASES)
     }
 
-    fn write(&mut self, offset: usize, bytes: &[u8]) -> Result<(), RuntimeError> {
-        let end = offset.checked_add(bytes.len()).filter(|&e| e <= self.arena.len());
-        let end = end.ok_or_else(|| RuntimeError::Program(format!("a write of {} bytes at {offset} leaves the arena", bytes.len())))?;
-        self.arena[offset..end].copy_from_slice(bytes);
+    fn write(&mut self, space: Space, offset: usize, bytes: &[u8]) -> Result<(), RuntimeError> {
+        let mem = if space == Space::Arena { &mut self.arena } else { &mut self.weights };
+        let end = offset.checked_add(bytes.len()).filter(|&e| e <= mem.len());
+        let end =
+            end.ok_or_else(|| RuntimeError::Program(format!("a write of {} bytes at {offset} leaves the {space:?} space", bytes.len())))?;
+        mem[offset..end].copy_from_slice(bytes);
         Ok(())
     }
 

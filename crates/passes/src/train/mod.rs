@@ -63,7 +63,19 @@ pub struct TrainConfig {
     /// Clip the gradients by their global L2 norm to at most this
     /// (PyTorch's `clip_grad_norm_`, eps 1e-6).
     pub clip_norm: Option<f32>,
+    /// Dynamic loss scaling (for f16 training): the loss's gradient starts
+    /// at the state `train.loss_scale` (initially 2^16) instead of 1; every
+    /// parameter's gradient is multiplied by `1 / scale` when all of them
+    /// are finite, and the output `train.grads_finite` (bool `[]`) says
+    /// whether they were. The runtime skips the optimizer's updates of a
+    /// step whose gradients were not finite and adjusts the scale, as
+    /// `torch.amp.GradScaler` does.
+    pub loss_scale: bool,
 }
+
+/// The loss scale a step with [`TrainConfig::loss_scale`] starts from
+/// (`torch.amp.GradScaler`'s `init_scale`).
+pub const INITIAL_LOSS_SCALE: f32 = 65536.0;
 
 /// Training errors: the user's model or options (most), or smelt's bug.
 #[derive(Debug, thiserror::Error)]
@@ -318,7 +330,17 @@ pub fn training_step(model: &Graph, cfg: &TrainConfig) -> Result<TrainStep, Trai
         }
     }
     let mut grads: HashMap<ValueId, Vec<ValueId>> = HashMap::new();
-    let seed = ad.g.add_constant("loss.seed", Tensor::from_f32(vec![], vec![1.0]));
+    if cfg.loss_scale && cfg.optimizer.is_some_and(|o| o.accumulate() > 1) {
+        return Err(TrainError::Usage("loss scaling with --accumulate is not supported yet: use --precision mixed-bf16, or f32".into()));
+    }
+    let scale = cfg.loss_scale.then(|| {
+        let one = TensorType::new(DType::F32, vec![]);
+        persistent(ad.g, Op::State, "train.loss_scale", &one, Some(Arc::new(Tensor::from_f32(vec![], vec![INITIAL_LOSS_SCALE]))))
+    });
+    let seed = match scale {
+        Some(s) => s,
+        None => ad.g.add_constant("loss.seed", Tensor::from_f32(vec![], vec![1.0])),
+    };
     grads.insert(loss, vec![seed]);
     let mut total: HashMap<ValueId, ValueId> = HashMap::new();
     // Convolutions differentiated with the batch norm that reads them.
@@ -371,6 +393,35 @@ pub fn training_step(model: &Graph, cfg: &TrainConfig) -> Result<TrainStep, Trai
             }
         }
     }
+    // Loss scaling: the gradients unscaled when all are finite (the sum of
+    // their magnitudes, in f32, is), zeroed otherwise; the flag is an output.
+    let mut finite = None;
+    if let Some(scale) = scale {
+        ad.name = "unscale".into();
+        let mut sums = Vec::new();
+        for (_, p) in &params {
+            if let Some(&d) = total.get(p) {
+                let a = ad.un(smelt_ir::UnaryOp::Abs, d)?;
+                let r = ad.shape(a).len();
+                sums.push(ad.sum(a, (0..r).collect(), false)?);
+            }
+        }
+        if !sums.is_empty() {
+            let all = if sums.len() == 1 { sums[0] } else { ad.op(Op::Sum, &sums)? };
+            let max = ad.scalar(f32::MAX);
+            let ok = ad.op(Op::Compare(CompareOp::Less), &[all, max])?;
+            let inv = ad.un(smelt_ir::UnaryOp::Reciprocal, scale)?;
+            let zero = ad.scalar(0.0);
+            let coef = ad.op(Op::Where, &[ok, inv, zero])?;
+            for (_, p) in &params {
+                if let Some(d) = total.get(p).copied() {
+                    let unscaled = ad.mul(d, coef)?;
+                    total.insert(*p, unscaled);
+                }
+            }
+            finite = Some(ok);
+        }
+    }
     // Clipping by the global norm: every gradient scaled by
     // min(1, max / (norm + 1e-6)) once all are known.
     if let Some(max) = cfg.clip_norm {
@@ -407,6 +458,9 @@ pub fn training_step(model: &Graph, cfg: &TrainConfig) -> Result<TrainStep, Trai
     }
     // The updates (or the gradients as outputs).
     let mut outs = vec![(fresh_output(&params, "loss"), loss)];
+    if let Some(ok) = finite {
+        outs.push(("train.grads_finite".into(), ok));
+    }
     let mut trained = Vec::new();
     outs.extend(stat_updates);
     for (name, p) in &params {

@@ -507,8 +507,9 @@ impl Device for Emulator {
         Ok(bases)
     }
 
-    fn write(&mut self, offset: usize, bytes: &[u8]) -> Result<(), RuntimeError> {
-        let a = self.arena.as_mut().ok_or_else(|| RuntimeError::Program("write before alloc".into()))?;
+    fn write(&mut self, space: Space, offset: usize, bytes: &[u8]) -> Result<(), RuntimeError> {
+        let buffer = if space == Space::Arena { &mut self.arena } else { &mut self.weights };
+        let a = buffer.as_mut().ok_or_else(|| RuntimeError::Program("write before alloc".into()))?;
         a.bytes()[offset..offset + bytes.len()].copy_from_slice(bytes);
         Ok(())
     }
