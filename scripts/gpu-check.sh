@@ -2,7 +2,9 @@
 # The GPU check: the nine light models and their random-weight variants on
 # CUDA against the CPU reference (and onnxruntime), then latency and peak
 # device memory against PyTorch on ResNet-50 at batch 1 and 32 (eager and
-# torch.compile), printed as one table. Needs an NVIDIA GPU with PyTorch,
+# torch.compile), then training (`smelt train --backend cuda`: small models'
+# weights after 20 steps against PyTorch's, ResNet-50's step time and
+# memory against PyTorch's), printed as Markdown tables. Needs an NVIDIA GPU with PyTorch,
 # onnx and onnxruntime; no Rust toolchain and no network.
 #
 #   scripts/gpu-check.sh --prepare   on a development machine (Rust, the
@@ -12,7 +14,8 @@
 #                                    .gpu-check/ (carry it to the GPU machine)
 #   scripts/gpu-check.sh [--quick]   on the GPU machine, from the checkout
 #                                    (--quick: f32 only, ResNet-50 at batch
-#                                    32 only, no GPU tests: about 3 minutes)
+#                                    32 only, no GPU tests, no training:
+#                                    about 3 minutes)
 #
 # Exits non-zero on any mismatch or error.
 #
@@ -44,6 +47,13 @@ for line in sys.stdin:
     .venv/bin/python scripts/gpu_check.py --list-compiles --smelt - --data .testdata/onnx-data --variants .testdata/variants |
     while read -r model precision batch; do
         target/release/smelt compile "$model" --precision "$precision" --batch "$batch" --out "$W/out" --json >/dev/null
+    done
+    # The training check: scripts/make_train_runs.py's models, data and
+    # PyTorch references, and the kernels of every training step it runs.
+    cp -r .testdata/train_runs "$W/train_runs"
+    .venv/bin/python scripts/gpu_check.py --list-train-compiles --smelt - --data - --variants - --train-runs "$W/train_runs" |
+    while read -r -a args; do
+        target/release/smelt compile "${args[@]}" --out "$W/out" --json >/dev/null
     done
     rm -rf "$W/out"
     echo "gpu-check: prepared $W ($(du -sh "$W" | cut -f1)): carry it with the checkout" >&2
@@ -80,5 +90,7 @@ if [[ ${1:-} != --quick ]]; then
     echo "gpu-check: the GPU tests (tests/gpu.rs)" >&2
     SMELT_TESTDATA="$PWD/.testdata" "$W/gpu-tests" >&2 || { echo "gpu-check: GPU TESTS FAILED" >&2; status=1; }
 fi
-python3 scripts/gpu_check.py --smelt "$W/smelt" --data "$data" --variants .testdata/variants "$@" || status=1
+train=()
+[[ ${1:-} != --quick ]] && train=(--train-runs "$W/train_runs")
+python3 scripts/gpu_check.py --smelt "$W/smelt" --data "$data" --variants .testdata/variants "${train[@]}" "$@" || status=1
 exit $status

@@ -10,6 +10,12 @@
    torch.compile: median latency and peak device memory
    (torch.cuda.max_memory_allocated; for smelt the arena plus the weights,
    its only device allocations).
+3. Training (`smelt train --backend cuda`): the MLP and CNN of
+   scripts/make_train_runs.py after 20 steps (SGD, Adam, SGD with
+   accumulation) against PyTorch's weights (rtol 1e-4); ResNet-50 at batch
+   32 with Adam on generated data, ms per step and device memory, against
+   PyTorch eager and torch.compile training steps (frozen batch norm, as
+   smelt's default; torch.cuda.max_memory_allocated).
 Prints one Markdown table per part and exits 1 on any mismatch or error.
 
 --quick (about three minutes): the nine variants at f32 only, and ResNet-50
@@ -56,11 +62,31 @@ def compiles(a):
     return out
 
 
+# (reference run, smelt train's options) for scripts/make_train_runs.py's references.
+TRAIN_RUNS = [
+    ("sgd", ["--optimizer", "sgd", "--lr", "0.05"]),
+    ("adam", ["--optimizer", "adam", "--lr", "0.01"]),
+    ("sgd_acc4", ["--optimizer", "sgd", "--lr", "0.05", "--accumulate", "4"]),
+]
+RESNET_TRAIN = ["zoo:resnet50", "--optimizer", "adam", "--lr", "0.001", "--batch", "32"]
+
+
+def train_compiles(runs):
+    """`smelt compile` argument lists that fill the cache with the training check's kernels."""
+    out = []
+    for model in ["mlp", "cnn"]:
+        for _, opts in TRAIN_RUNS:
+            out.append([os.path.join(runs, model, "model.onnx"), "--batch", "32", *[o.replace("--optimizer", "--train") for o in opts]])
+    out.append([o.replace("--optimizer", "--train") for o in RESNET_TRAIN])
+    return out
+
+
 def smelt(exe, args, timeout=240):
     t = time.time()
     try:
         out = subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
+        FAILURES.append(f"smelt {' '.join(args[:2])}: timed out after {timeout} s")
         return None, f"timed out after {timeout} s"
     if out.returncode not in (0, 1):
         why = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"
@@ -69,6 +95,7 @@ def smelt(exe, args, timeout=240):
     try:
         return json.loads(out.stdout), f"{time.time() - t:.1f} s"
     except json.JSONDecodeError:
+        FAILURES.append(f"smelt {' '.join(args[:2])}: no JSON")
         return None, "no JSON: " + out.stderr[-300:]
 
 
@@ -138,13 +165,32 @@ def local_resnet50(torch):
     return nn.Sequential(*layers)
 
 
-def bench_torch(torch, batch, mode, iters=30):
+def torch_resnet50(torch):
+    """torchvision's ResNet-50 with random weights (or the same, defined here), on the GPU, in eval mode."""
     try:
         import torchvision
         model = torchvision.models.resnet50(weights=None)
     except Exception:
         model = local_resnet50(torch)
-    model = model.cuda().eval()
+    return model.cuda().eval()
+
+
+def median_ms(torch, fn, iters):
+    """The median time of `fn()` in ms, by CUDA events."""
+    times = []
+    for _ in range(iters):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def bench_torch(torch, batch, mode, iters=30):
+    model = torch_resnet50(torch)
     torch.cuda.synchronize()
     weights = torch.cuda.memory_allocated()
     x = torch.randn(batch, 3, 224, 224, device="cuda")
@@ -157,17 +203,9 @@ def bench_torch(torch, batch, mode, iters=30):
         torch.cuda.synchronize()
         prep = time.time() - t0
         torch.cuda.reset_peak_memory_stats()
-        times = []
-        for _ in range(iters):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            model(x)
-            e.record()
-            e.synchronize()
-            times.append(s.elapsed_time(e))
+        ms = median_ms(torch, lambda: model(x), iters)
         peak = torch.cuda.max_memory_allocated()
-    times.sort()
-    return times[len(times) // 2], peak, weights, prep
+    return ms, peak, weights, prep
 
 
 def speed(a):
@@ -198,6 +236,76 @@ def speed(a):
             torch.cuda.empty_cache()
 
 
+def training(a):
+    import numpy as np
+    print("\n## Training: weights after 20 steps against PyTorch's\n")
+    print("| model | run | arrays | worst error / tolerance (rtol 1e-4, atol 1e-5) | ms per step |")
+    print("|---|---|---|---|---|")
+    for model in ["mlp", "cnn"]:
+        d = os.path.join(a.train_runs, model)
+        for run, opts in TRAIN_RUNS:
+            with tempfile.TemporaryDirectory() as ck:
+                v, why = smelt(a.smelt, ["train", os.path.join(d, "model.onnx"), "--data", os.path.join(d, "train.npz"), "--batch", "32",
+                                         "--steps", "20", "--no-shuffle", "--checkpoint", ck, "--backend", a.train_backend, "--json", *opts])
+                if v is None:
+                    print(f"| {model} | {run} | error: {why} | | |", flush=True)
+                    continue
+                got, want = np.load(os.path.join(ck, "checkpoint.npz")), np.load(os.path.join(d, run + ".npz"))
+                worst, n = 0.0, 0
+                for k in want.files:
+                    if k in got.files:
+                        g, w = got[k].astype(np.float64), want[k].astype(np.float64)
+                        worst = max(worst, float(np.max(np.abs(g - w) / (1e-5 + 1e-4 * np.abs(w)))))
+                        n += 1
+                if worst > 1.0 or n < 4:
+                    FAILURES.append(f"train {model} {run}: {n} arrays, worst {worst:.2f} x tolerance")
+                print(f"| {model} | {run} | {n} | {worst:.3f}{'' if worst <= 1.0 and n >= 4 else ' MISMATCH'} | {v['ms_per_step']:.2f} |", flush=True)
+    print("\n## Training: ResNet-50, batch 32, Adam\n")
+    print("| engine | ms per step | samples/s | peak device MiB | setup s |")
+    print("|---|---|---|---|---|")
+    v, why = smelt(a.smelt, ["train", *RESNET_TRAIN, "--data", "synthetic:352", "--steps", "10", "--backend", a.train_backend, "--json"], timeout=600)
+    if v is None:
+        print(f"| smelt | error: {why} | | | |", flush=True)
+    else:
+        print(f"| smelt f32 | {v['ms_per_step']:.2f} | {v['samples_per_sec']:.0f} | {v['device_bytes'] / 2**20:.1f} | {why} |", flush=True)
+    try:
+        import torch
+        if not torch.cuda.is_available():
+            raise RuntimeError("no CUDA device")
+    except Exception as e:
+        print(f"| PyTorch | not available: {e} | | | |")
+        return
+    for mode in ["eager", "torch.compile"]:
+        try:
+            ms, peak, prep = bench_torch_train(torch, 32, mode)
+            print(f"| PyTorch {torch.__version__} {mode} | {ms:.2f} | {32e3 / ms:.0f} | {peak / 2**20:.1f} | {prep:.1f} |", flush=True)
+        except Exception as e:
+            print(f"| PyTorch {mode} | failed: {str(e).splitlines()[0][:80]} | | | |", flush=True)
+        torch.cuda.empty_cache()
+
+
+def bench_torch_train(torch, batch, mode, iters=10):
+    """Median ms of an Adam step of ResNet-50 (batch norm frozen, as smelt trains by default) and the peak device memory."""
+    model = torch_resnet50(torch)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x = torch.randn(batch, 3, 224, 224, device="cuda")
+    y = torch.randint(0, 1000, (batch,), device="cuda")
+    t0 = time.time()
+    step_model = torch.compile(model) if mode == "torch.compile" else model
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(step_model(x), y).backward()
+        opt.step()
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    prep = time.time() - t0
+    torch.cuda.reset_peak_memory_stats()
+    ms = median_ms(torch, step, iters)
+    return ms, torch.cuda.max_memory_allocated(), prep
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--smelt", required=True)
@@ -206,10 +314,24 @@ def main():
     ap.add_argument("--skip-correctness", action="store_true")
     ap.add_argument("--quick", action="store_true", help="f32 only, ResNet-50 at batch 32 only (about three minutes)")
     ap.add_argument("--list-compiles", action="store_true", help="print MODEL PRECISION BATCH per line for --prepare, then exit")
+    ap.add_argument("--train-runs", help="scripts/make_train_runs.py's output: adds the training check")
+    ap.add_argument("--train-only", action="store_true", help="only the training check (no probe)")
+    ap.add_argument("--train-backend", default="cuda", help=argparse.SUPPRESS)  # cpu: try the check's logic without a GPU
+    ap.add_argument("--list-train-compiles", action="store_true", help="print the training check's smelt compile arguments, one run per line")
     a = ap.parse_args()
     if a.list_compiles:
         for m, p, b in compiles(a):
             print(m, p, b)
+        return
+    if a.list_train_compiles:
+        for args in train_compiles(a.train_runs):
+            print(" ".join(args))
+        return
+    if a.train_only:
+        training(a)
+        if FAILURES:
+            print(f"gpu-check: {len(FAILURES)} failures:", *FAILURES, sep="\n  ", file=sys.stderr)
+            sys.exit(1)
         return
     t = time.time()
     # First contact: one run that synchronises after every launch, so a
@@ -222,6 +344,8 @@ def main():
     if not a.skip_correctness:
         correctness(a)
     speed(a)
+    if a.train_runs:
+        training(a)
     print(f"\ngpu-check finished in {time.time() - t:.0f} s", file=sys.stderr)
     if FAILURES:
         print(f"gpu-check: {len(FAILURES)} failures:", *FAILURES, sep="\n  ", file=sys.stderr)

@@ -147,8 +147,8 @@ impl Data {
     pub const SYNTHETIC_SAMPLES: usize = 2048;
 
     /// A generated classification task for the step's `inputs`: every class
-    /// has a fixed random prototype (a colour per channel plus a pattern,
-    /// drawn from `seed`), and a sample is its class's prototype plus
+    /// has a fixed prototype (a brightness that grows with the class, a
+    /// random colour per channel and a random pattern, drawn from `seed`), and a sample is its class's prototype plus
     /// Gaussian noise of the same size; the labels are uniform. The task is
     /// separable and the same for every `draw`; `draw` picks the samples
     /// (training and validation sets use different draws).
@@ -160,18 +160,21 @@ impl Data {
                 "synthetic data is a classification task: it needs a model whose loss is cross-entropy over two or more classes".into(),
             ));
         };
-        let mut labels_rng = Rng::new(seed ^ draw.wrapping_mul(0x2545_f491_4f6c_dd1d) ^ 0x6c61_6265_6c73);
-        let labels: Vec<usize> = (0..samples).map(|_| labels_rng.below(classes)).collect();
-        let mut columns = Vec::with_capacity(inputs.len());
         for (input, ty) in inputs {
-            let sample: usize = ty.shape[1..].iter().product();
-            let row = ty.bytes() / ty.shape[0].max(1);
+            let row = (ty.bytes() / ty.shape[0].max(1)).max(8);
             if row.checked_mul(samples).is_none_or(|b| b > Data::SYNTHETIC_LIMIT) {
                 return Err(err(format!(
                     "{samples} samples of input \"{input}\" take more than {} bytes: ask for fewer",
                     Data::SYNTHETIC_LIMIT
                 )));
             }
+        }
+        let mut labels_rng = Rng::new(seed ^ draw.wrapping_mul(0x2545_f491_4f6c_dd1d) ^ 0x6c61_6265_6c73);
+        let labels: Vec<usize> = (0..samples).map(|_| labels_rng.below(classes)).collect();
+        let mut columns = Vec::with_capacity(inputs.len());
+        for (input, ty) in inputs {
+            let sample: usize = ty.shape[1..].iter().product();
+            let row = ty.bytes() / ty.shape[0].max(1);
             let mut shape = ty.shape.clone();
             shape[0] = samples;
             let values = if input == "labels" && sample == 1 {
@@ -184,8 +187,9 @@ impl Data {
                 let per_channel = sample / channels;
                 let mut rng = Rng::new(seed ^ Rng::from_name(input).next_u64());
                 let protos: Vec<Vec<f32>> = (0..classes)
-                    .map(|_| {
-                        let colour: Vec<f32> = (0..channels).map(|_| rng.normal()).collect();
+                    .map(|c| {
+                        let brightness = 3.0 * c as f32 / (classes - 1) as f32 - 1.5;
+                        let colour: Vec<f32> = (0..channels).map(|_| brightness + rng.normal()).collect();
                         (0..sample).map(|i| colour[i / per_channel.max(1)] + 0.5 * rng.normal()).collect()
                     })
                     .collect();

@@ -334,3 +334,58 @@ fn mixed_f16_with_loss_scaling_trains_and_skips_an_overflowing_step() {
     std::fs::remove_dir_all(&a).unwrap();
     std::fs::remove_dir_all(&b).unwrap();
 }
+
+#[test]
+fn synthetic_data_trains_a_classifier_and_is_refused_where_it_cannot_be_made() {
+    // The CNN learns the generated task: validation samples are drawn apart
+    // from the training ones, from the same prototypes.
+    let m = runs("cnn").join("model.onnx");
+    let r = train(&[
+        s(&m),
+        "--data",
+        "synthetic:512",
+        "--val",
+        "synthetic:256",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "0.01",
+        "--batch",
+        "32",
+        "--epochs",
+        "6",
+    ]);
+    let acc = r["validation"]["accuracy"].as_f64().unwrap();
+    assert!(acc >= 0.95, "validation accuracy {acc} on synthetic data: {r}");
+    assert_eq!(r["steps_run"], 96, "{r}");
+    // The same seed makes the same data, so the same run.
+    let again = train(&[s(&m), "--data", "synthetic:64", "--optimizer", "sgd", "--batch", "32", "--steps", "2"]);
+    let once = train(&[s(&m), "--data", "synthetic:64", "--optimizer", "sgd", "--batch", "32", "--steps", "2"]);
+    assert_eq!(again["final_loss"], once["final_loss"]);
+    let other = train(&[s(&m), "--data", "synthetic:64", "--optimizer", "sgd", "--batch", "32", "--steps", "2", "--seed", "7"]);
+    assert_ne!(again["final_loss"], other["final_loss"], "--seed must change the data");
+    for (spec, want) in [("synthetic:0", "takes a positive number of samples"), ("synthetic:many", "takes a positive number of samples")] {
+        let e = refused(&[s(&m), "--data", spec, "--optimizer", "sgd"]);
+        assert!(e.contains(want), "{spec}: {e}");
+    }
+    let e = refused(&[s(&m), "--data", "synthetic:16", "--optimizer", "sgd", "--batch", "32"]);
+    assert!(e.contains("synthetic:16: 16 samples, fewer than one batch of 32"), "{e}");
+    let e = refused(&[s(&m), "--data", "synthetic:10000000000", "--optimizer", "sgd"]);
+    assert!(e.contains("take more than 1073741824 bytes"), "{e}");
+    let e = refused(&[s(&m), "--data", "synthetic", "--optimizer", "sgd", "--loss", "mse"]);
+    assert!(e.contains("synthetic data is a classification task"), "{e}");
+}
+
+#[test]
+fn the_readmes_training_command_runs() {
+    // The README's one command, cut to two steps: the built-in model, generated data.
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let line = readme.lines().find(|l| l.starts_with("cargo run --release -- train ")).expect("the README's training command");
+    let mut args: Vec<&str> = line.trim_start_matches("cargo run --release -- train ").split_whitespace().collect();
+    let at = args.iter().position(|a| *a == "--epochs").expect("--epochs in the README's command");
+    args.splice(at..at + 2, ["--steps", "2"]);
+    let r = train(&args);
+    assert_eq!(r["steps_run"], 2, "{r}");
+    assert!(r["final_loss"].as_f64().unwrap().is_finite(), "{r}");
+    assert!(r["validation"]["accuracy"].as_f64().is_some(), "{r}");
+}

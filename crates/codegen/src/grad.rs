@@ -54,6 +54,24 @@ pub struct Grad {
 }
 
 /// `[N, C, H, W]` of a rank-4 shape.
+/// Fills `out` by `f(start, chunk)` over contiguous chunks, on the CPU's
+/// cores when there is enough work (`per_element` multiply-adds each). Each
+/// element is computed whole by one call, so the result does not depend on
+/// the split.
+fn par_fill(out: &mut [f32], per_element: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(16);
+    if threads == 1 || out.len().saturating_mul(per_element) < 1 << 20 {
+        return f(0, out);
+    }
+    let chunk = out.len().div_ceil(threads);
+    std::thread::scope(|s| {
+        for (k, part) in out.chunks_mut(chunk).enumerate() {
+            let f = &f;
+            s.spawn(move || f(k * chunk, part));
+        }
+    });
+}
+
 fn nchw(s: &[usize]) -> [usize; 4] {
     [s[0], s[1], s[2], s[3]]
 }
@@ -284,28 +302,31 @@ impl Grad {
             let t = (q + pad).checked_sub(a)?;
             (t % stride == 0 && t / stride < out).then_some(t / stride)
         };
-        let mut rows: Vec<(usize, usize)> = Vec::with_capacity(kh);
-        let mut cols: Vec<(usize, usize)> = Vec::with_capacity(kw);
-        for (i, o) in out.iter_mut().enumerate() {
-            let (q3, q2, q1, q0) = (i % a3, (i / a3) % a2, (i / (a2 * a3)) % a1, i / (a1 * a2 * a3));
-            rows.clear();
-            rows.extend((0..kh).filter_map(|a| covers(q2, a * c.dilations[0], c.pads[0], c.strides[0], oh).map(|y| (a, y))));
-            cols.clear();
-            cols.extend((0..kw).filter_map(|b| covers(q3, b * c.dilations[1], c.pads[1], c.strides[1], ow).map(|z| (b, z))));
-            let (g, cl) = (q1 / cg, q1 % cg);
-            let mut acc = 0f32;
-            for mm in 0..mg {
-                let m_ = g * mg + mm;
-                let (dy_plane, w_plane) = ((q0 * m + m_) * oh, (m_ * cg + cl) * kh);
-                for &(a, y) in &rows {
-                    let (dy_row, w_row) = ((dy_plane + y) * ow, (w_plane + a) * kw);
-                    for &(b, z) in &cols {
-                        acc += dy[dy_row + z] * w[w_row + b];
+        par_fill(out, mg * kh * kw, |start, out| {
+            let mut rows: Vec<(usize, usize)> = Vec::with_capacity(kh);
+            let mut cols: Vec<(usize, usize)> = Vec::with_capacity(kw);
+            for (i, o) in out.iter_mut().enumerate() {
+                let i = start + i;
+                let (q3, q2, q1, q0) = (i % a3, (i / a3) % a2, (i / (a2 * a3)) % a1, i / (a1 * a2 * a3));
+                rows.clear();
+                rows.extend((0..kh).filter_map(|a| covers(q2, a * c.dilations[0], c.pads[0], c.strides[0], oh).map(|y| (a, y))));
+                cols.clear();
+                cols.extend((0..kw).filter_map(|b| covers(q3, b * c.dilations[1], c.pads[1], c.strides[1], ow).map(|z| (b, z))));
+                let (g, cl) = (q1 / cg, q1 % cg);
+                let mut acc = 0f32;
+                for mm in 0..mg {
+                    let m_ = g * mg + mm;
+                    let (dy_plane, w_plane) = ((q0 * m + m_) * oh, (m_ * cg + cl) * kh);
+                    for &(a, y) in &rows {
+                        let (dy_row, w_row) = ((dy_plane + y) * ow, (w_plane + a) * kw);
+                        for &(b, z) in &cols {
+                            acc += dy[dy_row + z] * w[w_row + b];
+                        }
                     }
                 }
+                *o = acc;
             }
-            *o = acc;
-        }
+        });
     }
 
     /// The weight gradient, element by element as the CUDA kernel sums it
@@ -323,26 +344,29 @@ impl Grad {
             let hi = if size + pad > off { ((size + pad - off - 1) / stride + 1).min(len) } else { 0 };
             (lo, hi.max(lo))
         };
-        for (i, o) in out.iter_mut().enumerate() {
-            let (q3, q2, q1, q0) = (i % a3, (i / a3) % a2, (i / (a2 * a3)) % a1, i / (a1 * a2 * a3));
-            let ci = (q0 / mg) * cg + q1;
-            let (offh, offw) = (q2 * c.dilations[0], q3 * c.dilations[1]);
-            let (y0, y1) = range(offh, c.pads[0], sh, oh, h);
-            let (x0, x1) = range(offw, c.pads[1], sw, ow, w);
-            let mut acc = 0f32;
-            for b in 0..n {
-                let (dy_plane, x_plane) = ((b * m + q0) * oh, (b * ch + ci) * h);
-                for y in y0..y1 {
-                    let ih = y * sh + offh - c.pads[0];
-                    let dy_row = &dy[(dy_plane + y) * ow..][..ow];
-                    let x_row = &x[(x_plane + ih) * w..][..w];
-                    for xo in x0..x1 {
-                        acc += dy_row[xo] * x_row[xo * sw + offw - c.pads[1]];
+        par_fill(out, n * oh * ow, |start, out| {
+            for (i, o) in out.iter_mut().enumerate() {
+                let i = start + i;
+                let (q3, q2, q1, q0) = (i % a3, (i / a3) % a2, (i / (a2 * a3)) % a1, i / (a1 * a2 * a3));
+                let ci = (q0 / mg) * cg + q1;
+                let (offh, offw) = (q2 * c.dilations[0], q3 * c.dilations[1]);
+                let (y0, y1) = range(offh, c.pads[0], sh, oh, h);
+                let (x0, x1) = range(offw, c.pads[1], sw, ow, w);
+                let mut acc = 0f32;
+                for b in 0..n {
+                    let (dy_plane, x_plane) = ((b * m + q0) * oh, (b * ch + ci) * h);
+                    for y in y0..y1 {
+                        let ih = y * sh + offh - c.pads[0];
+                        let dy_row = &dy[(dy_plane + y) * ow..][..ow];
+                        let x_row = &x[(x_plane + ih) * w..][..w];
+                        for xo in x0..x1 {
+                            acc += dy_row[xo] * x_row[xo * sw + offw - c.pads[1]];
+                        }
                     }
                 }
+                *o = acc;
             }
-            *o = acc;
-        }
+        });
     }
 
     /// Runs the description on the CPU exactly as the kernel does.
