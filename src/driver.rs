@@ -64,6 +64,16 @@ pub enum Error {
     /// An option does not apply (such as `--batch` on a `.tir` file).
     #[error("{0}")]
     Usage(String),
+    /// Recomputation cannot bring the arena down to the budget.
+    #[error("recomputing saved activations cannot bring the arena under {budget} bytes: the smallest is {smallest} bytes, recomputing {recomputed} values")]
+    RematBudget {
+        /// The budget.
+        budget: usize,
+        /// The smallest arena reached.
+        smallest: usize,
+        /// With that many recomputed nodes.
+        recomputed: usize,
+    },
     /// A data set or checkpoint does not fit the model (`smelt train`).
     #[error("{file}: {msg}")]
     Data {
@@ -89,7 +99,12 @@ impl Error {
     /// Whether this is smelt's fault rather than the input's.
     pub fn is_bug(&self) -> bool {
         match self {
-            Error::Model(_) | Error::Usage(_) | Error::NoKernel { .. } | Error::Data { .. } | Error::Diverged { .. } => false,
+            Error::Model(_)
+            | Error::Usage(_)
+            | Error::NoKernel { .. }
+            | Error::Data { .. }
+            | Error::Diverged { .. }
+            | Error::RematBudget { .. } => false,
             Error::Runtime(e) => e.is_bug(),
             Error::Pass(e) => e.is_bug(),
             Error::Codegen(e) => e.is_bug(),
@@ -112,6 +127,45 @@ pub struct Options {
     pub precision: precision::Options,
     /// Compile a training step of the model instead of its forward pass.
     pub train: Option<TrainConfig>,
+    /// Recompute saved activations in the backward pass until the
+    /// training step's arena fits this budget (`--remat-budget`).
+    pub remat: Option<Remat>,
+}
+
+/// Rematerialization under a budget: what [`Session::compile`] recomputes
+/// is the cheapest on `gpu` (see [`smelt_passes::remat`]).
+#[derive(Clone, Debug, Default)]
+pub struct Remat {
+    /// The arena's budget in bytes.
+    pub budget: usize,
+    /// The GPU whose roofline prices a recomputation.
+    pub gpu: crate::cost::Gpu,
+}
+
+/// One recomputation: a kernel run again in the backward pass.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Recomputed {
+    /// The recomputing kernel (`NAME.recompute`).
+    pub name: String,
+    /// The backward kernel it runs just before (its first reader).
+    pub before: String,
+}
+
+/// What rematerialization did.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct RematReport {
+    /// The budget.
+    pub budget: usize,
+    /// The arena without recomputation.
+    pub arena_before: usize,
+    /// The arena with it.
+    pub arena_after: usize,
+    /// The recomputations, in the order they run.
+    pub recomputed: Vec<Recomputed>,
+    /// Their estimated time on the GPU, seconds.
+    pub cost_seconds: f64,
+    /// Their FLOPs.
+    pub flops: usize,
 }
 
 impl Options {
@@ -143,6 +197,17 @@ pub struct Compiled {
     pub graph: KernelGraph,
     /// What each pass did.
     pub stats: pipeline::Stats,
+    /// What was recomputed (`Options::remat`).
+    pub remat: Option<RematReport>,
+    /// The plan rematerialization made (the one [`Session::plan`] would).
+    plan: Option<Plan>,
+}
+
+impl Compiled {
+    /// The pipeline's graph, not yet planned.
+    pub fn new(graph: KernelGraph, stats: pipeline::Stats) -> Compiled {
+        Compiled { graph, stats, remat: None, plan: None }
+    }
 }
 
 /// The checked memory plan of a compiled graph, and of the same model
@@ -175,6 +240,8 @@ pub struct Session {
     pub filled_weights: usize,
     /// Time spent so far.
     pub timings: Timings,
+    /// The unfused graph and its plan, once made.
+    unfused: Option<(KernelGraph, Plan)>,
 }
 
 /// The training step a session compiles.
@@ -254,6 +321,7 @@ impl Session {
             smelt_runtime::check_host_memory("filling the constants that have no data", need).map_err(|e| Error::Usage(e.to_string()))?;
         }
         let n = crate::fill_missing_weights(&mut self.source);
+        self.unfused = None; // it carries the weights
         self.filled_weights += n;
         Ok(n)
     }
@@ -270,7 +338,7 @@ impl Session {
             let model = std::mem::replace(&mut graph, step.graph.clone());
             train = Some(Training { step, model });
         }
-        Ok(Session { spec: spec.to_string(), options, source: graph, train, filled_weights: 0, timings: Timings::default() })
+        Ok(Session { spec: spec.to_string(), options, source: graph, train, filled_weights: 0, timings: Timings::default(), unfused: None })
     }
 
     /// The same model at another batch size (ONNX and zoo models only).
@@ -293,7 +361,70 @@ impl Session {
         let t = Instant::now();
         let (graph, stats) = pipeline::run_with(&self.source, &self.options.pipeline(true), after)?;
         self.timings.passes = t.elapsed().as_secs_f64();
-        Ok(Compiled { graph, stats })
+        let mut compiled = Compiled::new(graph, stats);
+        if let Some(r) = self.options.remat.clone() {
+            self.rematerialize(&mut compiled, &r)?;
+        }
+        Ok(compiled)
+    }
+
+    /// Recomputes saved activations of the compiled training step until its
+    /// plan's arena fits `r.budget` ([`Session::plan`] then gives that plan).
+    pub fn rematerialize(&mut self, compiled: &mut Compiled, r: &Remat) -> Result<(), Error> {
+        if self.train.is_none() {
+            return Err(Error::Usage("recomputation (--remat-budget) applies to a training step: add --train".into()));
+        }
+        let hint = self.unfused_hint()?;
+        let t = Instant::now();
+        let gpu = r.gpu;
+        let cost = move |g: &KernelGraph, n| crate::cost::node_time(g, n, &gpu);
+        let outcome = smelt_passes::remat::choose(&compiled.graph, r.budget, Some(&hint), &cost)?.map_err(|u| Error::RematBudget {
+            budget: r.budget,
+            smallest: u.smallest,
+            recomputed: u.recomputed,
+        })?;
+        let g = &outcome.graph;
+        let order = &outcome.plan.schedule;
+        let clones: Vec<_> = order.iter().copied().filter(|&n| g.node(n).recomputes.is_some()).collect();
+        let recomputed = clones
+            .iter()
+            .map(|&n| {
+                let at = order.iter().position(|&m| m == n).unwrap_or(0);
+                let users = g.users_of(n);
+                let before = order[at..].iter().find(|m| users.contains(m)).map_or(String::new(), |&m| g.node(m).name.clone());
+                Recomputed { name: g.node(n).name.clone(), before }
+            })
+            .collect();
+        compiled.remat = Some(RematReport {
+            budget: r.budget,
+            arena_before: outcome.arena_before,
+            arena_after: outcome.plan.arena,
+            recomputed,
+            cost_seconds: clones.iter().map(|&n| crate::cost::node_time(g, n, &gpu)).sum(),
+            flops: clones.iter().map(|&n| crate::cost::node_flops(g, n)).sum(),
+        });
+        compiled.graph = outcome.graph;
+        compiled.plan = Some(outcome.plan);
+        self.timings.plan += t.elapsed().as_secs_f64();
+        Ok(())
+    }
+
+    /// The unfused graph's schedule as model nodes: the fused plan's hint.
+    fn unfused_hint(&mut self) -> Result<Vec<smelt_ir::NodeId>, Error> {
+        let (g, p) = self.unfused_plan()?;
+        Ok(memory::schedule_origins(&g, &p))
+    }
+
+    /// The model compiled without fusion and its checked plan (made once).
+    fn unfused_plan(&mut self) -> Result<(KernelGraph, Plan), Error> {
+        if let Some(u) = &self.unfused {
+            return Ok(u.clone());
+        }
+        let unfused = self.compile_unfused()?;
+        let plan = memory::plan(&unfused)?;
+        memory::check::check(&unfused, &plan).map_err(|detail| Error::PlanCheck { which: "unfused", detail })?;
+        self.unfused = Some((unfused.clone(), plan.clone()));
+        Ok((unfused, plan))
     }
 
     /// The model compiled without fusion (same precision).
@@ -312,13 +443,14 @@ impl Session {
     /// hint for the fused plan (so fusion never raises the peak), then the
     /// compiled graph; both plans pass the independent checker.
     pub fn plan(&mut self, compiled: &Compiled) -> Result<Planned, Error> {
-        let unfused = self.compile_unfused()?;
-        let unfused_plan = memory::plan(&unfused)?;
-        memory::check::check(&unfused, &unfused_plan).map_err(|detail| Error::PlanCheck { which: "unfused", detail })?;
+        let (unfused, unfused_plan) = self.unfused_plan()?;
         let hint = memory::schedule_origins(&unfused, &unfused_plan);
         let t = Instant::now();
-        let plan = memory::plan_with_hint(&compiled.graph, Some(&hint))?;
-        self.timings.plan = t.elapsed().as_secs_f64();
+        let plan = match &compiled.plan {
+            Some(p) => p.clone(),
+            None => memory::plan_with_hint(&compiled.graph, Some(&hint))?,
+        };
+        self.timings.plan += t.elapsed().as_secs_f64();
         let t = Instant::now();
         memory::check::check(&compiled.graph, &plan).map_err(|detail| Error::PlanCheck { which: "fused", detail })?;
         self.timings.check = t.elapsed().as_secs_f64();

@@ -2,14 +2,16 @@
 //! and run fast. This crate is the facade over the workspace crates: the
 //! compile [`driver`] ([`Session`]), reports, and the `smelt` command line.
 
+pub mod cost;
 pub mod driver;
 pub mod emit;
+pub mod fit;
 pub mod fuzz;
 pub mod plan;
 pub mod report;
 pub mod train;
 
-pub use driver::{Compiled, Error, Options, Planned, Session, Timings, Training};
+pub use driver::{Compiled, Error, Options, Planned, Recomputed, Remat, RematReport, Session, Timings, Training};
 
 pub use smelt_codegen as codegen;
 pub use smelt_ir as ir;

@@ -135,6 +135,51 @@ enum Command {
     /// emulator (the generated CUDA C compiled for this CPU, every access
     /// checked) and cuda (GPU 0).
     Train(TrainCmdArgs),
+    /// Find the fastest training recipe under a memory limit, statically:
+    /// micro-batch (a divisor of --batch) with the matching gradient
+    /// accumulation, precision (--precision auto tries f32, mixed-bf16 and
+    /// mixed-f16) and which saved activations to recompute in backward.
+    ///
+    /// Every candidate is compiled and planned exactly as `smelt plan
+    /// --train` would (its memory is the checked plan's arena plus the
+    /// weights and optimizer state) and timed on --device's roofline
+    /// (FLOPs, bytes moved, occupancy and launch overhead of each kernel):
+    /// no device run. Prints the recipe, where its bytes go, the FLOPs
+    /// recomputation adds and the recipes it beat; --save-recipe writes it
+    /// for `smelt train --recipe` and `smelt plan --recipe`. When nothing
+    /// fits, says what the smallest footprint is and what it holds (exit 2).
+    Fit(FitArgs),
+}
+
+#[derive(Args)]
+pub(crate) struct FitArgs {
+    /// Path to .onnx or .tir, or zoo:NAME.
+    pub(crate) model: String,
+    /// The whole batch of an optimizer step; micro-batches divide it.
+    #[arg(long)]
+    pub(crate) batch: usize,
+    /// Size of a named symbolic input dimension, as NAME=N (as `smelt plan`).
+    #[arg(long = "dim", value_name = "NAME=N", value_parser = dim_size)]
+    pub(crate) dims: Vec<(String, usize)>,
+    /// Keep these in f32 under a reduced precision (as `smelt plan`).
+    #[arg(long = "keep-f32", value_name = "PATTERN")]
+    pub(crate) keep_f32: Vec<String>,
+    #[command(flatten)]
+    pub(crate) train: TrainArgs,
+    /// Device memory the step may use: activation arena plus weights,
+    /// optimizer state and accumulators (B, KiB, MiB, GiB, KB, MB, GB).
+    #[arg(long, value_name = "SIZE", value_parser = smelt::plan::parse_size)]
+    pub(crate) memory_limit: usize,
+    /// Precisions to search: auto (f32, mixed-bf16, mixed-f16; the fastest
+    /// wins, f32 on a tie) or one policy.
+    #[arg(long, default_value = "f32", value_parser = ["auto", "f32", "f16", "bf16", "mixed-f16", "mixed-bf16"])]
+    pub(crate) precision: String,
+    /// Write the chosen recipe (JSON) for `smelt train --recipe` and `smelt plan --recipe`.
+    #[arg(long, value_name = "FILE.json")]
+    pub(crate) save_recipe: Option<PathBuf>,
+    /// Print JSON instead of text (no progress).
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 #[derive(Args)]
@@ -437,6 +482,20 @@ pub(crate) struct TrainArgs {
     /// Keep these initializers fixed: names, `*` matching any characters. Repeatable.
     #[arg(long = "freeze", value_name = "PATTERN", requires = "train")]
     pub(crate) freeze: Vec<String>,
+    /// Recompute saved activations in the backward pass, instead of keeping
+    /// them from the forward pass, until the step's activation arena is at
+    /// most SIZE: the values cheapest to recompute per byte saved (on
+    /// --device's roofline) at the peak first. `smelt fit` chooses SIZE.
+    #[arg(long, value_name = "SIZE", value_parser = smelt::plan::parse_size, requires = "train")]
+    pub(crate) remat_budget: Option<usize>,
+    /// The GPU whose roofline (FP32 rate, bandwidth, SMs, launch overhead)
+    /// prices a recomputation: h100, h200, a100, v100 or l4.
+    #[arg(long, value_name = "GPU", default_value = "h100", value_parser = smelt::cost::GPU_NAMES)]
+    pub(crate) device: String,
+    /// Take batch, accumulation, precision, optimizer and recomputation
+    /// budget from a recipe written by `smelt fit --save-recipe`.
+    #[arg(long, value_name = "FILE.json", conflicts_with_all = ["accumulate", "remat_budget", "batch", "precision"])]
+    pub(crate) recipe: Option<PathBuf>,
 }
 
 impl TrainArgs {
@@ -526,7 +585,37 @@ impl ModelArgs {
                 t.loss_scale = matches!(self.precision, Policy::F16 | Policy::MixedF16) && self.train.loss_scale == "dynamic";
                 t
             }),
+            remat: self
+                .train
+                .remat_budget
+                .map(|budget| smelt::Remat { budget, gpu: smelt::cost::gpu(&self.train.device).unwrap_or_default() }),
         })
+    }
+
+    /// Takes batch, accumulation, precision, optimizer and recomputation
+    /// budget from `--recipe` (clap refuses those flags beside it).
+    pub(crate) fn apply_recipe(&mut self) -> Result<()> {
+        let Some(path) = &self.train.recipe else { return Ok(()) };
+        let r = smelt::fit::Recipe::load(path)?;
+        let name = |s: &str| s.trim_start_matches("zoo:").to_string();
+        if name(&r.model) != name(&self.model)
+            && std::path::Path::new(&r.model).file_name() != std::path::Path::new(&self.model).file_name()
+        {
+            anyhow::bail!("{}: the recipe was made for {}, not {}", path.display(), r.model, self.model);
+        }
+        match &self.train.train {
+            Some(o) if *o != r.optimizer => anyhow::bail!("{}: the recipe was made for --train {}, not {o}", path.display(), r.optimizer),
+            _ => self.train.train = Some(r.optimizer.clone()),
+        }
+        if self.dims.is_empty() {
+            self.dims = r.dims.clone();
+        }
+        self.batch = Some(r.batch);
+        self.train.accumulate = r.accumulate as u32;
+        self.precision = r.precision.parse().map_err(|e: String| anyhow::anyhow!(e))?;
+        self.train.remat_budget = r.remat_budget;
+        self.train.device = r.device.clone();
+        Ok(())
     }
 
     /// Opens the model (import and verify).
@@ -579,10 +668,11 @@ fn main() {
         None => cmd::inspect::default(&ModelArgs::default_model()),
         Some(Command::Inspect(a)) => cmd::inspect::run(&a),
         Some(Command::Compile(a)) => cmd::compile::run(&a),
-        Some(Command::Plan(a)) => cmd::plan::run(&a),
+        Some(Command::Plan(mut a)) => a.model.apply_recipe().and_then(|()| cmd::plan::run(&a)),
         Some(Command::Run(a)) => cmd::run::run(&a),
         Some(Command::Print(a)) => cmd::print(&a),
-        Some(Command::Train(a)) => cmd::train::run(&a),
+        Some(Command::Train(mut a)) => a.model.apply_recipe().and_then(|()| cmd::train::run(&a)),
+        Some(Command::Fit(a)) => cmd::fit::run(&a),
     };
     // What is still buffered must reach stdout too, or the failure be said.
     let result = result.and_then(|ok| {

@@ -158,6 +158,8 @@ pub struct TrainBreakdown {
     pub temporaries: Bytes,
     /// At the peak: the batch (inputs and labels).
     pub batch: Bytes,
+    /// At the peak: recomputed forward values (`smelt fit`, `--remat-budget`).
+    pub recomputed: Bytes,
     /// The arena (at least the sum of the four above).
     pub arena_bytes: usize,
     /// Persistent bytes plus the arena: the step's device memory.
@@ -213,6 +215,8 @@ pub fn train_breakdown(g: &KernelGraph, plan: &Plan, forward: &std::collections:
         let dtype = g.ty(v).dtype;
         let cat = if buf.values.iter().any(|v| g.node(v.node).op.is_input()) {
             &mut b.batch
+        } else if buf.values.iter().any(|v| g.node(v.node).recomputes.is_some()) {
+            &mut b.recomputed
         } else if grad_buffers.contains(&buf.id) {
             &mut b.gradients
         } else if is_fwd(v.node) {

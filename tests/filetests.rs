@@ -17,7 +17,7 @@ fn check_fuse(path: &Path) -> (String, BTreeSet<String>) {
     let src = std::fs::read_to_string(path).unwrap();
     let mut before = text::parse(&src).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     smelt::fill_missing_weights(&mut before);
-    let smelt::Compiled { graph: after, stats } = common::session(&before, Default::default()).compile().unwrap();
+    let smelt::Compiled { graph: after, stats, .. } = common::session(&before, Default::default()).compile().unwrap();
     let inputs = common::random_inputs(&before, 1);
     let want = smelt_runtime::cpu::run(&before, &inputs).unwrap();
     let got = smelt_runtime::cpu::run(&after, &inputs).unwrap();

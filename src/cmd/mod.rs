@@ -2,6 +2,7 @@
 //! ([`smelt::Session`]) for what they need and print it.
 
 pub mod compile;
+pub mod fit;
 pub mod inspect;
 pub mod plan;
 pub mod run;

@@ -34,13 +34,14 @@ pub fn run(a: &PlanArgs) -> Result<bool> {
             "without_fusion": plain_report,
             "fusion": compiled.stats.fusion,
             "training": training,
+            "recomputation": compiled.remat,
             "timings_seconds": {"import": t.import, "passes": t.passes, "plan": t.plan, "check": t.check},
         });
         outln!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         print_text(a, &report, &plain_report, &compiled.stats)?;
         if let (Some(t), Some(tr)) = (&training, &s.train) {
-            print_training(a, t, tr)?;
+            print_training(a, t, tr, compiled.remat.as_ref())?;
         }
     }
     if a.timings {
@@ -112,7 +113,7 @@ fn print_text(a: &PlanArgs, report: &MemoryReport, plain_report: &MemoryReport, 
     Ok(())
 }
 
-fn print_training(a: &PlanArgs, t: &smelt::plan::TrainBreakdown, tr: &smelt::Training) -> Result<()> {
+fn print_training(a: &PlanArgs, t: &smelt::plan::TrainBreakdown, tr: &smelt::Training, remat: Option<&smelt::RematReport>) -> Result<()> {
     use smelt::plan::Bytes;
     let opt = a.model.train.train.as_deref().unwrap_or("?");
     let k = a.model.train.accumulate.max(1);
@@ -142,9 +143,24 @@ fn print_training(a: &PlanArgs, t: &smelt::plan::TrainBreakdown, tr: &smelt::Tra
     );
     line("saved activations", &t.saved_activations, "forward values backward still reads")?;
     line("gradients", &t.gradients, &format!("not yet applied (all kept would be {})", human_bytes(t.gradients_if_all_kept)))?;
+    if t.recomputed.bytes > 0 {
+        line("recomputed", &t.recomputed, "forward values recomputed in backward")?;
+    }
     line("temporaries", &t.temporaries, "activation gradients, backward scratch")?;
     line("batch", &t.batch, "inputs and labels")?;
     outln!("total device memory: {} (persistent + arena)", human_bytes(t.total_bytes));
+    if let Some(r) = remat {
+        outln!(
+            "recomputation (--remat-budget {}): {} kernels run again in backward, arena {} -> {}, {:.2} GFLOP ({:.3} ms on the {} roofline)",
+            human_bytes(r.budget),
+            r.recomputed.len(),
+            human_bytes(r.arena_before),
+            human_bytes(r.arena_after),
+            r.flops as f64 / 1e9,
+            r.cost_seconds * 1e3,
+            a.model.train.device
+        );
+    }
     Ok(())
 }
 

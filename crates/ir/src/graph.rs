@@ -64,6 +64,11 @@ pub struct Node<O = Op> {
     /// `Graph::lift` and by fusion, and kept by every pass, so a kernel can
     /// be traced to the model's nodes whatever passes rebuilt the graph.
     pub origin: Vec<NodeId>,
+    /// Rematerialization: the node of this graph whose value this node
+    /// computes again (same op, from the same operands or their
+    /// recomputations), for readers late in the schedule. A distinct node
+    /// on purpose: no pass merges it back. `None` for every other node.
+    pub recomputes: Option<NodeId>,
 }
 
 /// An edge: output `slot` of the source feeds input `port` of the target.
@@ -106,14 +111,22 @@ impl<O: OpSet> Graph<O> {
     /// The same graph with every op mapped by `f`: node ids, names, types,
     /// edges, inputs, outputs and weights are kept.
     pub fn map_ops<P>(&self, mut f: impl FnMut(&O) -> P) -> Graph<P> {
-        let g =
-            self.g.map(|_, n| Node { op: f(&n.op), name: n.name.clone(), outputs: n.outputs.clone(), origin: n.origin.clone() }, |_, e| *e);
+        let g = self.g.map(
+            |_, n| Node {
+                op: f(&n.op),
+                name: n.name.clone(),
+                outputs: n.outputs.clone(),
+                origin: n.origin.clone(),
+                recomputes: n.recomputes,
+            },
+            |_, e| *e,
+        );
         Graph { g, inputs: self.inputs.clone(), outputs: self.outputs.clone(), weights: self.weights.clone() }
     }
 
     /// Adds a node with given output types, unchecked (the verifier checks).
     pub(crate) fn add_typed(&mut self, op: O, name: String, inputs: &[ValueId], outputs: Vec<TensorType>) -> NodeId {
-        let id = NodeId(self.g.add_node(Node { op, name, outputs, origin: Vec::new() }));
+        let id = NodeId(self.g.add_node(Node { op, name, outputs, origin: Vec::new(), recomputes: None }));
         for (port, v) in inputs.iter().enumerate() {
             self.g.add_edge(v.node.0, id.0, Port { slot: v.slot, port: port as u32 });
         }

@@ -15,6 +15,7 @@ pub mod memory;
 pub mod pipeline;
 pub mod precision;
 pub mod reduce_fuse;
+pub mod remat;
 pub mod train;
 pub mod views;
 

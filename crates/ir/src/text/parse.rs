@@ -372,11 +372,24 @@ fn build<O: OpSet>(
     for n in 0..=max.unwrap_or(0) {
         match stmts.get(&n) {
             Some(s) => {
-                ids.insert(n, g.add_raw(Node { op: s.op.clone(), name: s.name.clone(), outputs: s.outputs.clone(), origin: Vec::new() }));
+                ids.insert(
+                    n,
+                    g.add_raw(Node {
+                        op: s.op.clone(),
+                        name: s.name.clone(),
+                        outputs: s.outputs.clone(),
+                        origin: Vec::new(),
+                        recomputes: None,
+                    }),
+                );
             }
-            None if max.is_some() => {
-                holes.push(g.add_raw(Node { op: O::from_op(Op::Identity), name: String::new(), outputs: vec![], origin: Vec::new() }))
-            }
+            None if max.is_some() => holes.push(g.add_raw(Node {
+                op: O::from_op(Op::Identity),
+                name: String::new(),
+                outputs: vec![],
+                origin: Vec::new(),
+                recomputes: None,
+            })),
             None => {}
         }
     }

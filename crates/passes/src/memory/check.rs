@@ -14,7 +14,10 @@
 //! 5. simulating the schedule, every read finds the bytes its writer left,
 //!    not overwritten since (graph outputs are read at the end);
 //! 6. an optimizer update, which writes into the parameter and state it
-//!    replaces (outside the arena), runs after every other reader of them.
+//!    replaces (outside the arena), runs after every other reader of them;
+//! 7. a recomputation (`Node::recomputes`) computes what its original
+//!    does: the same op and output types, each operand the original's or a
+//!    recomputation of it, and it runs after its original.
 
 use super::Plan;
 use smelt_ir::traits::{InPlace, Kind};
@@ -95,6 +98,23 @@ pub fn check(g: &KernelGraph, plan: &Plan) -> Result<(), String> {
                     }
                 }
             }
+        }
+    }
+    // 7. Recomputations.
+    for &id in &plan.schedule {
+        let Some(orig) = g.node(id).recomputes else { continue };
+        let (n, o) =
+            (g.node(id), g.contains(orig).then(|| g.node(orig)).ok_or_else(|| format!("{id} recomputes {orig}, which does not exist"))?);
+        if n.op != o.op || n.outputs != o.outputs {
+            return Err(format!("{id} recomputes {orig} with another op or type: {} against {}", n.op.name(), o.op.name()));
+        }
+        let (ins, oins) = (g.inputs_of(id), g.inputs_of(orig));
+        let same = |a: &ValueId, b: &ValueId| a == b || (a.slot == b.slot && g.node(a.node).recomputes == Some(b.node));
+        if ins.len() != oins.len() || !ins.iter().zip(&oins).all(|(a, b)| same(a, b)) {
+            return Err(format!("{id} recomputes {orig} from other operands"));
+        }
+        if step.get(&orig).is_some_and(|&s| s >= step[&id]) {
+            return Err(format!("{id} recomputes {orig} before it ran"));
         }
     }
     // 2. Placements. Buffers start on the plan's alignment (vector loads

@@ -5,9 +5,9 @@
 //! Graph inputs and outputs live in the arena; weights (constants) do not.
 
 mod assign;
-mod buffers;
+pub(crate) mod buffers;
 pub mod check;
-mod schedule;
+pub(crate) mod schedule;
 
 use smelt_ir::{KernelGraph, KernelOp, NodeId, ValueId};
 use std::collections::{HashMap, HashSet};
@@ -91,6 +91,12 @@ pub fn schedule_origins(g: &KernelGraph, plan: &Plan) -> Vec<NodeId> {
 /// As [`plan`], also trying a schedule that follows `hint` (model nodes in
 /// order, see [`schedule_origins`]).
 pub fn plan_with_hint(g: &KernelGraph, hint: Option<&[NodeId]>) -> Result<Plan, smelt_ir::IrError> {
+    plan_with_schedule(g, hint, None)
+}
+
+/// As [`plan_with_hint`], also trying `schedule` (every scheduled node of
+/// `g`, inputs first) as it is.
+pub fn plan_with_schedule(g: &KernelGraph, hint: Option<&[NodeId]>, schedule: Option<&[NodeId]>) -> Result<Plan, smelt_ir::IrError> {
     struct Best {
         name: String,
         order: Vec<NodeId>,
@@ -109,7 +115,7 @@ pub fn plan_with_hint(g: &KernelGraph, hint: Option<&[NodeId]>) -> Result<Plan, 
     let concats: Vec<NodeId> = g.node_ids().filter(|&n| matches!(g.node(n).op, KernelOp::ConcatInPlace { .. })).collect();
     let mut best: Option<Best> = None;
     let mut candidates = Vec::new();
-    for (name, order) in schedule::candidates(g, hint)? {
+    for (name, order) in schedule::candidates(g, hint, schedule)? {
         // Alias every in-place concatenation, then copy those whose aliasing
         // raises the peak (greedily, one at a time).
         let mut copied = HashSet::new();

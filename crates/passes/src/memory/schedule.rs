@@ -7,9 +7,14 @@ use smelt_ir::traits::Kind;
 use smelt_ir::{IrError, KernelGraph, NodeId, OpSet};
 use std::collections::{HashMap, HashSet};
 
-/// Every candidate schedule, by name. Each lists inputs first, then every
-/// other non-constant node in a topological order.
-pub fn candidates(g: &KernelGraph, hint: Option<&[NodeId]>) -> Result<Vec<(&'static str, Vec<NodeId>)>, IrError> {
+/// Every candidate schedule, by name: each lists inputs first, then every
+/// other non-constant node in a topological order. With `extra` (such a
+/// schedule), it is one more candidate, named `given`.
+pub(crate) fn candidates(
+    g: &KernelGraph,
+    hint: Option<&[NodeId]>,
+    extra: Option<&[NodeId]>,
+) -> Result<Vec<(&'static str, Vec<NodeId>)>, IrError> {
     let topo = g.topo_order()?;
     let keep = |id: &NodeId| !(g.node(*id).op.is_persistent() || g.node(*id).op.is_input());
     let inputs: Vec<NodeId> = g.inputs().to_vec();
@@ -23,7 +28,39 @@ pub fn candidates(g: &KernelGraph, hint: Option<&[NodeId]>) -> Result<Vec<(&'sta
     if let Some(h) = hint {
         out.push(("hint", with_inputs(hinted(g, &model, h))));
     }
-    Ok(out.into_iter().map(|(name, order)| (name, place_updates(g, order))).collect())
+    if let Some(e) = extra {
+        out.push(("given", e.to_vec()));
+    }
+    Ok(out.into_iter().map(|(name, order)| (name, place_updates(g, sink_recomputes(g, order)))).collect())
+}
+
+/// Moves each recomputation (`Node::recomputes`) to just before its first
+/// reader, later ones first, so that a chain of them runs together where
+/// the backward pass needs it: recomputing early would keep the value alive
+/// as long as the original it replaces. The readers of a recomputation
+/// that are not updates move first the same way (a backward op that needs
+/// only forward values, such as a ReLU's mask, may have been scheduled in
+/// the forward pass, which would pull the recomputation there too).
+pub(crate) fn sink_recomputes(g: &KernelGraph, mut order: Vec<NodeId>) -> Vec<NodeId> {
+    let clones: HashSet<NodeId> = order.iter().copied().filter(|&n| g.node(n).recomputes.is_some()).collect();
+    if clones.is_empty() {
+        return order;
+    }
+    let readers: HashSet<NodeId> = clones
+        .iter()
+        .flat_map(|&c| g.users_of(c))
+        .filter(|&u| !clones.contains(&u) && g.node(u).op.traits().kind != Kind::Update && !g.users_of(u).is_empty())
+        .collect();
+    let late: Vec<NodeId> = order.iter().copied().filter(|n| clones.contains(n) || readers.contains(n)).collect();
+    for &n in late.iter().rev() {
+        let from = order.iter().position(|&m| m == n).expect("scheduled");
+        let users: HashSet<NodeId> = g.users_of(n).into_iter().collect();
+        // Its users come after it: it only moves later.
+        let Some(to) = order[from + 1..].iter().position(|m| users.contains(m)) else { continue };
+        order.remove(from);
+        order.insert(from + to, n);
+    }
+    order
 }
 
 /// The nodes that read `v` or a view of it.
@@ -46,7 +83,7 @@ pub(super) fn readers(g: &KernelGraph, v: NodeId) -> Vec<NodeId> {
 /// a parameter after its update wrote it. The step counter's update reads
 /// nothing another update replaces, but others read the counter: it goes
 /// after them.
-fn place_updates(g: &KernelGraph, order: Vec<NodeId>) -> Vec<NodeId> {
+pub(crate) fn place_updates(g: &KernelGraph, order: Vec<NodeId>) -> Vec<NodeId> {
     let is_update = |n: NodeId| g.node(n).op.traits().kind == Kind::Update;
     let (updates, rest): (Vec<NodeId>, Vec<NodeId>) = order.into_iter().partition(|&n| is_update(n));
     if updates.is_empty() {

@@ -1,0 +1,277 @@
+//! Rematerialization: recompute saved activations in the backward pass
+//! instead of keeping them from the forward pass, under an arena budget.
+//!
+//! A training step's first output is its loss; the loss's ancestors are
+//! the *forward* nodes, every other one belongs to the backward pass or the
+//! updates. A forward value that a backward node reads (directly or through
+//! views) is *saved*: it lives from the forward pass to its last backward
+//! reader, and the saved values are most of a training step's arena.
+//! Recomputing one adds a node that computes the same op from the same
+//! operands, or from their recomputations ([`apply`]); its `recomputes`
+//! names the original, the backward readers read it instead, and the
+//! planner runs it just before its first reader. It keeps its own
+//! identity: no pass runs after this one, so nothing merges it back.
+//!
+//! [`choose`] picks what to recompute. A greedy walk, like XLA's and
+//! torch.compile's heuristics: at the peak of the live bytes, recompute the
+//! saved value with the lowest cost per byte (with the values only it
+//! needs, which would otherwise have to stay alive), until the planned
+//! arena fits. The order of picks does not depend on the budget, and the
+//! answer is the shortest prefix whose plan fits, so a smaller budget never
+//! gives a larger arena or a cheaper recomputation.
+
+use crate::memory::{self, buffers, schedule, Plan};
+use smelt_ir::{IrError, KernelGraph, NodeId, OpSet, ValueId};
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+/// What was recomputed, and the graph and plan that do it.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    /// The graph with the recomputations.
+    pub graph: KernelGraph,
+    /// Its plan (checked by the caller, as every plan).
+    pub plan: Plan,
+    /// The recomputed nodes of the input graph, in topological order.
+    pub recomputed: Vec<NodeId>,
+    /// Their summed cost, in the cost function's units.
+    pub cost: f64,
+    /// The arena without recomputation.
+    pub arena_before: usize,
+}
+
+/// The budget cannot be met by recomputing saved values.
+#[derive(Clone, Debug)]
+pub struct Unreachable {
+    /// The smallest arena the walk planned.
+    pub smallest: usize,
+    /// With that many recomputed nodes and that cost.
+    pub recomputed: usize,
+    /// Their summed cost.
+    pub cost: f64,
+}
+
+/// The forward nodes: the ancestors of the first output (the loss) and it.
+pub fn forward(g: &KernelGraph) -> HashSet<NodeId> {
+    let mut seen = HashSet::new();
+    let mut stack: Vec<NodeId> = g.outputs().first().map(|(_, v)| v.node).into_iter().collect();
+    while let Some(n) = stack.pop() {
+        if seen.insert(n) {
+            stack.extend(g.inputs_of(n).iter().map(|v| v.node));
+        }
+    }
+    seen
+}
+
+/// A node that may be recomputed: a forward computation (not an input, a
+/// persistent value or a view), whose outputs are not graph outputs.
+fn computes(g: &KernelGraph, fwd: &HashSet<NodeId>, outs: &HashSet<NodeId>, n: NodeId) -> bool {
+    let op = &g.node(n).op;
+    fwd.contains(&n) && !op.is_input() && !op.is_persistent() && !op.is_view() && !outs.contains(&n)
+}
+
+/// The saved nodes: forward computations that a backward node reads,
+/// directly or through forward views.
+pub fn saved(g: &KernelGraph) -> Vec<NodeId> {
+    let fwd = forward(g);
+    let outs: HashSet<NodeId> = g.outputs().iter().map(|(_, v)| v.node).collect();
+    let mut out = Vec::new();
+    for n in g.node_ids().filter(|&n| computes(g, &fwd, &outs, n)) {
+        let mut stack = vec![n];
+        let mut read_late = false;
+        while let Some(m) = stack.pop() {
+            for u in g.users_of(m) {
+                if !fwd.contains(&u) {
+                    read_late = true;
+                } else if g.node(u).op.is_view() {
+                    stack.push(u);
+                }
+            }
+        }
+        if read_late {
+            out.push(n);
+        }
+    }
+    out
+}
+
+/// A copy of `g` in which every backward reader of a node of `set` (forward
+/// computations), or of a forward view of one, reads a recomputation.
+/// Returns the graph and where each node of `g` went.
+pub fn apply(g: &KernelGraph, set: &BTreeSet<NodeId>) -> Result<(KernelGraph, HashMap<NodeId, NodeId>), IrError> {
+    let fwd = forward(g);
+    let topo = g.topo_order()?;
+    // Which forward nodes the backward pass sees recomputed: those of the
+    // set, and views of them.
+    let mut again: HashSet<NodeId> = HashSet::new();
+    for &n in &topo {
+        if set.contains(&n) || (fwd.contains(&n) && g.node(n).op.is_view() && g.inputs_of(n).iter().any(|v| again.contains(&v.node))) {
+            again.insert(n);
+        }
+    }
+    let mut out = KernelGraph::new();
+    let mut map: HashMap<ValueId, ValueId> = HashMap::new();
+    let mut redo: HashMap<ValueId, ValueId> = HashMap::new();
+    let mut nodes = HashMap::new();
+    let slots = |n: NodeId| (0..g.node(n).outputs.len() as u32).map(move |slot| ValueId { node: n, slot });
+    for &id in &topo {
+        let late = !fwd.contains(&id) && !g.node(id).op.is_persistent() && !g.node(id).op.is_input();
+        let ins: Vec<ValueId> =
+            g.inputs_of(id).iter().map(|v| if late { redo.get(v).copied().unwrap_or(map[v]) } else { map[v] }).collect();
+        let new = out.copy_node_from(g, id, &ins)?;
+        nodes.insert(id, new);
+        map.extend(slots(id).map(|v| (v, ValueId { node: new, slot: v.slot })));
+        if again.contains(&id) {
+            let ins: Vec<ValueId> = g.inputs_of(id).iter().map(|v| redo.get(v).copied().unwrap_or(map[v])).collect();
+            let r = out.copy_node_from(g, id, &ins)?;
+            let node = out.node_mut(r);
+            node.name = format!("{}.recompute", node.name);
+            node.recomputes = Some(new);
+            redo.extend(slots(id).map(|v| (v, ValueId { node: r, slot: v.slot })));
+        }
+    }
+    out.set_outputs(g.outputs().iter().map(|(n, v)| (n.clone(), map[v])).collect());
+    out.remove_dead(); // views recomputed for no reader
+    Ok((out, nodes))
+}
+
+/// The live bytes of `g` with `set` recomputed, on `base` (a schedule of
+/// `g`) with each recomputation just before its first reader.
+struct Walk {
+    /// The schedule walked.
+    order: Vec<NodeId>,
+    /// The peak of the live bytes, and its step.
+    peak: usize,
+    peak_step: usize,
+    /// The buffers of the rewritten graph.
+    bufs: Vec<buffers::Buffer>,
+    /// Each rewritten node's node of `g`.
+    back: HashMap<NodeId, NodeId>,
+}
+
+fn walk(g: &KernelGraph, base: &[NodeId], set: &BTreeSet<NodeId>) -> Result<(KernelGraph, Walk), IrError> {
+    let (g2, nodes) = apply(g, set)?;
+    let back: HashMap<NodeId, NodeId> = nodes.iter().map(|(&a, &b)| (b, a)).collect();
+    let mut order: Vec<NodeId> = base.iter().filter_map(|n| nodes.get(n).copied()).filter(|n| g2.contains(*n)).collect();
+    let placed: HashSet<NodeId> = order.iter().copied().collect();
+    // Each recomputation after its operands (then sunk to its first reader).
+    for r in g2.topo_order()?.into_iter().filter(|&n| g2.node(n).recomputes.is_some() && !placed.contains(&n)) {
+        let after = g2.inputs_of(r).iter().filter_map(|v| order.iter().position(|&m| m == v.node)).max().map_or(0, |p| p + 1);
+        order.insert(after, r);
+    }
+    let order = schedule::place_updates(&g2, schedule::sink_recomputes(&g2, order));
+    let (bufs, _, _) = buffers::build(&g2, &order, &HashSet::new());
+    let live = buffers::live_bytes(&bufs, order.len());
+    let (peak_step, peak) = live.iter().copied().enumerate().max_by_key(|&(i, b)| (b, std::cmp::Reverse(i))).unwrap_or((0, 0));
+    Ok((g2, Walk { order, peak, peak_step, bufs, back }))
+}
+
+/// How many of the cheapest candidates at the peak each round tries.
+const TRIES: usize = 8;
+
+/// Recomputes saved values of `g` until its plan's arena is at most
+/// `budget` bytes, choosing by `cost` per byte (see the module's notes).
+/// `hint` is the planner's (the unfused schedule); `cost(g, n)` is the cost
+/// of running node `n` of `g` once. The outcome's plan is what
+/// [`memory::plan_with_hint`] gives its graph with the same hint.
+///
+/// Each round takes the saved values live at the peak of the walk's
+/// schedule, with what only they need (forward values dead before the
+/// backward pass), and tries the [`TRIES`] cheapest per byte: the one that
+/// lowers the peak at the lowest cost per byte saved is kept (on a plateau,
+/// where another step holds the same peak, the cheapest that does not raise
+/// it). A recomputation whose operands are recomputed too must run before
+/// their own readers, so a long chain saves nothing: trying is what finds
+/// the segments that pay.
+pub fn choose(
+    g: &KernelGraph,
+    budget: usize,
+    hint: Option<&[NodeId]>,
+    cost: &dyn Fn(&KernelGraph, NodeId) -> f64,
+) -> Result<Result<Outcome, Unreachable>, IrError> {
+    let base = memory::plan_with_hint(g, hint)?;
+    let arena_before = base.arena;
+    if base.arena <= budget {
+        return Ok(Ok(Outcome { graph: g.clone(), plan: base, recomputed: Vec::new(), cost: 0.0, arena_before }));
+    }
+    let fwd = forward(g);
+    let outs: HashSet<NodeId> = g.outputs().iter().map(|(_, v)| v.node).collect();
+    let saved: HashSet<NodeId> = saved(g).into_iter().collect();
+    let mut cost_of: HashMap<NodeId, f64> = HashMap::new();
+    let mut set: BTreeSet<NodeId> = BTreeSet::new();
+    let mut total = 0.0;
+    let (mut g2, mut now) = walk(g, &base.schedule, &set)?;
+    // The smallest arena planned, with its set and cost, for the answer
+    // when nothing fits.
+    let mut lowest: (usize, usize, f64) = (base.arena, 0, 0.0);
+    // Each round adds at least one saved node; there are finitely many.
+    let mut lowest_walk = now.peak;
+    for _ in 0..=saved.len() {
+        // Planned where the walk's peak is the lowest yet (a plateau, where
+        // another step holds the same peak, plans the same; and whether a
+        // prefix is planned does not depend on the budget).
+        if now.peak < lowest_walk {
+            lowest_walk = now.peak;
+            // The planner also tries the walk's own schedule, so its plan
+            // is never worse than the walk's peak (up to fragmentation).
+            let plan = memory::plan_with_schedule(&g2, hint, Some(&now.order))?;
+            if plan.arena <= budget {
+                let recomputed = g.topo_order()?.into_iter().filter(|n| set.contains(n)).collect();
+                return Ok(Ok(Outcome { graph: g2, plan, recomputed, cost: total, arena_before }));
+            }
+            if plan.arena < lowest.0 {
+                lowest = (plan.arena, set.len(), total);
+            }
+        }
+        // The saved values live at the peak that are not recomputed yet,
+        // each with what only it needs: forward computations that are not
+        // saved (dead before the backward pass) and not recomputed yet.
+        let at_peak: BTreeSet<NodeId> = now
+            .bufs
+            .iter()
+            .filter(|b| b.start <= now.peak_step && now.peak_step <= b.end)
+            .flat_map(|b| b.values.iter().filter_map(|v| now.back.get(&v.node).copied()))
+            .filter(|n| saved.contains(n) && !set.contains(n))
+            .collect();
+        let mut options: Vec<(f64, f64, BTreeSet<NodeId>)> = Vec::new();
+        for &n in &at_peak {
+            let mut need = BTreeSet::from([n]);
+            let mut stack = vec![n];
+            while let Some(m) = stack.pop() {
+                for v in g.inputs_of(m) {
+                    let p = v.node;
+                    // Through forward views, and into what dies before backward.
+                    let through_view = g.node(p).op.is_view() && fwd.contains(&p);
+                    if through_view || (computes(g, &fwd, &outs, p) && !saved.contains(&p) && !set.contains(&p) && need.insert(p)) {
+                        stack.push(p);
+                    }
+                }
+            }
+            let c: f64 = need.iter().filter(|m| !g.node(**m).op.is_view()).map(|&m| *cost_of.entry(m).or_insert_with(|| cost(g, m))).sum();
+            let bytes: usize = g.node(n).outputs.iter().map(|t| t.bytes()).sum();
+            options.push((c / bytes.max(1) as f64, c, need));
+        }
+        options.sort_by(|a, b| a.0.total_cmp(&b.0));
+        // (cost per byte saved, or per byte held on a plateau; lowers the peak; cost; set; walk)
+        let mut best: Option<(bool, f64, f64, BTreeSet<NodeId>, KernelGraph, Walk)> = None;
+        for (ratio, c, need) in options.into_iter().take(TRIES) {
+            let mut trial = set.clone();
+            trial.extend(need.iter().copied());
+            let (tg, w) = walk(g, &base.schedule, &trial)?;
+            let score = match w.peak.cmp(&now.peak) {
+                std::cmp::Ordering::Less => (true, c / (now.peak - w.peak) as f64),
+                std::cmp::Ordering::Equal => (false, ratio),
+                std::cmp::Ordering::Greater => continue,
+            };
+            let better = best.as_ref().is_none_or(|b| (score.0 && !b.0) || (score.0 == b.0 && score.1 < b.1));
+            if better {
+                best = Some((score.0, score.1, c, need, tg, w));
+            }
+        }
+        let Some((_, _, c, need, tg, w)) = best else { break };
+        total += c;
+        set.extend(need);
+        (g2, now) = (tg, w);
+    }
+    let (smallest, recomputed, cost) = lowest;
+    Ok(Err(Unreachable { smallest, recomputed, cost }))
+}

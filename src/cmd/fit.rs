@@ -1,0 +1,202 @@
+//! `smelt fit`: the fastest training recipe under a memory limit (see
+//! [`smelt::fit`]), printed with where its bytes go and the recipes it beat.
+
+use crate::FitArgs;
+use anyhow::{bail, Context, Result};
+use serde_json::json;
+use smelt::fit::{Candidate, Outcome, Request, Verdict};
+use smelt::report::human_bytes;
+use smelt_passes::precision::Policy;
+
+/// `smelt fit`.
+pub fn run(a: &FitArgs) -> Result<bool> {
+    let m = &crate::ModelArgs {
+        model: a.model.clone(),
+        batch: Some(a.batch),
+        dims: a.dims.clone(),
+        no_fuse: false,
+        precision: Policy::F32,
+        keep_f32: a.keep_f32.clone(),
+        train: a.train.clone(),
+    };
+    let Some(optimizer) = m.train.train.clone() else {
+        bail!("smelt fit needs the training step's optimizer: --train sgd, adam or adamw");
+    };
+    if m.train.accumulate != 1 || m.train.remat_budget.is_some() || m.train.recipe.is_some() {
+        bail!("smelt fit chooses the accumulation and the recomputation itself: leave out --accumulate, --remat-budget and --recipe");
+    }
+    let Some(batch) = m.batch else { bail!("smelt fit needs --batch: the whole batch of an optimizer step") };
+    let precisions: Vec<Policy> = match a.precision.as_str() {
+        "auto" => vec![Policy::F32, Policy::MixedBf16, Policy::MixedF16],
+        p => vec![p.parse().map_err(|e: String| anyhow::anyhow!(e))?],
+    };
+    let gpu = smelt::cost::gpu(&m.train.device).context("unknown --device")?;
+    let mut options = m.options()?;
+    options.remat = None;
+    let req = Request {
+        spec: m.model.clone(),
+        options,
+        batch,
+        limit: a.memory_limit,
+        precisions,
+        gpu,
+        loss_scale: m.train.loss_scale == "dynamic",
+    };
+    let bar = super::bar(0, "{spinner} {msg} [{elapsed}]", a.json);
+    bar.enable_steady_tick(std::time::Duration::from_millis(120));
+    bar.set_message(format!("compiling and planning {} at micro-batch {batch}", m.model));
+    let mut tried = 0;
+    let out = smelt::fit::search(&req, &mut |c: &Candidate| {
+        tried += 1;
+        bar.set_message(format!("{tried} recipes tried; last: {} {}x{}: {}", c.precision, c.micro_batch, c.accumulate, verdict(c)));
+    })
+    .with_context(|| format!("cannot fit {}", m.model))?;
+    bar.finish_and_clear();
+    let chosen = out.chosen.map(|i| &out.candidates[i]);
+    let recipe = chosen.map(|c| c.recipe(&req, &optimizer));
+    if let (Some(path), Some(r)) = (&a.save_recipe, &recipe) {
+        std::fs::write(path, serde_json::to_string_pretty(r)? + "\n").with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    if a.json {
+        let v = json!({
+            "model": m.model,
+            "batch": batch,
+            "optimizer": optimizer,
+            "memory_limit": a.memory_limit,
+            "device": out.gpu,
+            "decision_seconds": out.decision_seconds,
+            "recipe": recipe,
+            "chosen": chosen,
+            "candidates": out.candidates,
+            "smallest": out.smallest,
+        });
+        outln!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        print_text(a, &req, &out, batch, &optimizer)?;
+    }
+    if chosen.is_none() {
+        let floor = out.smallest.as_ref().map_or(String::new(), |c| format!(": the smallest footprint is {}", human_bytes(c.total_bytes)));
+        bail!("no recipe of {} fits in {}{floor}", m.model, human_bytes(a.memory_limit));
+    }
+    Ok(true)
+}
+
+/// A candidate's verdict in a few words.
+fn verdict(c: &Candidate) -> String {
+    match &c.verdict {
+        Verdict::Fits if c.remat.is_some() => format!("fits by recomputation, {}", human_bytes(c.total_bytes)),
+        Verdict::Fits => format!("fits, {}", human_bytes(c.total_bytes)),
+        Verdict::PersistentOverLimit => format!("weights and state alone take {}", human_bytes(c.persistent_bytes)),
+        Verdict::RematCannotReach { smallest_arena } => {
+            format!("over: {} at best, recomputing", human_bytes(smallest_arena + c.persistent_bytes))
+        }
+        Verdict::Refused { reason } => reason.clone(),
+    }
+}
+
+fn print_text(a: &FitArgs, req: &Request, out: &Outcome, batch: usize, optimizer: &str) -> Result<()> {
+    let g = &out.gpu;
+    outln!(
+        "smelt fit {}: batch {batch}, {optimizer}, memory limit {}, timed on the {} roofline ({:.1} TFLOP/s FP32, {:.2} TB/s)",
+        req.spec,
+        human_bytes(a.memory_limit),
+        g.model,
+        g.flops / 1e12,
+        g.bandwidth / 1e12
+    );
+    outln!("decided in {:.1} s with no device run: {} recipes compiled and planned\n", out.decision_seconds, out.candidates.len());
+    if let Some(i) = out.chosen {
+        let c = &out.candidates[i];
+        print_candidate("recipe", c)?;
+        if let Some(r) = &c.remat {
+            outln!("  recomputed in backward ({} kernels; each runs just before its first reader):", r.recomputed.len());
+            for x in r.recomputed.iter().take(12) {
+                outln!("    {:<44} before {}", x.name, x.before);
+            }
+            if r.recomputed.len() > 12 {
+                outln!("    ... {} more (--json lists every one)", r.recomputed.len() - 12);
+            }
+        }
+        let flags = format!(
+            "--train {optimizer} --batch {batch}{}{}{}",
+            if c.accumulate > 1 { format!(" --accumulate {}", c.accumulate) } else { String::new() },
+            if c.precision != "f32" { format!(" --precision {}", c.precision) } else { String::new() },
+            c.remat.as_ref().map_or(String::new(), |r| format!(" --remat-budget {}", r.budget)),
+        );
+        outln!("\nuse it: smelt train {} {flags} ...", req.spec);
+        if let Some(p) = &a.save_recipe {
+            outln!("   or: smelt train {} --recipe {} ... (written; `smelt plan --recipe` shows the same plan)", req.spec, p.display());
+        }
+    }
+    let rest: Vec<&Candidate> = out.candidates.iter().enumerate().filter(|(i, _)| Some(*i) != out.chosen).map(|(_, c)| c).collect();
+    if !rest.is_empty() {
+        outln!("\nrejected:");
+        outln!("  {:<11} {:>12} {:>12} {:>12}  why", "precision", "micro x acc", "memory", "step");
+        let best = out.chosen.map(|i| out.candidates[i].step_seconds);
+        for c in rest {
+            let why = match (&c.verdict, best) {
+                (Verdict::Fits, Some(b)) => format!("fits, but {:.1}% slower", (c.step_seconds / b - 1.0) * 100.0),
+                _ => verdict(c),
+            };
+            let time = if c.fits() { format!("{:.2} ms", c.step_seconds * 1e3) } else { "-".into() };
+            outln!(
+                "  {:<11} {:>12} {:>12} {:>12}  {why}",
+                c.precision,
+                format!("{} x {}", c.micro_batch, c.accumulate),
+                human_bytes(c.total_bytes),
+                time
+            );
+        }
+    }
+    if let Some(c) = &out.smallest {
+        outln!();
+        print_candidate("nothing fits; the smallest footprint found (recomputing all it can)", c)?;
+    }
+    Ok(())
+}
+
+fn print_candidate(title: &str, c: &Candidate) -> Result<()> {
+    let b = &c.breakdown;
+    let acc = if c.accumulate > 1 { format!(" x accumulate {}", c.accumulate) } else { " (no accumulation)".into() };
+    outln!("{title}: micro-batch {}{acc}, precision {}", c.micro_batch, c.precision);
+    match &c.remat {
+        Some(r) => outln!(
+            "  recomputation: {} kernels, arena {} -> {} (budget {})",
+            r.recomputed.len(),
+            human_bytes(r.arena_before),
+            human_bytes(r.arena_after),
+            human_bytes(r.budget)
+        ),
+        None => outln!("  recomputation: none"),
+    }
+    outln!(
+        "  predicted step: {:.2} ms, {:.1} GFLOP; recomputation {:.1}% of the step's FLOPs",
+        c.step_seconds * 1e3,
+        c.step_flops as f64 / 1e9,
+        100.0 * c.recompute_flops as f64 / c.step_flops.max(1) as f64
+    );
+    outln!(
+        "  device memory: {} = persistent {} + arena {}",
+        human_bytes(c.total_bytes),
+        human_bytes(c.persistent_bytes),
+        human_bytes(c.arena_bytes)
+    );
+    outln!(
+        "    persistent: parameters {}, optimizer state {}, accumulators {}, frozen {}, other {}",
+        human_bytes(b.parameters.bytes),
+        human_bytes(b.optimizer_state.bytes),
+        human_bytes(b.accumulators.bytes),
+        human_bytes(b.frozen.bytes),
+        human_bytes(b.other_state.bytes)
+    );
+    outln!(
+        "    arena at its peak ({}): saved activations {}, recomputed {}, gradients {}, temporaries {}, batch {}",
+        b.peak_phase,
+        human_bytes(b.saved_activations.bytes),
+        human_bytes(b.recomputed.bytes),
+        human_bytes(b.gradients.bytes),
+        human_bytes(b.temporaries.bytes),
+        human_bytes(b.batch.bytes)
+    );
+    Ok(())
+}

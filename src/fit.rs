@@ -1,0 +1,354 @@
+//! `smelt fit`: the fastest training recipe under a memory limit, found
+//! statically (no device run).
+//!
+//! A recipe is a micro-batch (a divisor of the batch) with the matching
+//! gradient accumulation, a precision and, when the step still does not
+//! fit, a recomputation budget. Each candidate is compiled and planned as
+//! `smelt plan --train` would (its memory is the checked plan's arena plus
+//! the persistent weights and state, exactly) and timed on a GPU's roofline
+//! ([`crate::cost`]).
+//!
+//! The search: for each precision, micro-batches from the largest down.
+//! The first that fits without recomputation ends that precision's walk:
+//! a smaller one runs the same FLOPs in more launches with fewer threads
+//! each, which the roofline never makes faster. A micro-batch that does not
+//! fit is tried with recomputation, its budget the limit less the
+//! persistent bytes. The fastest recipe wins; ties go to the precision
+//! listed first (f32, then bf16, then f16) and the larger micro-batch.
+
+use crate::cost::{self, Gpu};
+use crate::driver::{Error, Options, Remat, RematReport, Session};
+use crate::plan::TrainBreakdown;
+use serde::{Deserialize, Serialize};
+use smelt_passes::precision::Policy;
+
+/// What `smelt fit` searches.
+#[derive(Clone, Debug)]
+pub struct Request {
+    /// The model (a path or `zoo:NAME`).
+    pub spec: String,
+    /// The options every candidate shares: dims, fusion, the training
+    /// step's configuration (its accumulation is the search's).
+    pub options: Options,
+    /// The whole batch of an optimizer step.
+    pub batch: usize,
+    /// Device memory for the step: arena plus persistent bytes.
+    pub limit: usize,
+    /// The precisions to try, in order of preference.
+    pub precisions: Vec<Policy>,
+    /// The GPU whose roofline times the step.
+    pub gpu: Gpu,
+    /// Dynamic loss scaling under f16 (as `smelt train`).
+    pub loss_scale: bool,
+}
+
+/// How a candidate fared.
+#[derive(Clone, Debug, Serialize)]
+#[serde(tag = "verdict", rename_all = "snake_case")]
+pub enum Verdict {
+    /// It fits (with recomputation when `remat` says so).
+    Fits,
+    /// Over the limit, and recomputation was not tried: the persistent
+    /// bytes alone exceed it.
+    PersistentOverLimit,
+    /// Over the limit even recomputing: the smallest arena recomputation
+    /// reached.
+    RematCannotReach {
+        /// That arena, bytes.
+        smallest_arena: usize,
+    },
+    /// Not a recipe smelt can run yet.
+    Refused {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// One recipe tried.
+#[derive(Clone, Debug, Serialize)]
+pub struct Candidate {
+    /// Precision policy.
+    pub precision: String,
+    /// Samples per micro-step.
+    pub micro_batch: usize,
+    /// Micro-steps per optimizer step.
+    pub accumulate: usize,
+    /// The verdict.
+    #[serde(flatten)]
+    pub verdict: Verdict,
+    /// The activation arena of one micro-step (with recomputation when it fits by it).
+    pub arena_bytes: usize,
+    /// Weights, optimizer state, accumulators: outside the arena.
+    pub persistent_bytes: usize,
+    /// Arena + persistent.
+    pub total_bytes: usize,
+    /// The arena without recomputation.
+    pub arena_without_remat: usize,
+    /// Estimated seconds per optimizer step (all micro-steps).
+    pub step_seconds: f64,
+    /// FLOPs per optimizer step.
+    pub step_flops: usize,
+    /// FLOPs of recomputation per optimizer step.
+    pub recompute_flops: usize,
+    /// What recomputation did (when it was needed and reached the budget).
+    pub remat: Option<RematReport>,
+    /// Where the bytes go.
+    pub breakdown: TrainBreakdown,
+}
+
+impl Candidate {
+    /// Whether it fits.
+    pub fn fits(&self) -> bool {
+        matches!(self.verdict, Verdict::Fits)
+    }
+
+    /// The recipe this candidate is.
+    pub fn recipe(&self, req: &Request, optimizer: &str) -> Recipe {
+        Recipe {
+            smelt_recipe: 1,
+            model: req.spec.clone(),
+            dims: req.options.dims.clone(),
+            optimizer: optimizer.to_string(),
+            batch: req.batch,
+            micro_batch: self.micro_batch,
+            accumulate: self.accumulate,
+            precision: self.precision.clone(),
+            remat_budget: self.remat.as_ref().map(|r| r.budget),
+            device: req.gpu.name.to_string(),
+            predicted: Prediction {
+                arena_bytes: self.arena_bytes,
+                persistent_bytes: self.persistent_bytes,
+                total_bytes: self.total_bytes,
+                step_seconds: self.step_seconds,
+                recompute_flops_fraction: self.recompute_flops as f64 / self.step_flops.max(1) as f64,
+                recomputed: self.remat.as_ref().map_or(0, |r| r.recomputed.len()),
+            },
+        }
+    }
+}
+
+/// What `smelt fit` found.
+#[derive(Clone, Debug, Serialize)]
+pub struct Outcome {
+    /// Every candidate tried, in order.
+    pub candidates: Vec<Candidate>,
+    /// The index of the chosen one, if any fits.
+    pub chosen: Option<usize>,
+    /// When nothing fits: the smallest footprint found (recomputing all it
+    /// can, at the smallest micro-batch), with what it consists of.
+    pub smallest: Option<Candidate>,
+    /// The GPU assumed.
+    pub gpu: Gpu,
+    /// Seconds the search took.
+    pub decision_seconds: f64,
+}
+
+/// A recipe, as `smelt fit --save-recipe` writes it and `--recipe` reads it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Recipe {
+    /// Format version (1).
+    pub smelt_recipe: u32,
+    /// The model it was made for.
+    pub model: String,
+    /// Its `--dim` sizes.
+    #[serde(default)]
+    pub dims: Vec<(String, usize)>,
+    /// `sgd`, `adam` or `adamw`.
+    pub optimizer: String,
+    /// The whole batch of an optimizer step.
+    pub batch: usize,
+    /// Samples per micro-step (`batch / accumulate`).
+    pub micro_batch: usize,
+    /// Micro-steps per optimizer step.
+    pub accumulate: usize,
+    /// Precision policy.
+    pub precision: String,
+    /// The arena budget recomputation meets (`--remat-budget`), bytes.
+    pub remat_budget: Option<usize>,
+    /// The GPU whose roofline chose it.
+    pub device: String,
+    /// What `smelt fit` predicted (`smelt plan --recipe` plans the same).
+    pub predicted: Prediction,
+}
+
+/// A recipe's predicted memory and time.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Prediction {
+    /// The planned arena of a micro-step, bytes.
+    pub arena_bytes: usize,
+    /// Weights, optimizer state and accumulators, bytes.
+    pub persistent_bytes: usize,
+    /// Both.
+    pub total_bytes: usize,
+    /// Estimated seconds per optimizer step.
+    pub step_seconds: f64,
+    /// Recomputation's FLOPs over the step's.
+    pub recompute_flops_fraction: f64,
+    /// Recomputed kernels.
+    pub recomputed: usize,
+}
+
+impl Recipe {
+    /// Reads and checks a recipe file.
+    pub fn load(path: &std::path::Path) -> Result<Recipe, Error> {
+        let bad = |msg: String| Error::Data { file: path.display().to_string(), msg };
+        let text = std::fs::read_to_string(path).map_err(|e| bad(format!("cannot read: {e}")))?;
+        let r: Recipe = serde_json::from_str(&text).map_err(|e| bad(format!("not a smelt recipe: {e}")))?;
+        if r.smelt_recipe != 1 {
+            return Err(bad(format!("recipe format {} (this smelt reads 1)", r.smelt_recipe)));
+        }
+        if r.accumulate == 0 || r.micro_batch == 0 || r.micro_batch * r.accumulate != r.batch {
+            return Err(bad(format!("batch {} is not micro-batch {} x accumulate {}", r.batch, r.micro_batch, r.accumulate)));
+        }
+        if r.precision.parse::<Policy>().is_err() {
+            return Err(bad(format!("unknown precision {:?}", r.precision)));
+        }
+        if cost::gpu(&r.device).is_none() {
+            return Err(bad(format!("unknown device {:?}", r.device)));
+        }
+        if !["sgd", "adam", "adamw"].contains(&r.optimizer.as_str()) {
+            return Err(bad(format!("unknown optimizer {:?}", r.optimizer)));
+        }
+        Ok(r)
+    }
+}
+
+/// The divisors of `n`, largest first.
+pub fn divisors(n: usize) -> Vec<usize> {
+    (1..=n).rev().filter(|d| n.is_multiple_of(*d)).collect()
+}
+
+/// Searches the recipes of `req` (see the module's notes). `progress` hears
+/// of each candidate as it is decided.
+pub fn search(req: &Request, progress: &mut dyn FnMut(&Candidate)) -> Result<Outcome, Error> {
+    let t = std::time::Instant::now();
+    if req.options.train.as_ref().and_then(|t| t.optimizer).is_none() {
+        return Err(Error::Usage("smelt fit needs an optimizer: --train sgd, adam or adamw".into()));
+    }
+    if req.batch == 0 {
+        return Err(Error::Usage("--batch must be at least 1".into()));
+    }
+    let mut candidates = Vec::new();
+    for &p in &req.precisions {
+        for m in divisors(req.batch) {
+            let c = evaluate(req, p, m, Some(req.limit))?;
+            progress(&c);
+            let done = c.fits() && c.remat.is_none();
+            candidates.push(c);
+            if done {
+                break;
+            }
+        }
+    }
+    let chosen = candidates
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.fits())
+        .min_by(|(i, a), (j, b)| a.step_seconds.total_cmp(&b.step_seconds).then(i.cmp(j)))
+        .map(|(i, _)| i);
+    // Nothing fits: the floor, recomputing everything it can at the smallest micro-batch.
+    let smallest = match chosen {
+        Some(_) => None,
+        None => {
+            let mut best: Option<Candidate> = None;
+            for &p in &req.precisions {
+                let c = evaluate(req, p, 1, None)?;
+                if best.as_ref().is_none_or(|b| c.total_bytes < b.total_bytes) && !matches!(c.verdict, Verdict::Refused { .. }) {
+                    best = Some(c);
+                }
+            }
+            best
+        }
+    };
+    Ok(Outcome { candidates, chosen, smallest, gpu: req.gpu, decision_seconds: t.elapsed().as_secs_f64() })
+}
+
+/// Compiles, plans and times one recipe. With `limit`, a step over it is
+/// tried with recomputation under `limit - persistent`; without, it
+/// recomputes all it can (budget 0: the smallest footprint).
+pub fn evaluate(req: &Request, precision: Policy, micro: usize, limit: Option<usize>) -> Result<Candidate, Error> {
+    let k = req.batch / micro;
+    let mut options = req.options.clone();
+    options.batch = Some(req.batch);
+    options.precision.policy = precision;
+    options.remat = None;
+    let scaled = req.loss_scale && matches!(precision, Policy::F16 | Policy::MixedF16);
+    if let Some(t) = options.train.as_mut() {
+        t.loss_scale = scaled;
+        if let Some(o) = t.optimizer.as_mut() {
+            set_accumulate(o, k);
+        }
+    }
+    let mut c = Candidate {
+        precision: precision.to_string(),
+        micro_batch: micro,
+        accumulate: k,
+        verdict: Verdict::Fits,
+        arena_bytes: 0,
+        persistent_bytes: 0,
+        total_bytes: 0,
+        arena_without_remat: 0,
+        step_seconds: 0.0,
+        step_flops: 0,
+        recompute_flops: 0,
+        remat: None,
+        breakdown: TrainBreakdown::default(),
+    };
+    if scaled && k > 1 {
+        c.verdict = Verdict::Refused { reason: "f16 loss scaling with accumulation: smelt train refuses it (use mixed-bf16)".into() };
+        return Ok(c);
+    }
+    let mut s = Session::open(&req.spec, options)?;
+    let mut compiled = s.compile()?;
+    let planned = s.plan(&compiled)?;
+    // What `smelt train` allocates beside the arena: the weights blob
+    // (parameters, optimizer state, accumulators, constants; aligned).
+    let persistent = s.program(&compiled, &planned)?.weights_bytes;
+    c.arena_without_remat = planned.plan.arena;
+    let over = limit.is_none_or(|l| planned.plan.arena + persistent > l);
+    let planned = if !over {
+        planned
+    } else if limit.is_some_and(|l| persistent >= l) {
+        c.verdict = Verdict::PersistentOverLimit;
+        planned
+    } else {
+        let budget = limit.map_or(0, |l| l - persistent);
+        match s.rematerialize(&mut compiled, &Remat { budget, gpu: req.gpu }) {
+            Ok(()) => s.plan(&compiled)?,
+            Err(Error::RematBudget { smallest, .. }) => {
+                c.verdict = Verdict::RematCannotReach { smallest_arena: smallest };
+                planned
+            }
+            Err(e) => return Err(e),
+        }
+    };
+    // The floor: recompute down to the smallest arena the walk reached, to
+    // show what it consists of.
+    let planned = match (limit, &c.verdict) {
+        (None, Verdict::RematCannotReach { smallest_arena }) => {
+            s.rematerialize(&mut compiled, &Remat { budget: *smallest_arena, gpu: req.gpu })?;
+            s.plan(&compiled)?
+        }
+        _ => planned,
+    };
+    let forward = &s.train.as_ref().expect("a training session").step.forward;
+    c.breakdown = crate::plan::train_breakdown(&compiled.graph, &planned.plan, forward);
+    c.arena_bytes = planned.plan.arena;
+    c.persistent_bytes = persistent;
+    c.total_bytes = c.arena_bytes + persistent;
+    c.step_seconds = cost::graph_time(&compiled.graph, &req.gpu) * k as f64;
+    c.step_flops = cost::graph_flops(&compiled.graph) * k;
+    if let Some(r) = &compiled.remat {
+        c.recompute_flops = r.flops * k;
+    }
+    c.remat = compiled.remat;
+    Ok(c)
+}
+
+/// Sets an optimizer's gradient accumulation.
+fn set_accumulate(o: &mut smelt_ir::Optimizer, k: usize) {
+    use smelt_ir::Optimizer;
+    if let Optimizer::Sgd { accumulate, .. } | Optimizer::Adam { accumulate, .. } = o {
+        *accumulate = k;
+    }
+}

@@ -1,0 +1,238 @@
+//! Rematerialization and `smelt fit`: every plan with recomputation passes
+//! the independent checker and is monotone in its budget; recomputed nodes
+//! keep their own identity; the recipe `smelt fit` predicts is the plan
+//! `smelt plan --recipe` makes, byte for byte; a recipe trains to the
+//! weights of the plain step (recomputation: bit for bit; accumulation: to
+//! rounding); nothing fitting is an error that names the smallest footprint.
+//! Built-in models only: no test data needed.
+
+mod common;
+
+use common::smelt;
+use smelt::{Options, Remat, Session};
+use smelt_ir::{npy, Optimizer};
+use smelt_passes::train::{BatchNorm, Loss, TrainConfig};
+use std::path::{Path, PathBuf};
+
+fn adam(accumulate: usize) -> TrainConfig {
+    TrainConfig {
+        loss: Loss::CrossEntropy { smoothing: 0.0 },
+        loss_on: None,
+        optimizer: Some(Optimizer::Adam {
+            lr: 1e-3,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.0,
+            decoupled: false,
+            accumulate,
+            schedule: Default::default(),
+        }),
+        freeze: Vec::new(),
+        batch_norm: BatchNorm::Frozen,
+        clip_norm: None,
+        loss_scale: false,
+    }
+}
+
+fn session(model: &str, batch: usize) -> Session {
+    let options = Options { batch: Some(batch), train: Some(adam(1)), ..Options::default() };
+    Session::open(model, options).unwrap()
+}
+
+/// Arena and recomputation cost (FLOPs) at each budget, planned and checked.
+fn walk_budgets(model: &str, batch: usize, steps: usize) -> Vec<(usize, usize, usize)> {
+    let mut s = session(model, batch);
+    let plain = s.compile().unwrap();
+    let arena = s.plan(&plain).unwrap().plan.arena;
+    let mut out = Vec::new();
+    for i in 0..=steps {
+        let budget = arena - arena * i / (2 * steps); // down to half the arena
+        let mut c = plain.clone();
+        match s.rematerialize(&mut c, &Remat { budget, gpu: Default::default() }) {
+            Ok(()) => {}
+            Err(smelt::Error::RematBudget { smallest, .. }) => {
+                assert!(smallest > budget, "{model}: unreachable {budget}, yet {smallest} was reached");
+                break;
+            }
+            Err(e) => panic!("{model} budget {budget}: {e}"),
+        }
+        // Session::plan runs the independent checker on the plan.
+        let planned = s.plan(&c).unwrap_or_else(|e| panic!("{model} budget {budget}: {e}"));
+        assert!(planned.plan.arena <= budget, "{model}: arena {} over the budget {budget}", planned.plan.arena);
+        let r = c.remat.as_ref().unwrap();
+        assert_eq!(r.arena_after, planned.plan.arena, "{model}: the report's arena is the plan's");
+        // Recomputations are nodes of their own, each naming an original.
+        let g = &c.graph;
+        let clones: Vec<_> = g.node_ids().filter(|&n| g.node(n).recomputes.is_some()).collect();
+        assert_eq!(clones.len(), r.recomputed.len());
+        for &n in &clones {
+            let o = g.node(n).recomputes.unwrap();
+            assert_ne!(n, o);
+            assert_eq!(g.node(n).name, format!("{}.recompute", g.node(o).name));
+            assert!(g.node(o).recomputes.is_none(), "a recomputation of a recomputation");
+        }
+        out.push((budget, planned.plan.arena, r.flops));
+    }
+    out
+}
+
+#[test]
+fn recomputation_fits_its_budget_passes_the_checker_and_is_monotone() {
+    for (model, batch) in [("zoo:resnet8", 8), ("zoo:resnet50", 2), ("zoo:mobilenet_v2", 2)] {
+        let w = walk_budgets(model, batch, 8);
+        assert!(w.len() >= 3, "{model}: recomputation reached only {} budgets: {w:?}", w.len());
+        assert!(w.last().unwrap().1 < w[0].1, "{model}: recomputation never lowered the arena: {w:?}");
+        for p in w.windows(2) {
+            let ((b0, a0, f0), (b1, a1, f1)) = (p[0], p[1]);
+            assert!(b1 <= b0);
+            assert!(a1 <= a0, "{model}: budget {b1} gave a larger arena ({a1}) than {b0} ({a0})");
+            assert!(f1 >= f0, "{model}: budget {b1} recomputes less ({f1} FLOPs) than {b0} ({f0})");
+        }
+    }
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("smelt-fit-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn run_ok(args: &[&str]) -> String {
+    let out = smelt().args(args).output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "smelt {args:?} failed:\n{stderr}\n{stdout}");
+    stdout.to_string()
+}
+
+fn refused(args: &[&str]) -> String {
+    let out = smelt().args(args).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(2), "smelt {args:?} should exit 2:\n{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    stderr
+}
+
+fn json(s: &str) -> serde_json::Value {
+    serde_json::from_str(s).unwrap_or_else(|e| panic!("not JSON ({e}): {s}"))
+}
+
+/// `smelt fit --json --save-recipe`: the output and the recipe.
+fn fit(model: &str, batch: usize, limit: &str, dir: &Path, extra: &[&str]) -> (serde_json::Value, PathBuf) {
+    let recipe = dir.join(format!("recipe-{limit}.json"));
+    let b = batch.to_string();
+    let mut args = vec!["fit", model, "--train", "adam", "--batch", &b, "--memory-limit", limit, "--json", "--save-recipe"];
+    args.push(recipe.to_str().unwrap());
+    args.extend(extra);
+    (json(&run_ok(&args)), recipe)
+}
+
+#[test]
+fn fit_predicts_exactly_the_plan_that_the_recipe_makes() {
+    let dir = scratch("predict");
+    let plain = json(&run_ok(&["plan", "zoo:resnet50", "--train", "adam", "--batch", "8", "--json"]));
+    let arena = plain["plan"]["arena_bytes"].as_u64().unwrap() as usize;
+    // The whole step at micro-batch 8 fits at 2 GiB; at 0.8 of its arena
+    // (plus the weights) it needs recomputation or accumulation.
+    let (f, _) = fit("zoo:resnet50", 8, "2GiB", &dir, &[]);
+    assert_eq!(f["chosen"]["micro_batch"].as_u64(), Some(8));
+    assert!(f["chosen"]["remat"].is_null());
+    let persistent = f["chosen"]["persistent_bytes"].as_u64().unwrap() as usize;
+    let limit = persistent + arena * 4 / 5;
+    let (f, recipe) = fit("zoo:resnet50", 8, &limit.to_string(), &dir, &[]);
+    let chosen = &f["chosen"];
+    assert!(chosen["total_bytes"].as_u64().unwrap() as usize <= limit, "{chosen}");
+    let p = json(&run_ok(&["plan", "zoo:resnet50", "--recipe", recipe.to_str().unwrap(), "--json"]));
+    assert_eq!(p["plan"]["arena_bytes"], chosen["arena_bytes"], "smelt plan --recipe plans what smelt fit predicted");
+    assert_eq!(p["batch"].as_u64(), Some(8));
+    let r = json(&std::fs::read_to_string(&recipe).unwrap());
+    assert_eq!(r["predicted"]["arena_bytes"], chosen["arena_bytes"]);
+    assert_eq!(r["predicted"]["total_bytes"], chosen["total_bytes"]);
+    if !chosen["remat"].is_null() {
+        assert_eq!(p["recomputation"]["recomputed"], chosen["remat"]["recomputed"]);
+    }
+    // Each candidate that was passed over says why.
+    for c in f["candidates"].as_array().unwrap() {
+        assert!(c["verdict"].is_string(), "{c}");
+    }
+}
+
+#[test]
+fn a_smaller_limit_never_predicts_a_larger_peak_or_cheaper_recomputation() {
+    let dir = scratch("monotone");
+    let mut last: Option<(u64, u64)> = None;
+    for mib in [15, 13, 12, 11, 10] {
+        let (f, _) = fit("zoo:resnet8", 32, &format!("{mib}MiB"), &dir, &[]);
+        // One micro-batch (32): only recomputation may bring it down.
+        let at32: Vec<_> = f["candidates"].as_array().unwrap().iter().filter(|c| c["micro_batch"] == 32).collect();
+        let c = at32[0];
+        if c["verdict"] != "fits" {
+            break;
+        }
+        let (arena, flops) = (c["arena_bytes"].as_u64().unwrap(), c["recompute_flops"].as_u64().unwrap());
+        if let Some((a0, f0)) = last {
+            assert!(arena <= a0 && flops >= f0, "{mib} MiB: arena {arena} (was {a0}), recomputed FLOPs {flops} (was {f0})");
+        }
+        last = Some((arena, flops));
+    }
+    assert!(last.is_some_and(|(_, f)| f > 0), "no limit made recomputation necessary");
+}
+
+/// The checkpointed values of a short CPU training run.
+fn trained(args: &[&str], dir: &Path) -> Vec<(String, Vec<f32>)> {
+    let mut a = vec!["train", "zoo:resnet8", "--data", "synthetic:64", "--steps", "2", "--checkpoint", dir.to_str().unwrap()];
+    a.extend(args);
+    run_ok(&a);
+    let mut v: Vec<_> = npy::read_npz(&dir.join("checkpoint.npz")).unwrap().into_iter().map(|(k, t)| (k, t.to_f32_vec())).collect();
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v
+}
+
+#[test]
+fn recipes_train_to_the_weights_of_the_plain_step() {
+    let dir = scratch("weights");
+    let plain = trained(&["--optimizer", "adam", "--batch", "8"], &dir.join("plain"));
+    // A limit that needs recomputation at micro-batch 8; then one that
+    // needs accumulation as well.
+    let (f, remat) = fit("zoo:resnet8", 8, "3600KiB", &dir, &[]);
+    assert_eq!(f["chosen"]["micro_batch"].as_u64(), Some(8), "{}", f["chosen"]);
+    assert!(!f["chosen"]["remat"].is_null(), "3600 KiB should need recomputation: {}", f["chosen"]);
+    let got = trained(&["--recipe", remat.to_str().unwrap()], &dir.join("remat"));
+    assert_eq!(got, plain, "recomputation runs the same kernels on the same operands: the same weights, bit for bit");
+    let (f, acc) = fit("zoo:resnet8", 8, "2200KiB", &dir, &[]);
+    assert!(f["chosen"]["accumulate"].as_u64().unwrap() > 1, "2200 KiB should need accumulation: {}", f["chosen"]);
+    let got = trained(&["--recipe", acc.to_str().unwrap()], &dir.join("acc"));
+    // The accumulators are extra state; every value of the plain step is there.
+    let got: std::collections::HashMap<_, _> = got.into_iter().collect();
+    for (name, b) in plain.iter().filter(|(n, _)| n != "train.step") {
+        // (the step counter counts micro-steps)
+        let a = got.get(name).unwrap_or_else(|| panic!("{name} missing from the accumulating run's checkpoint"));
+        assert_eq!(a.len(), b.len(), "{name}");
+        for (x, y) in a.iter().zip(b) {
+            assert!((x - y).abs() <= 1e-5 + 1e-4 * y.abs(), "{name}: {x} against {y} without accumulation");
+        }
+    }
+}
+
+#[test]
+fn nothing_fitting_names_the_smallest_footprint_and_bad_requests_are_refused() {
+    let dir = scratch("refused");
+    let e = refused(&["fit", "zoo:resnet8", "--train", "adam", "--batch", "8", "--memory-limit", "1MiB"]);
+    assert!(e.contains("no recipe of zoo:resnet8 fits in 1.0 MiB: the smallest footprint is"), "{e}");
+    let e = refused(&["fit", "zoo:resnet8", "--batch", "8", "--memory-limit", "1GiB"]);
+    assert!(e.contains("--train"), "{e}");
+    let e = refused(&["fit", "zoo:resnet8", "--train", "adam", "--accumulate", "2", "--batch", "8", "--memory-limit", "1GiB"]);
+    assert!(e.contains("chooses the accumulation"), "{e}");
+    let (_, recipe) = fit("zoo:resnet8", 8, "1GiB", &dir, &[]);
+    let e = refused(&["plan", "zoo:resnet50", "--recipe", recipe.to_str().unwrap()]);
+    assert!(e.contains("made for zoo:resnet8"), "{e}");
+    let e = refused(&["plan", "zoo:resnet8", "--recipe", recipe.to_str().unwrap(), "--train", "sgd"]);
+    assert!(e.contains("made for --train adam"), "{e}");
+    std::fs::write(dir.join("bad.json"), "{\"smelt_recipe\": 1}").unwrap();
+    let e = refused(&["plan", "zoo:resnet8", "--recipe", dir.join("bad.json").to_str().unwrap()]);
+    assert!(e.contains("not a smelt recipe"), "{e}");
+    // A budget recomputation cannot reach is the user's problem, said plainly.
+    let e = refused(&["plan", "zoo:resnet8", "--train", "adam", "--batch", "8", "--remat-budget", "1KiB"]);
+    assert!(e.contains("cannot bring the arena under"), "{e}");
+}
