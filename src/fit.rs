@@ -57,6 +57,12 @@ pub enum Verdict {
         /// That arena, bytes.
         smallest_arena: usize,
     },
+    /// Over the limit, and not worth recomputing: even without
+    /// recomputation its step is no faster than a recipe that fits.
+    Slower {
+        /// Its step's seconds without recomputation.
+        without_remat: f64,
+    },
     /// Not a recipe smelt can run yet.
     Refused {
         /// Why.
@@ -94,6 +100,8 @@ pub struct Candidate {
     pub remat: Option<RematReport>,
     /// Where the bytes go.
     pub breakdown: TrainBreakdown,
+    /// Seconds spent deciding it (compile, plan, recomputation).
+    pub seconds: f64,
 }
 
 impl Candidate {
@@ -228,17 +236,37 @@ pub fn search(req: &Request, progress: &mut dyn FnMut(&Candidate)) -> Result<Out
     if req.batch == 0 {
         return Err(Error::Usage("--batch must be at least 1".into()));
     }
+    // First every recipe as it is, then recomputation where it could win.
     let mut candidates = Vec::new();
+    let mut over = Vec::new();
     for &p in &req.precisions {
         for m in divisors(req.batch) {
-            let c = evaluate(req, p, m, Some(req.limit))?;
+            let (c, step) = prepare(req, p, m, Some(req.limit))?;
+            // Smaller micro-batches are slower where this one fits as it
+            // is, and refused for the same reason where it is refused.
+            let done = c.fits() || matches!(c.verdict, Verdict::Refused { .. });
+            if let Some(step) = step.filter(|_| !c.fits()) {
+                over.push((candidates.len(), step));
+            }
             progress(&c);
-            let done = c.fits() && c.remat.is_none();
             candidates.push(c);
             if done {
                 break;
             }
         }
+    }
+    // Recomputation only adds time: a recipe whose step without it is no
+    // faster than the best that fits is not worth it. Most promising first.
+    over.sort_by(|a, b| candidates[a.0].step_seconds.total_cmp(&candidates[b.0].step_seconds));
+    for (i, step) in over {
+        let best = candidates.iter().filter(|c| c.fits()).map(|c| c.step_seconds).fold(f64::INFINITY, f64::min);
+        let c = &mut candidates[i];
+        if c.step_seconds >= best {
+            c.verdict = Verdict::Slower { without_remat: c.step_seconds };
+        } else {
+            recompute(req, c, step, req.limit.saturating_sub(c.persistent_bytes))?;
+        }
+        progress(c);
     }
     let chosen = candidates
         .iter()
@@ -252,8 +280,10 @@ pub fn search(req: &Request, progress: &mut dyn FnMut(&Candidate)) -> Result<Out
         None => {
             let mut best: Option<Candidate> = None;
             for &p in &req.precisions {
-                let c = evaluate(req, p, 1, None)?;
-                if best.as_ref().is_none_or(|b| c.total_bytes < b.total_bytes) && !matches!(c.verdict, Verdict::Refused { .. }) {
+                let (mut c, step) = prepare(req, p, 1, None)?;
+                let Some(step) = step else { continue };
+                recompute(req, &mut c, step, 0)?;
+                if best.as_ref().is_none_or(|b| c.total_bytes < b.total_bytes) {
                     best = Some(c);
                 }
             }
@@ -263,10 +293,16 @@ pub fn search(req: &Request, progress: &mut dyn FnMut(&Candidate)) -> Result<Out
     Ok(Outcome { candidates, chosen, smallest, gpu: req.gpu, decision_seconds: t.elapsed().as_secs_f64() })
 }
 
-/// Compiles, plans and times one recipe. With `limit`, a step over it is
-/// tried with recomputation under `limit - persistent`; without, it
-/// recomputes all it can (budget 0: the smallest footprint).
-pub fn evaluate(req: &Request, precision: Policy, micro: usize, limit: Option<usize>) -> Result<Candidate, Error> {
+/// A compiled training step, kept for recomputation.
+pub struct Step {
+    session: Session,
+    compiled: crate::driver::Compiled,
+}
+
+/// Compiles, plans and times one recipe without recomputation; with its
+/// step when it does not fit `limit` (or there is none) and recomputation
+/// might help (the persistent bytes alone fit).
+pub fn prepare(req: &Request, precision: Policy, micro: usize, limit: Option<usize>) -> Result<(Candidate, Option<Step>), Error> {
     let k = req.batch / micro;
     let mut options = req.options.clone();
     options.batch = Some(req.batch);
@@ -293,56 +329,72 @@ pub fn evaluate(req: &Request, precision: Policy, micro: usize, limit: Option<us
         recompute_flops: 0,
         remat: None,
         breakdown: TrainBreakdown::default(),
+        seconds: 0.0,
     };
     if scaled && k > 1 {
         c.verdict = Verdict::Refused { reason: "f16 loss scaling with accumulation: smelt train refuses it (use mixed-bf16)".into() };
-        return Ok(c);
+        return Ok((c, None));
     }
-    let mut s = Session::open(&req.spec, options)?;
-    let mut compiled = s.compile()?;
-    let planned = s.plan(&compiled)?;
+    let t = std::time::Instant::now();
+    let mut session = Session::open(&req.spec, options)?;
+    let compiled = session.compile()?;
+    let planned = session.plan(&compiled)?;
     // What `smelt train` allocates beside the arena: the weights blob
     // (parameters, optimizer state, accumulators, constants; aligned).
-    let persistent = s.program(&compiled, &planned)?.weights_bytes;
+    c.persistent_bytes = session.program(&compiled, &planned)?.weights_bytes;
     c.arena_without_remat = planned.plan.arena;
-    let over = limit.is_none_or(|l| planned.plan.arena + persistent > l);
-    let planned = if !over {
-        planned
-    } else if limit.is_some_and(|l| persistent >= l) {
-        c.verdict = Verdict::PersistentOverLimit;
-        planned
-    } else {
-        let budget = limit.map_or(0, |l| l - persistent);
-        match s.rematerialize(&mut compiled, &Remat { budget, gpu: req.gpu }) {
-            Ok(()) => s.plan(&compiled)?,
-            Err(Error::RematBudget { smallest, .. }) => {
-                c.verdict = Verdict::RematCannotReach { smallest_arena: smallest };
-                planned
+    describe(&mut c, &session, &compiled, &planned, &req.gpu);
+    c.seconds = t.elapsed().as_secs_f64();
+    match limit {
+        Some(l) if c.total_bytes <= l => Ok((c, None)),
+        Some(l) if c.persistent_bytes >= l => {
+            c.verdict = Verdict::PersistentOverLimit;
+            Ok((c, None))
+        }
+        _ => {
+            c.verdict = Verdict::RematCannotReach { smallest_arena: c.arena_bytes };
+            Ok((c, Some(Step { session, compiled })))
+        }
+    }
+}
+
+/// Recomputes saved activations of `c`'s step until its arena fits
+/// `budget`; with the smallest arena reached when it cannot.
+pub fn recompute(req: &Request, c: &mut Candidate, step: Step, budget: usize) -> Result<(), Error> {
+    let t = std::time::Instant::now();
+    let Step { mut session, mut compiled } = step;
+    let remat = |budget| Remat { budget, gpu: req.gpu };
+    match session.rematerialize(&mut compiled, &remat(budget)) {
+        Ok(()) => c.verdict = Verdict::Fits,
+        Err(Error::RematBudget { smallest, .. }) => {
+            c.verdict = Verdict::RematCannotReach { smallest_arena: smallest };
+            if budget > 0 {
+                c.seconds += t.elapsed().as_secs_f64();
+                return Ok(());
             }
-            Err(e) => return Err(e),
+            // The floor: recompute down to the smallest arena reached, to
+            // show what it consists of.
+            session.rematerialize(&mut compiled, &remat(smallest))?;
         }
-    };
-    // The floor: recompute down to the smallest arena the walk reached, to
-    // show what it consists of.
-    let planned = match (limit, &c.verdict) {
-        (None, Verdict::RematCannotReach { smallest_arena }) => {
-            s.rematerialize(&mut compiled, &Remat { budget: *smallest_arena, gpu: req.gpu })?;
-            s.plan(&compiled)?
-        }
-        _ => planned,
-    };
+        Err(e) => return Err(e),
+    }
+    let planned = session.plan(&compiled)?;
+    describe(c, &session, &compiled, &planned, &req.gpu);
+    c.remat = compiled.remat;
+    c.seconds += t.elapsed().as_secs_f64();
+    Ok(())
+}
+
+/// Fills `c`'s memory and time from a compiled, planned step.
+fn describe(c: &mut Candidate, s: &Session, compiled: &crate::driver::Compiled, planned: &crate::driver::Planned, gpu: &Gpu) {
+    let k = c.accumulate;
     let forward = &s.train.as_ref().expect("a training session").step.forward;
     c.breakdown = crate::plan::train_breakdown(&compiled.graph, &planned.plan, forward);
     c.arena_bytes = planned.plan.arena;
-    c.persistent_bytes = persistent;
-    c.total_bytes = c.arena_bytes + persistent;
-    c.step_seconds = cost::graph_time(&compiled.graph, &req.gpu) * k as f64;
+    c.total_bytes = c.arena_bytes + c.persistent_bytes;
+    c.step_seconds = cost::graph_time(&compiled.graph, gpu) * k as f64;
     c.step_flops = cost::graph_flops(&compiled.graph) * k;
-    if let Some(r) = &compiled.remat {
-        c.recompute_flops = r.flops * k;
-    }
-    c.remat = compiled.remat;
-    Ok(c)
+    c.recompute_flops = compiled.remat.as_ref().map_or(0, |r| r.flops * k);
 }
 
 /// Sets an optimizer's gradient accumulation.

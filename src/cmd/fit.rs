@@ -90,6 +90,9 @@ fn verdict(c: &Candidate) -> String {
         Verdict::RematCannotReach { smallest_arena } => {
             format!("over: {} at best, recomputing", human_bytes(smallest_arena + c.persistent_bytes))
         }
+        Verdict::Slower { without_remat } => {
+            format!("over; not recomputed: {:.2} ms even without recomputation", without_remat * 1e3)
+        }
         Verdict::Refused { reason } => reason.clone(),
     }
 }

@@ -166,7 +166,7 @@ fn walk(g: &KernelGraph, base: &[NodeId], set: &BTreeSet<NodeId>) -> Result<(Ker
 }
 
 /// How many of the cheapest candidates at the peak each round tries.
-const TRIES: usize = 8;
+const TRIES: usize = 4;
 
 /// Recomputes saved values of `g` until its plan's arena is at most
 /// `budget` bytes, choosing by `cost` per byte (see the module's notes).
@@ -200,20 +200,17 @@ pub fn choose(
     let mut set: BTreeSet<NodeId> = BTreeSet::new();
     let mut total = 0.0;
     let (mut g2, mut now) = walk(g, &base.schedule, &set)?;
-    // The smallest arena planned, with its set and cost, for the answer
-    // when nothing fits.
+    // The smallest arena planned, with its set's size and cost, for the
+    // answer when nothing fits.
     let mut lowest: (usize, usize, f64) = (base.arena, 0, 0.0);
     // Each round adds at least one saved node; there are finitely many.
-    let mut lowest_walk = now.peak;
     for _ in 0..=saved.len() {
-        // Planned where the walk's peak is the lowest yet (a plateau, where
-        // another step holds the same peak, plans the same; and whether a
-        // prefix is planned does not depend on the budget).
-        if now.peak < lowest_walk {
-            lowest_walk = now.peak;
-            // The planner also tries the walk's own schedule, so its plan
-            // is never worse than the walk's peak (up to fragmentation).
-            let plan = memory::plan_with_schedule(&g2, hint, Some(&now.order))?;
+        // Every prefix is planned (the planner's schedules and the walk's,
+        // offsets without the local search), and the answer is the first
+        // whose plan fits: a smaller budget takes a later prefix, with a
+        // smaller arena and a larger cost.
+        if !set.is_empty() {
+            let plan = memory::plan_quick(&g2, hint, &now.order)?;
             if plan.arena <= budget {
                 let recomputed = g.topo_order()?.into_iter().filter(|n| set.contains(n)).collect();
                 return Ok(Ok(Outcome { graph: g2, plan, recomputed, cost: total, arena_before }));

@@ -9,8 +9,9 @@ fn align(x: usize) -> usize {
 }
 
 /// Places every buffer in the arena; returns the arena size and the name of
-/// the order that gave it.
-pub fn assign(bufs: &mut [Buffer]) -> (usize, String) {
+/// the order that gave it. With `search`, a local search perturbs the best
+/// order while that helps.
+pub fn assign(bufs: &mut [Buffer], search: bool) -> (usize, String) {
     // Breadth of a buffer: the most bytes live at any step of its lifetime
     // (Pisarchyk and Lee's greedy by breadth places the crowded steps first).
     let steps = bufs.iter().map(|b| b.end + 1).max().unwrap_or(0);
@@ -37,7 +38,7 @@ pub fn assign(bufs: &mut [Buffer]) -> (usize, String) {
     // Then perturb the best order a little, deterministically, while that helps
     // (a cheap local search that closes most of the gap best fit leaves).
     let lb = live.iter().copied().max().unwrap_or(0);
-    if let Some((mut arena, ref mut name, ref mut offsets)) = best.clone() {
+    if let Some((mut arena, ref mut name, ref mut offsets)) = best.clone().filter(|_| search) {
         let mut order: Vec<usize> = (0..bufs.len()).collect();
         order.sort_by_key(|&i| std::cmp::Reverse(offsets[i] + bufs[i].size)); // re-derive a good order
         let mut rng = smelt_ir::Rng::new(0x5eed);

@@ -91,12 +91,18 @@ pub fn schedule_origins(g: &KernelGraph, plan: &Plan) -> Vec<NodeId> {
 /// As [`plan`], also trying a schedule that follows `hint` (model nodes in
 /// order, see [`schedule_origins`]).
 pub fn plan_with_hint(g: &KernelGraph, hint: Option<&[NodeId]>) -> Result<Plan, smelt_ir::IrError> {
-    plan_with_schedule(g, hint, None)
+    Ok(plan_candidates(g, schedule::candidates(g, hint, None)?, true))
 }
 
-/// As [`plan_with_hint`], also trying `schedule` (every scheduled node of
-/// `g`, inputs first) as it is.
-pub fn plan_with_schedule(g: &KernelGraph, hint: Option<&[NodeId]>, schedule: Option<&[NodeId]>) -> Result<Plan, smelt_ir::IrError> {
+/// As [`plan_with_hint`], also trying `given` (a schedule of every
+/// scheduled node, inputs first), and placing buffers without the local
+/// search (a cheaper plan, for rematerialization's many).
+pub fn plan_quick(g: &KernelGraph, hint: Option<&[NodeId]>, given: &[NodeId]) -> Result<Plan, smelt_ir::IrError> {
+    Ok(plan_candidates(g, schedule::candidates(g, hint, Some(given))?, false))
+}
+
+/// Plans `g` on the candidate schedule with the lowest lower bound.
+fn plan_candidates(g: &KernelGraph, schedules: Vec<(&'static str, Vec<NodeId>)>, search: bool) -> Plan {
     struct Best {
         name: String,
         order: Vec<NodeId>,
@@ -115,7 +121,7 @@ pub fn plan_with_schedule(g: &KernelGraph, hint: Option<&[NodeId]>, schedule: Op
     let concats: Vec<NodeId> = g.node_ids().filter(|&n| matches!(g.node(n).op, KernelOp::ConcatInPlace { .. })).collect();
     let mut best: Option<Best> = None;
     let mut candidates = Vec::new();
-    for (name, order) in schedule::candidates(g, hint, schedule)? {
+    for (name, order) in schedules {
         // Alias every in-place concatenation, then copy those whose aliasing
         // raises the peak (greedily, one at a time).
         let mut copied = HashSet::new();
@@ -139,7 +145,7 @@ pub fn plan_with_schedule(g: &KernelGraph, hint: Option<&[NodeId]>, schedule: Op
     }
     let Best { name: schedule_name, order: schedule, mut bufs, rel, lb: lower_bound, peak: peak_step, copied: copied_concats } =
         best.expect("at least one schedule");
-    let (arena, order_name) = assign::assign(&mut bufs);
+    let (arena, order_name) = assign::assign(&mut bufs, search);
     let placements = rel.into_iter().map(|(v, r)| (v, r.place(&bufs))).collect();
-    Ok(Plan { schedule, schedule_name, candidates, buffers: bufs, placements, arena, lower_bound, peak_step, order_name, copied_concats })
+    Plan { schedule, schedule_name, candidates, buffers: bufs, placements, arena, lower_bound, peak_step, order_name, copied_concats }
 }

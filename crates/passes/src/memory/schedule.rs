@@ -7,14 +7,10 @@ use smelt_ir::traits::Kind;
 use smelt_ir::{IrError, KernelGraph, NodeId, OpSet};
 use std::collections::{HashMap, HashSet};
 
-/// Every candidate schedule, by name: each lists inputs first, then every
-/// other non-constant node in a topological order. With `extra` (such a
-/// schedule), it is one more candidate, named `given`.
-pub(crate) fn candidates(
-    g: &KernelGraph,
-    hint: Option<&[NodeId]>,
-    extra: Option<&[NodeId]>,
-) -> Result<Vec<(&'static str, Vec<NodeId>)>, IrError> {
+/// Every candidate schedule, by name. Each lists inputs first, then every
+/// other non-constant node in a topological order; `given` (such a
+/// schedule) is one more.
+pub fn candidates(g: &KernelGraph, hint: Option<&[NodeId]>, given: Option<&[NodeId]>) -> Result<Vec<(&'static str, Vec<NodeId>)>, IrError> {
     let topo = g.topo_order()?;
     let keep = |id: &NodeId| !(g.node(*id).op.is_persistent() || g.node(*id).op.is_input());
     let inputs: Vec<NodeId> = g.inputs().to_vec();
@@ -28,10 +24,62 @@ pub(crate) fn candidates(
     if let Some(h) = hint {
         out.push(("hint", with_inputs(hinted(g, &model, h))));
     }
-    if let Some(e) = extra {
-        out.push(("given", e.to_vec()));
+    if let Some(o) = given {
+        out.push(("given", o.to_vec()));
     }
+    // Each again with the nodes that grow memory run as late as they can.
+    let sunk: Vec<(&'static str, Vec<NodeId>)> = out
+        .iter()
+        .filter_map(|(name, order)| {
+            let name = match *name {
+                "model" => "model+late",
+                "depth-first" => "depth-first+late",
+                "list" => "list+late",
+                "hint" => "hint+late",
+                _ => "given+late",
+            };
+            let late = sink_growing(g, order.clone());
+            (late != *order).then_some((name, late))
+        })
+        .collect();
+    out.extend(sunk);
     Ok(out.into_iter().map(|(name, order)| (name, place_updates(g, sink_recomputes(g, order)))).collect())
+}
+
+/// Moves each node whose output is larger than its operands in the arena
+/// (a cast to f32 that the backward pass reads, a mask) to just before its
+/// first reader, later ones first: a training step's backward ops that need
+/// only forward values would otherwise run in the forward pass and hold
+/// their larger outputs across it. (A candidate, not a rule: a longer-lived
+/// operand can stop a neighbour from working in place.)
+fn sink_growing(g: &KernelGraph, order: Vec<NodeId>) -> Vec<NodeId> {
+    let arena_bytes = |v: &smelt_ir::ValueId| if g.node(v.node).op.is_persistent() { 0 } else { g.ty(*v).bytes() };
+    let growing: Vec<NodeId> = order
+        .iter()
+        .copied()
+        .filter(|&n| {
+            let node = g.node(n);
+            let kind = node.op.traits().kind;
+            let out: usize = node.outputs.iter().map(|t| t.bytes()).sum();
+            let ins: usize = g.inputs_of(n).iter().map(arena_bytes).sum();
+            !node.op.is_view() && !node.op.is_input() && kind != Kind::Update && out > ins
+        })
+        .collect();
+    sink(g, order, &growing)
+}
+
+/// Moves each of `late` (in `order`'s order) to just before its first
+/// reader, later ones first; one without readers stays.
+fn sink(g: &KernelGraph, mut order: Vec<NodeId>, late: &[NodeId]) -> Vec<NodeId> {
+    for &n in late.iter().rev() {
+        let from = order.iter().position(|&m| m == n).expect("scheduled");
+        let users: HashSet<NodeId> = g.users_of(n).into_iter().collect();
+        // Its users come after it: it only moves later.
+        let Some(to) = order[from + 1..].iter().position(|m| users.contains(m)) else { continue };
+        order.remove(from);
+        order.insert(from + to, n);
+    }
+    order
 }
 
 /// Moves each recomputation (`Node::recomputes`) to just before its first
@@ -41,7 +89,7 @@ pub(crate) fn candidates(
 /// that are not updates move first the same way (a backward op that needs
 /// only forward values, such as a ReLU's mask, may have been scheduled in
 /// the forward pass, which would pull the recomputation there too).
-pub(crate) fn sink_recomputes(g: &KernelGraph, mut order: Vec<NodeId>) -> Vec<NodeId> {
+pub(crate) fn sink_recomputes(g: &KernelGraph, order: Vec<NodeId>) -> Vec<NodeId> {
     let clones: HashSet<NodeId> = order.iter().copied().filter(|&n| g.node(n).recomputes.is_some()).collect();
     if clones.is_empty() {
         return order;
@@ -52,15 +100,7 @@ pub(crate) fn sink_recomputes(g: &KernelGraph, mut order: Vec<NodeId>) -> Vec<No
         .filter(|&u| !clones.contains(&u) && g.node(u).op.traits().kind != Kind::Update && !g.users_of(u).is_empty())
         .collect();
     let late: Vec<NodeId> = order.iter().copied().filter(|n| clones.contains(n) || readers.contains(n)).collect();
-    for &n in late.iter().rev() {
-        let from = order.iter().position(|&m| m == n).expect("scheduled");
-        let users: HashSet<NodeId> = g.users_of(n).into_iter().collect();
-        // Its users come after it: it only moves later.
-        let Some(to) = order[from + 1..].iter().position(|m| users.contains(m)) else { continue };
-        order.remove(from);
-        order.insert(from + to, n);
-    }
-    order
+    sink(g, order, &late)
 }
 
 /// The nodes that read `v` or a view of it.
