@@ -96,6 +96,8 @@ pub struct Candidate {
     pub step_flops: usize,
     /// FLOPs of recomputation per optimizer step.
     pub recompute_flops: usize,
+    /// FLOPs of the forward pass (with the loss) per optimizer step.
+    pub forward_flops: usize,
     /// What recomputation did (when it was needed and reached the budget).
     pub remat: Option<RematReport>,
     /// Where the bytes go.
@@ -327,6 +329,7 @@ pub fn prepare(req: &Request, precision: Policy, micro: usize, limit: Option<usi
         step_seconds: 0.0,
         step_flops: 0,
         recompute_flops: 0,
+        forward_flops: 0,
         remat: None,
         breakdown: TrainBreakdown::default(),
         seconds: 0.0,
@@ -395,6 +398,9 @@ fn describe(c: &mut Candidate, s: &Session, compiled: &crate::driver::Compiled, 
     c.step_seconds = cost::graph_time(&compiled.graph, gpu) * k as f64;
     c.step_flops = cost::graph_flops(&compiled.graph) * k;
     c.recompute_flops = compiled.remat.as_ref().map_or(0, |r| r.flops * k);
+    let g = &compiled.graph;
+    let in_forward = |n| g.node(n).recomputes.is_none() && !g.origin(n).is_empty() && g.origin(n).iter().all(|o| forward.contains(o));
+    c.forward_flops = g.node_ids().filter(|&n| in_forward(n)).map(|n| cost::node_flops(g, n)).sum::<usize>() * k;
 }
 
 /// Sets an optimizer's gradient accumulation.

@@ -64,7 +64,7 @@ use std::path::PathBuf;
     version,
     about,
     long_about,
-    after_help = "Examples:\n  smelt inspect model.onnx --batch 8\n  smelt compile model.onnx --dump-ir fuse\n  smelt compile model.onnx --batch 8 --out build/ --ptxas-stats\n  smelt plan model.onnx --batch 8 --svg memory.svg --memory-limit 6GiB\n  smelt plan model.onnx --batch 8 --precision mixed-f16\n  smelt run model.onnx --backend cuda --profile\n  smelt run model.onnx --backend emulator --check-kernels\n  smelt run model.onnx --input input_0.pb --expect output_0.pb\n  smelt print zoo:mobilenet_v2 > mobilenet.tir\n  smelt run mobilenet.tir --json\n  smelt train model.onnx --data train.npz --val val.npz --optimizer adam --batch 32 --epochs 5 --save trained.onnx"
+    after_help = "Examples:\n  smelt inspect model.onnx --batch 8\n  smelt compile model.onnx --dump-ir fuse\n  smelt compile model.onnx --batch 8 --out build/ --ptxas-stats\n  smelt plan model.onnx --batch 8 --svg memory.svg --memory-limit 6GiB\n  smelt plan model.onnx --batch 8 --precision mixed-f16\n  smelt run model.onnx --backend cuda --profile\n  smelt run model.onnx --backend emulator --check-kernels\n  smelt run model.onnx --input input_0.pb --expect output_0.pb\n  smelt print zoo:mobilenet_v2 > mobilenet.tir\n  smelt run mobilenet.tir --json\n  smelt train model.onnx --data train.npz --val val.npz --optimizer adam --batch 32 --epochs 5 --save trained.onnx\n  smelt fit model.onnx --train adam --batch 256 --memory-limit 16GiB --precision auto --save-recipe recipe.json\n  smelt train model.onnx --recipe recipe.json --data train.npz"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -420,6 +420,7 @@ pub(crate) struct ModelArgs {
 /// What makes a command work on a training step instead of the forward pass.
 #[derive(Args, Clone, Default)]
 #[command(next_help_heading = "Training (a whole step: forward, loss, backward, optimizer update)")]
+#[command(group(clap::ArgGroup::new("step").args(["train", "recipe"]).multiple(true)))]
 pub(crate) struct TrainArgs {
     /// Compile one training step with this optimizer: sgd (momentum 0.9
     /// unless --momentum), adam or adamw. Trained: every float initializer
@@ -428,65 +429,66 @@ pub(crate) struct TrainArgs {
     #[arg(long, visible_alias = "optimizer", value_name = "OPTIMIZER", value_parser = ["sgd", "adam", "adamw"])]
     pub(crate) train: Option<String>,
     /// The loss: ce (cross-entropy on logits against int64 labels, input
-    /// `labels`) or mse (against f32 targets of the output's shape, input
-    /// `targets`). A model ending in Softmax is trained on its input.
-    #[arg(long, default_value = "ce", value_parser = ["ce", "mse"], requires = "train")]
+    /// `labels`), mse (against f32 targets of the output's shape, input
+    /// `targets`) or auto (ce when the output is logits [N, C], mse
+    /// otherwise). A model ending in Softmax is trained on its input.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "ce", "mse"], requires = "step")]
     pub(crate) loss: String,
     /// The output the loss reads (default: the only one).
-    #[arg(long, value_name = "OUTPUT", requires = "train")]
+    #[arg(long, value_name = "OUTPUT", requires = "step")]
     pub(crate) loss_on: Option<String>,
     /// Label smoothing of the cross-entropy, in [0, 1).
-    #[arg(long, default_value_t = 0.0, requires = "train")]
+    #[arg(long, default_value_t = 0.0, requires = "step")]
     pub(crate) label_smoothing: f32,
     /// Learning rate (default 0.01 for sgd, 0.001 for adam and adamw).
-    #[arg(long, requires = "train")]
+    #[arg(long, requires = "step")]
     pub(crate) lr: Option<f32>,
     /// SGD's momentum (0: no momentum buffers).
-    #[arg(long, default_value_t = 0.9, requires = "train")]
+    #[arg(long, default_value_t = 0.9, requires = "step")]
     pub(crate) momentum: f32,
     /// Nesterov momentum (sgd).
-    #[arg(long, requires = "train")]
+    #[arg(long, requires = "step")]
     pub(crate) nesterov: bool,
     /// Weight decay: added to the gradient (sgd, adam) or decoupled (adamw,
     /// default 0.01 there).
-    #[arg(long, requires = "train")]
+    #[arg(long, requires = "step")]
     pub(crate) weight_decay: Option<f32>,
     /// Gradient accumulation: K micro-batches of batch/K per update (the
     /// plan is the micro-step's; the accumulators are persistent).
-    #[arg(long, value_name = "K", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..), requires = "train")]
+    #[arg(long, value_name = "K", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..), requires = "step")]
     pub(crate) accumulate: u32,
     /// Learning-rate schedule: a cosine decay to 0 over this many optimizer
     /// steps, after --warmup steps of linear warmup (Hugging Face's
     /// cosine-with-warmup). Default: constant.
-    #[arg(long, value_name = "STEPS", requires = "train")]
+    #[arg(long, value_name = "STEPS", requires = "step")]
     pub(crate) cosine: Option<usize>,
     /// Steps of linear learning-rate warmup (with --cosine).
-    #[arg(long, value_name = "STEPS", default_value_t = 0, requires = "train")]
+    #[arg(long, value_name = "STEPS", default_value_t = 0, requires = "step")]
     pub(crate) warmup: usize,
     /// Clip the gradients by their global L2 norm (PyTorch's
     /// clip_grad_norm_): every gradient is kept until all are computed.
-    #[arg(long, value_name = "MAX_NORM", requires = "train")]
+    #[arg(long, value_name = "MAX_NORM", requires = "step")]
     pub(crate) clip_norm: Option<f32>,
     /// Batch norm: frozen (as exported: running statistics normalize, scale
     /// and bias train) or train (batch statistics; the running statistics
     /// follow them with PyTorch's momentum 0.1, as `model.train()`).
-    #[arg(long, default_value = "frozen", value_parser = ["frozen", "train"], requires = "train")]
+    #[arg(long, default_value = "frozen", value_parser = ["frozen", "train"], requires = "step")]
     pub(crate) batch_norm: String,
     /// Loss scaling under --precision f16 or mixed-f16: dynamic (the
     /// gradients of a scaled loss, unscaled before the update; a step whose
     /// gradients overflow is skipped and the scale halved, and it doubles
     /// after 2000 clean steps, as torch.amp.GradScaler) or none. bf16 and
     /// f32 need none.
-    #[arg(long, default_value = "dynamic", value_parser = ["dynamic", "none"], requires = "train")]
+    #[arg(long, default_value = "dynamic", value_parser = ["dynamic", "none"], requires = "step")]
     pub(crate) loss_scale: String,
     /// Keep these initializers fixed: names, `*` matching any characters. Repeatable.
-    #[arg(long = "freeze", value_name = "PATTERN", requires = "train")]
+    #[arg(long = "freeze", value_name = "PATTERN", requires = "step")]
     pub(crate) freeze: Vec<String>,
     /// Recompute saved activations in the backward pass, instead of keeping
     /// them from the forward pass, until the step's activation arena is at
     /// most SIZE: the values cheapest to recompute per byte saved (on
     /// --device's roofline) at the peak first. `smelt fit` chooses SIZE.
-    #[arg(long, value_name = "SIZE", value_parser = smelt::plan::parse_size, requires = "train")]
+    #[arg(long, value_name = "SIZE", value_parser = smelt::plan::parse_size, requires = "step")]
     pub(crate) remat_budget: Option<usize>,
     /// The GPU whose roofline (FP32 rate, bandwidth, SMs, launch overhead)
     /// prices a recomputation: h100, h200, a100, v100 or l4.
@@ -537,7 +539,8 @@ impl TrainArgs {
         }
         let loss = match self.loss.as_str() {
             "mse" => Loss::MeanSquaredError,
-            _ => Loss::CrossEntropy { smoothing: self.label_smoothing },
+            "ce" => Loss::CrossEntropy { smoothing: self.label_smoothing },
+            _ => Loss::Auto { smoothing: self.label_smoothing },
         };
         let batch_norm = if self.batch_norm == "train" {
             smelt_passes::train::BatchNorm::Train { momentum: 0.1 }

@@ -173,10 +173,12 @@ fn print_candidate(title: &str, c: &Candidate) -> Result<()> {
         None => outln!("  recomputation: none"),
     }
     outln!(
-        "  predicted step: {:.2} ms, {:.1} GFLOP; recomputation {:.1}% of the step's FLOPs",
+        "  predicted step: {:.2} ms, {:.1} GFLOP; recomputation {:.1} GFLOP: {:.1}% of the step's FLOPs, {:.1}% of the forward pass's",
         c.step_seconds * 1e3,
         c.step_flops as f64 / 1e9,
-        100.0 * c.recompute_flops as f64 / c.step_flops.max(1) as f64
+        c.recompute_flops as f64 / 1e9,
+        100.0 * c.recompute_flops as f64 / c.step_flops.max(1) as f64,
+        100.0 * c.recompute_flops as f64 / c.forward_flops.max(1) as f64
     );
     outln!(
         "  device memory: {} = persistent {} + arena {}",

@@ -56,7 +56,7 @@ pub fn run(a: &TrainCmdArgs) -> Result<bool> {
         Some(o) => o.clone(),
         None => training.model.outputs().first().map(|(n, _)| n.clone()).context("the model has no outputs")?,
     };
-    let cross_entropy = matches!(cfg.loss, smelt_passes::train::Loss::CrossEntropy { .. });
+    let cross_entropy = matches!(training.step.loss, smelt_passes::train::Loss::CrossEntropy { .. });
     let classes =
         training.model.outputs().iter().find(|(n, _)| *n == loss_on).and_then(|(_, v)| training.model.ty(*v).shape.get(1).copied());
     let classes = classes.filter(|_| cross_entropy);

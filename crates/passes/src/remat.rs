@@ -134,6 +134,76 @@ pub fn apply(g: &KernelGraph, set: &BTreeSet<NodeId>) -> Result<(KernelGraph, Ha
     Ok((out, nodes))
 }
 
+/// Saved node `n` with what its recomputation needs besides: the forward
+/// computations it reads (through views) that are not saved (they die
+/// before the backward pass) and not in `set` already, transitively.
+fn needs(
+    g: &KernelGraph,
+    fwd: &HashSet<NodeId>,
+    outs: &HashSet<NodeId>,
+    saved: &HashSet<NodeId>,
+    set: &BTreeSet<NodeId>,
+    n: NodeId,
+) -> BTreeSet<NodeId> {
+    let mut need = BTreeSet::from([n]);
+    let mut stack = vec![n];
+    while let Some(m) = stack.pop() {
+        for v in g.inputs_of(m) {
+            let p = v.node;
+            let through_view = g.node(p).op.is_view() && fwd.contains(&p);
+            if through_view || (computes(g, fwd, outs, p) && !saved.contains(&p) && !set.contains(&p) && need.insert(p)) {
+                stack.push(p);
+            }
+        }
+    }
+    need
+}
+
+/// The cheapest set of saved nodes (with what they need) whose
+/// recomputation brings the arena under `budget`, by trying every subset in
+/// order of cost, planned as [`choose`] plans its prefixes: the optimum of
+/// [`choose`]'s own model (one recomputation per value, run before its
+/// first reader), to measure the greedy walk's gap on graphs with at most
+/// `max_saved` saved values. `None` when there are more, or nothing fits.
+pub fn exhaustive(
+    g: &KernelGraph,
+    budget: usize,
+    hint: Option<&[NodeId]>,
+    cost: &dyn Fn(&KernelGraph, NodeId) -> f64,
+    max_saved: usize,
+) -> Result<Option<(f64, usize)>, IrError> {
+    let base = memory::plan_with_hint(g, hint)?;
+    if base.arena <= budget {
+        return Ok(Some((0.0, base.arena)));
+    }
+    let fwd = forward(g);
+    let outs: HashSet<NodeId> = g.outputs().iter().map(|(_, v)| v.node).collect();
+    let saved_list = saved(g);
+    if saved_list.len() > max_saved {
+        return Ok(None);
+    }
+    let saved: HashSet<NodeId> = saved_list.iter().copied().collect();
+    let empty = BTreeSet::new();
+    let needs: Vec<BTreeSet<NodeId>> = saved_list.iter().map(|&n| needs(g, &fwd, &outs, &saved, &empty, n)).collect();
+    let mut subsets: Vec<(f64, BTreeSet<NodeId>)> = (1u64..1 << saved_list.len())
+        .map(|mask| {
+            let set: BTreeSet<NodeId> =
+                (0..saved_list.len()).filter(|i| mask >> i & 1 == 1).flat_map(|i| needs[i].iter().copied()).collect();
+            let c = set.iter().filter(|m| !g.node(**m).op.is_view()).map(|&m| cost(g, m)).sum();
+            (c, set)
+        })
+        .collect();
+    subsets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    for (c, set) in subsets {
+        let (g2, w) = walk(g, &base.schedule, &set)?;
+        let plan = memory::plan_quick(&g2, hint, &w.order)?;
+        if plan.arena <= budget {
+            return Ok(Some((c, plan.arena)));
+        }
+    }
+    Ok(None)
+}
+
 /// The live bytes of `g` with `set` recomputed, on `base` (a schedule of
 /// `g`) with each recomputation just before its first reader.
 struct Walk {
@@ -231,18 +301,7 @@ pub fn choose(
             .collect();
         let mut options: Vec<(f64, f64, BTreeSet<NodeId>)> = Vec::new();
         for &n in &at_peak {
-            let mut need = BTreeSet::from([n]);
-            let mut stack = vec![n];
-            while let Some(m) = stack.pop() {
-                for v in g.inputs_of(m) {
-                    let p = v.node;
-                    // Through forward views, and into what dies before backward.
-                    let through_view = g.node(p).op.is_view() && fwd.contains(&p);
-                    if through_view || (computes(g, &fwd, &outs, p) && !saved.contains(&p) && !set.contains(&p) && need.insert(p)) {
-                        stack.push(p);
-                    }
-                }
-            }
+            let need = needs(g, &fwd, &outs, &saved, &set, n);
             let c: f64 = need.iter().filter(|m| !g.node(**m).op.is_view()).map(|&m| *cost_of.entry(m).or_insert_with(|| cost(g, m))).sum();
             let bytes: usize = g.node(n).outputs.iter().map(|t| t.bytes()).sum();
             options.push((c / bytes.max(1) as f64, c, need));

@@ -28,6 +28,12 @@ pub enum Loss {
     /// Mean squared error against targets of the output's shape (input
     /// `targets`, f32), mean over every element.
     MeanSquaredError,
+    /// Cross-entropy when the output is logits (`[N, C]`, `[N, C, 1...]`),
+    /// mean squared error otherwise (with a note saying so).
+    Auto {
+        /// Label smoothing of the cross-entropy.
+        smoothing: f32,
+    },
 }
 
 /// How batch norms train.
@@ -116,6 +122,8 @@ pub struct TrainStep {
     pub forward: HashSet<NodeId>,
     /// What smelt decided that the user should know (a softmax skipped...).
     pub notes: Vec<String>,
+    /// The loss (never [`Loss::Auto`]).
+    pub loss: Loss,
 }
 
 /// Whether `name` matches `pattern` (`*` matches any run of characters).
@@ -204,7 +212,19 @@ pub fn training_step(model: &Graph, cfg: &TrainConfig) -> Result<TrainStep, Trai
             )));
         }
     };
-    if matches!(cfg.loss, Loss::CrossEntropy { .. }) {
+    let logits = |t: &TensorType| t.shape.len() >= 2 && t.shape[2..].iter().all(|&d| d == 1);
+    let loss_kind = match cfg.loss {
+        Loss::Auto { smoothing } if logits(model.ty(out_v)) => Loss::CrossEntropy { smoothing },
+        Loss::Auto { .. } => {
+            notes.push(format!(
+                "output {out_name:?} is {}, not logits [N, C]: the loss is the mean squared error against `targets` (--loss ce or mse to choose)",
+                model.ty(out_v)
+            ));
+            Loss::MeanSquaredError
+        }
+        l => l,
+    };
+    if matches!(loss_kind, Loss::CrossEntropy { .. }) {
         if let Op::Softmax { axis: 1 } = model.node(out_v.node).op {
             notes.push(format!(
                 "output {out_name:?} is a softmax: cross-entropy is computed on its input (node \"{}\"'s operand), as frameworks train",
@@ -283,7 +303,8 @@ pub fn training_step(model: &Graph, cfg: &TrainConfig) -> Result<TrainStep, Trai
     let input_name = |base: &str| {
         std::iter::once(base.to_string()).chain((1..).map(|i| format!("{base}.{i}"))).find(|n| !taken.contains(n)).expect("free")
     };
-    let loss = match cfg.loss {
+    let loss = match loss_kind {
+        Loss::Auto { .. } => unreachable!("resolved above"),
         Loss::CrossEntropy { smoothing } => {
             let s = &pty.shape;
             if s.len() < 2 || s[2..].iter().any(|&d| d != 1) {
@@ -501,7 +522,7 @@ pub fn training_step(model: &Graph, cfg: &TrainConfig) -> Result<TrainStep, Trai
     g.remove_dead();
     let forward = forward.into_iter().filter(|&n| g.contains(n)).collect();
     smelt_ir::verify(&g).map_err(bug)?;
-    Ok(TrainStep { graph: g, params: trained, forward, notes })
+    Ok(TrainStep { graph: g, params: trained, forward, notes, loss: loss_kind })
 }
 
 /// A persistent value `name` of kind `op` with its data, or a reference
