@@ -33,6 +33,9 @@ pub struct Gpu {
     pub launch: f64,
     /// Device memory, bytes.
     pub memory: usize,
+    /// Bytes/s one GPU sends to its neighbours (NVLink, or PCIe for the
+    /// L4), one direction: data-parallel collectives use it.
+    pub link: f64,
 }
 
 const GIB: usize = 1 << 30;
@@ -48,6 +51,7 @@ pub const GPUS: [Gpu; 5] = [
         threads_per_sm: 2048,
         launch: 4e-6,
         memory: 80 * GIB,
+        link: 450e9,
     },
     Gpu {
         name: "h200",
@@ -58,6 +62,7 @@ pub const GPUS: [Gpu; 5] = [
         threads_per_sm: 2048,
         launch: 4e-6,
         memory: 141 * GIB,
+        link: 450e9,
     },
     Gpu {
         name: "a100",
@@ -68,6 +73,7 @@ pub const GPUS: [Gpu; 5] = [
         threads_per_sm: 2048,
         launch: 4e-6,
         memory: 80 * GIB,
+        link: 300e9,
     },
     Gpu {
         name: "v100",
@@ -78,8 +84,19 @@ pub const GPUS: [Gpu; 5] = [
         threads_per_sm: 2048,
         launch: 4e-6,
         memory: 32 * GIB,
+        link: 150e9,
     },
-    Gpu { name: "l4", model: "L4 24GB", flops: 30.3e12, bandwidth: 0.3e12, sms: 58, threads_per_sm: 1536, launch: 4e-6, memory: 24 * GIB },
+    Gpu {
+        name: "l4",
+        model: "L4 24GB",
+        flops: 30.3e12,
+        bandwidth: 0.3e12,
+        sms: 58,
+        threads_per_sm: 1536,
+        launch: 4e-6,
+        memory: 24 * GIB,
+        link: 32e9,
+    },
 ];
 
 /// The names `--device` takes.

@@ -40,7 +40,81 @@ pub struct Request {
     pub gpu: Gpu,
     /// Dynamic loss scaling under f16 (as `smelt train`).
     pub loss_scale: bool,
+    /// Data parallelism: GPUs, each running `batch / gpus` samples per
+    /// optimizer step (1: none).
+    pub gpus: usize,
+    /// What the GPUs shard (ZeRO's stages).
+    pub shard: Shard,
 }
+
+/// What data-parallel GPUs shard among themselves, as ZeRO's stages 1 to 3.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Shard {
+    /// Every GPU holds everything; gradients are all-reduced.
+    #[default]
+    None,
+    /// The optimizer state (ZeRO-1).
+    Optimizer,
+    /// Optimizer state and gradient accumulators (ZeRO-2).
+    Gradients,
+    /// Optimizer state, accumulators and parameters (ZeRO-3).
+    Parameters,
+}
+
+impl Shard {
+    /// `--shard`'s names.
+    pub const NAMES: [&'static str; 4] = ["none", "optimizer", "gradients", "parameters"];
+
+    /// The value named `s`.
+    pub fn parse(s: &str) -> Option<Shard> {
+        Some(match s {
+            "none" => Shard::None,
+            "optimizer" => Shard::Optimizer,
+            "gradients" => Shard::Gradients,
+            "parameters" => Shard::Parameters,
+            _ => return None,
+        })
+    }
+}
+
+/// One collective of a data-parallel step (planned, not run).
+#[derive(Clone, Debug, Serialize)]
+pub struct Collective {
+    /// `all-reduce`, `reduce-scatter` or `all-gather`.
+    pub op: &'static str,
+    /// What it moves.
+    pub what: &'static str,
+    /// Bytes of the whole tensor set (each GPU sends and receives
+    /// `(gpus - 1) / gpus` of it, twice for an all-reduce).
+    pub bytes: usize,
+    /// In buckets of this many bytes.
+    pub bucket: usize,
+    /// Times per optimizer step.
+    pub times: usize,
+    /// Estimated seconds per optimizer step on the GPU's links (ring).
+    pub seconds: f64,
+}
+
+/// The data-parallel part of a recipe: a plan, not run.
+#[derive(Clone, Debug, Serialize)]
+pub struct DataParallel {
+    /// GPUs.
+    pub gpus: usize,
+    /// What they shard.
+    pub shard: Shard,
+    /// Per GPU: the persistent bytes one GPU alone would hold.
+    pub unsharded_persistent_bytes: usize,
+    /// The collectives of one optimizer step.
+    pub collectives: Vec<Collective>,
+    /// Their summed time, added to the step (no overlap with compute assumed).
+    pub communication_seconds: f64,
+}
+
+/// Gradient buckets of 25 MiB, as PyTorch's DDP.
+const BUCKET: usize = 25 << 20;
+/// Seconds per bucket besides its bytes (launch and synchronisation).
+const BUCKET_LATENCY: f64 = 20e-6;
 
 /// How a candidate fared.
 #[derive(Clone, Debug, Serialize)]
@@ -104,6 +178,11 @@ pub struct Candidate {
     pub breakdown: TrainBreakdown,
     /// Seconds spent deciding it (compile, plan, recomputation).
     pub seconds: f64,
+    /// With `--gpus`: the data-parallel plan (memory and time are per GPU).
+    pub data_parallel: Option<DataParallel>,
+    /// The weights blob of one GPU holding everything.
+    #[serde(skip)]
+    blob: usize,
 }
 
 impl Candidate {
@@ -125,6 +204,8 @@ impl Candidate {
             precision: self.precision.clone(),
             remat_budget: self.remat.as_ref().map(|r| r.budget),
             device: req.gpu.name.to_string(),
+            gpus: req.gpus,
+            shard: req.shard,
             predicted: Prediction {
                 arena_bytes: self.arena_bytes,
                 persistent_bytes: self.persistent_bytes,
@@ -177,8 +258,18 @@ pub struct Recipe {
     pub remat_budget: Option<usize>,
     /// The GPU whose roofline chose it.
     pub device: String,
+    /// Data-parallel GPUs (a plan: smelt runs one).
+    #[serde(default = "one")]
+    pub gpus: usize,
+    /// What they shard.
+    #[serde(default)]
+    pub shard: Shard,
     /// What `smelt fit` predicted (`smelt plan --recipe` plans the same).
     pub predicted: Prediction,
+}
+
+fn one() -> usize {
+    1
 }
 
 /// A recipe's predicted memory and time.
@@ -207,8 +298,9 @@ impl Recipe {
         if r.smelt_recipe != 1 {
             return Err(bad(format!("recipe format {} (this smelt reads 1)", r.smelt_recipe)));
         }
-        if r.accumulate == 0 || r.micro_batch == 0 || r.micro_batch * r.accumulate != r.batch {
-            return Err(bad(format!("batch {} is not micro-batch {} x accumulate {}", r.batch, r.micro_batch, r.accumulate)));
+        if r.gpus == 0 || r.accumulate == 0 || r.micro_batch == 0 || r.micro_batch * r.accumulate * r.gpus != r.batch {
+            let (b, m, k, n) = (r.batch, r.micro_batch, r.accumulate, r.gpus);
+            return Err(bad(format!("batch {b} is not micro-batch {m} x accumulate {k} x {n} GPUs")));
         }
         if r.precision.parse::<Policy>().is_err() {
             return Err(bad(format!("unknown precision {:?}", r.precision)));
@@ -238,11 +330,17 @@ pub fn search(req: &Request, progress: &mut dyn FnMut(&Candidate)) -> Result<Out
     if req.batch == 0 {
         return Err(Error::Usage("--batch must be at least 1".into()));
     }
+    if req.gpus == 0 || req.batch % req.gpus != 0 {
+        return Err(Error::Usage(format!("--gpus {}: the batch {} does not split evenly over them", req.gpus, req.batch)));
+    }
+    if req.gpus == 1 && req.shard != Shard::None {
+        return Err(Error::Usage("--shard needs --gpus 2 or more".into()));
+    }
     // First every recipe as it is, then recomputation where it could win.
     let mut candidates = Vec::new();
     let mut over = Vec::new();
     for &p in &req.precisions {
-        for m in divisors(req.batch) {
+        for m in divisors(req.batch / req.gpus) {
             let (c, step) = prepare(req, p, m, Some(req.limit))?;
             // Smaller micro-batches are slower where this one fits as it
             // is, and refused for the same reason where it is refused.
@@ -305,9 +403,10 @@ pub struct Step {
 /// step when it does not fit `limit` (or there is none) and recomputation
 /// might help (the persistent bytes alone fit).
 pub fn prepare(req: &Request, precision: Policy, micro: usize, limit: Option<usize>) -> Result<(Candidate, Option<Step>), Error> {
-    let k = req.batch / micro;
+    let per_gpu = req.batch / req.gpus.max(1);
+    let k = per_gpu / micro;
     let mut options = req.options.clone();
-    options.batch = Some(req.batch);
+    options.batch = Some(per_gpu);
     options.precision.policy = precision;
     options.remat = None;
     let scaled = req.loss_scale && matches!(precision, Policy::F16 | Policy::MixedF16);
@@ -333,6 +432,8 @@ pub fn prepare(req: &Request, precision: Policy, micro: usize, limit: Option<usi
         remat: None,
         breakdown: TrainBreakdown::default(),
         seconds: 0.0,
+        data_parallel: None,
+        blob: 0,
     };
     if scaled && k > 1 {
         c.verdict = Verdict::Refused { reason: "f16 loss scaling with accumulation: smelt train refuses it (use mixed-bf16)".into() };
@@ -344,9 +445,9 @@ pub fn prepare(req: &Request, precision: Policy, micro: usize, limit: Option<usi
     let planned = session.plan(&compiled)?;
     // What `smelt train` allocates beside the arena: the weights blob
     // (parameters, optimizer state, accumulators, constants; aligned).
-    c.persistent_bytes = session.program(&compiled, &planned)?.weights_bytes;
+    c.blob = session.program(&compiled, &planned)?.weights_bytes;
     c.arena_without_remat = planned.plan.arena;
-    describe(&mut c, &session, &compiled, &planned, &req.gpu);
+    describe(&mut c, &session, &compiled, &planned, req);
     c.seconds = t.elapsed().as_secs_f64();
     match limit {
         Some(l) if c.total_bytes <= l => Ok((c, None)),
@@ -382,20 +483,30 @@ pub fn recompute(req: &Request, c: &mut Candidate, step: Step, budget: usize) ->
         Err(e) => return Err(e),
     }
     let planned = session.plan(&compiled)?;
-    describe(c, &session, &compiled, &planned, &req.gpu);
+    describe(c, &session, &compiled, &planned, req);
     c.remat = compiled.remat;
     c.seconds += t.elapsed().as_secs_f64();
     Ok(())
 }
 
 /// Fills `c`'s memory and time from a compiled, planned step.
-fn describe(c: &mut Candidate, s: &Session, compiled: &crate::driver::Compiled, planned: &crate::driver::Planned, gpu: &Gpu) {
-    let k = c.accumulate;
+fn describe(c: &mut Candidate, s: &Session, compiled: &crate::driver::Compiled, planned: &crate::driver::Planned, req: &Request) {
+    let (k, gpu) = (c.accumulate, &req.gpu);
     let forward = &s.train.as_ref().expect("a training session").step.forward;
     c.breakdown = crate::plan::train_breakdown(&compiled.graph, &planned.plan, forward);
     c.arena_bytes = planned.plan.arena;
-    c.total_bytes = c.arena_bytes + c.persistent_bytes;
+    c.persistent_bytes = c.blob;
     c.step_seconds = cost::graph_time(&compiled.graph, gpu) * k as f64;
+    if req.gpus > 1 {
+        let dp = data_parallel(&c.breakdown, c.blob, k, req);
+        // Sharded parameters are gathered a layer at a time: the largest,
+        // twice (the one in use and the next), in the arena's stead.
+        let gathered = if req.shard == Shard::Parameters { 2 * largest_parameter(&compiled.graph) } else { 0 };
+        c.persistent_bytes = c.blob - (dp.unsharded_persistent_bytes - sharded_persistent(&c.breakdown, c.blob, req)) + gathered;
+        c.step_seconds += dp.communication_seconds;
+        c.data_parallel = Some(dp);
+    }
+    c.total_bytes = c.arena_bytes + c.persistent_bytes;
     c.step_flops = cost::graph_flops(&compiled.graph) * k;
     c.recompute_flops = compiled.remat.as_ref().map_or(0, |r| r.flops * k);
     let g = &compiled.graph;
@@ -409,4 +520,66 @@ fn set_accumulate(o: &mut smelt_ir::Optimizer, k: usize) {
     if let Optimizer::Sgd { accumulate, .. } | Optimizer::Adam { accumulate, .. } = o {
         *accumulate = k;
     }
+}
+
+/// The persistent bytes one GPU holds when `req.gpus` shard what
+/// `req.shard` says of `blob` (parameters, optimizer state, accumulators
+/// split evenly; frozen values and counters whole).
+fn sharded_persistent(b: &TrainBreakdown, blob: usize, req: &Request) -> usize {
+    let n = req.gpus.max(1);
+    let shard = |bytes: usize| bytes - bytes / n;
+    let saved = match req.shard {
+        Shard::None => 0,
+        Shard::Optimizer => shard(b.optimizer_state.bytes),
+        Shard::Gradients => shard(b.optimizer_state.bytes) + shard(b.accumulators.bytes),
+        Shard::Parameters => shard(b.optimizer_state.bytes) + shard(b.accumulators.bytes) + shard(b.parameters.bytes),
+    };
+    blob - saved
+}
+
+/// The largest trained parameter of `g`, bytes.
+fn largest_parameter(g: &smelt_ir::KernelGraph) -> usize {
+    use smelt_ir::OpSet;
+    g.node_ids()
+        .filter(|&n| g.node(n).op.semantic() == Some(&smelt_ir::Op::Parameter))
+        .map(|n| g.node(n).outputs[0].bytes())
+        .max()
+        .unwrap_or(0)
+}
+
+/// The collectives of a data-parallel step and their time on ring links.
+fn data_parallel(b: &TrainBreakdown, blob: usize, k: usize, req: &Request) -> DataParallel {
+    let n = req.gpus;
+    let grads = b.parameters.bytes; // f32 gradients, one per parameter
+    let ring = |bytes: usize, factor: f64, times: usize| {
+        let buckets = bytes.div_ceil(BUCKET).max(1);
+        times as f64 * (factor * (n - 1) as f64 / n as f64 * bytes as f64 / req.gpu.link + buckets as f64 * BUCKET_LATENCY)
+    };
+    let mut cs = Vec::new();
+    let mut add = |op: &'static str, what: &'static str, bytes: usize, factor: f64, times: usize| {
+        cs.push(Collective { op, what, bytes, bucket: BUCKET, times, seconds: ring(bytes, factor, times) });
+    };
+    match req.shard {
+        // The gradients summed over the micro-steps, then all-reduced once
+        // (DDP's no_sync); ZeRO-1 updates its shard and gathers the rest.
+        Shard::None => add("all-reduce", "gradients", grads, 2.0, 1),
+        Shard::Optimizer => {
+            add("reduce-scatter", "gradients", grads, 1.0, 1);
+            add("all-gather", "updated parameters", grads, 1.0, 1);
+        }
+        // Each micro-step's gradients go to their shard's owner at once.
+        Shard::Gradients => {
+            add("reduce-scatter", "gradients", grads, 1.0, k);
+            add("all-gather", "updated parameters", grads, 1.0, 1);
+        }
+        // The parameters are gathered for the forward and again for the
+        // backward pass of every micro-step.
+        Shard::Parameters => {
+            add("all-gather", "parameters (forward)", grads, 1.0, k);
+            add("all-gather", "parameters (backward)", grads, 1.0, k);
+            add("reduce-scatter", "gradients", grads, 1.0, k);
+        }
+    }
+    let communication_seconds = cs.iter().map(|c| c.seconds).sum();
+    DataParallel { gpus: n, shard: req.shard, unsharded_persistent_bytes: blob, collectives: cs, communication_seconds }
 }

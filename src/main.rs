@@ -174,6 +174,17 @@ pub(crate) struct FitArgs {
     /// wins, f32 on a tie) or one policy.
     #[arg(long, default_value = "f32", value_parser = ["auto", "f32", "f16", "bf16", "mixed-f16", "mixed-bf16"])]
     pub(crate) precision: String,
+    /// Plan data parallelism over N GPUs: each runs batch / N samples per
+    /// optimizer step, memory and time are per GPU, and the collectives
+    /// are listed with their sizes. A plan: smelt trains on one GPU.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) gpus: u32,
+    /// With --gpus: what the GPUs shard, as ZeRO's stages: none (all-reduce
+    /// the gradients), optimizer (stage 1), gradients (stage 2: optimizer
+    /// state and accumulators), parameters (stage 3: those and the weights,
+    /// gathered a layer at a time).
+    #[arg(long, default_value = "none", value_parser = smelt::fit::Shard::NAMES, requires = "gpus")]
+    pub(crate) shard: String,
     /// Write the chosen recipe (JSON) for `smelt train --recipe` and `smelt plan --recipe`.
     #[arg(long, value_name = "FILE.json")]
     pub(crate) save_recipe: Option<PathBuf>,
@@ -600,6 +611,16 @@ impl ModelArgs {
     pub(crate) fn apply_recipe(&mut self) -> Result<()> {
         let Some(path) = &self.train.recipe else { return Ok(()) };
         let r = smelt::fit::Recipe::load(path)?;
+        if r.gpus > 1 {
+            anyhow::bail!(
+                "{}: the recipe plans data parallelism over {} GPUs (micro-batch {} each); smelt runs on one GPU: pass its per-GPU flags (--batch {} --accumulate {}) to plan or train one replica",
+                path.display(),
+                r.gpus,
+                r.micro_batch,
+                r.batch / r.gpus,
+                r.accumulate
+            );
+        }
         let name = |s: &str| s.trim_start_matches("zoo:").to_string();
         if name(&r.model) != name(&self.model)
             && std::path::Path::new(&r.model).file_name() != std::path::Path::new(&self.model).file_name()

@@ -293,3 +293,28 @@ fn a_transformer_keeps_its_micro_batch_by_recomputing_attention() {
     let p = json(&run_ok(&["plan", "zoo:bert_base", "--recipe", recipe.to_str().unwrap(), "--json"]));
     assert_eq!(p["plan"]["arena_bytes"], c["arena_bytes"]);
 }
+
+#[test]
+fn data_parallel_recipes_are_planned_per_gpu_and_labelled_as_plans() {
+    let dir = scratch("dp");
+    let mut last = usize::MAX;
+    for shard in ["none", "optimizer", "gradients", "parameters"] {
+        let (f, recipe) = fit("zoo:resnet8", 32, "1GiB", &dir, &["--gpus", "4", "--shard", shard]);
+        let c = &f["chosen"];
+        assert_eq!(c["micro_batch"].as_u64(), Some(8), "each GPU takes 32 / 4 samples: {c}");
+        let dp = &c["data_parallel"];
+        let (one, each) = (dp["unsharded_persistent_bytes"].as_u64().unwrap() as usize, c["persistent_bytes"].as_u64().unwrap() as usize);
+        let ops: Vec<&str> = dp["collectives"].as_array().unwrap().iter().map(|x| x["op"].as_str().unwrap()).collect();
+        match shard {
+            "none" => assert_eq!((ops, each), (vec!["all-reduce"], one)),
+            "parameters" => assert!(ops.contains(&"all-gather") && ops.contains(&"reduce-scatter") && each < one, "{ops:?} {each}"),
+            _ => assert!(ops.contains(&"reduce-scatter") && each < one && each <= last, "{shard}: {ops:?} {each} of {one}"),
+        }
+        assert!(dp["communication_seconds"].as_f64().unwrap() > 0.0);
+        last = each;
+        let e = refused(&["plan", "zoo:resnet8", "--recipe", recipe.to_str().unwrap()]);
+        assert!(e.contains("plans data parallelism over 4 GPUs"), "{e}");
+    }
+    let e = refused(&["fit", "zoo:resnet8", "--train", "adam", "--batch", "32", "--memory-limit", "1GiB", "--gpus", "3"]);
+    assert!(e.contains("does not split evenly"), "{e}");
+}

@@ -41,6 +41,8 @@ pub fn run(a: &FitArgs) -> Result<bool> {
         precisions,
         gpu,
         loss_scale: m.train.loss_scale == "dynamic",
+        gpus: a.gpus as usize,
+        shard: smelt::fit::Shard::parse(&a.shard).context("unknown --shard")?,
     };
     let bar = super::bar(0, "{spinner} {msg} [{elapsed}]", a.json);
     bar.enable_steady_tick(std::time::Duration::from_millis(120));
@@ -108,6 +110,14 @@ fn print_text(a: &FitArgs, req: &Request, out: &Outcome, batch: usize, optimizer
         g.bandwidth / 1e12
     );
     outln!("decided in {:.1} s with no device run: {} recipes compiled and planned\n", out.decision_seconds, out.candidates.len());
+    if req.gpus > 1 {
+        outln!(
+            "data parallel over {} GPUs, sharding {} (ZeRO-style): A PLAN, NOT RUN (smelt trains on one GPU). Memory and time below are per GPU, {} samples each per optimizer step.\n",
+            req.gpus,
+            a.shard,
+            batch / req.gpus
+        );
+    }
     if let Some(i) = out.chosen {
         let c = &out.candidates[i];
         print_candidate("recipe", c)?;
@@ -120,13 +130,33 @@ fn print_text(a: &FitArgs, req: &Request, out: &Outcome, batch: usize, optimizer
                 outln!("    ... {} more (--json lists every one)", r.recomputed.len() - 12);
             }
         }
+        if let Some(dp) = &c.data_parallel {
+            outln!(
+                "  collectives per optimizer step ({:.2} ms on {:.0} GB/s links, not overlapped with compute):",
+                dp.communication_seconds * 1e3,
+                g.link / 1e9
+            );
+            for x in &dp.collectives {
+                outln!(
+                    "    {:<15} {:<24} {:>10} x {} ({} buckets of {})",
+                    x.op,
+                    x.what,
+                    human_bytes(x.bytes),
+                    x.times,
+                    x.bytes.div_ceil(x.bucket),
+                    human_bytes(x.bucket)
+                );
+            }
+        }
+        let per_gpu = batch / req.gpus;
         let flags = format!(
-            "--train {optimizer} --batch {batch}{}{}{}",
+            "--train {optimizer} --batch {per_gpu}{}{}{}",
             if c.accumulate > 1 { format!(" --accumulate {}", c.accumulate) } else { String::new() },
             if c.precision != "f32" { format!(" --precision {}", c.precision) } else { String::new() },
             c.remat.as_ref().map_or(String::new(), |r| format!(" --remat-budget {}", r.budget)),
         );
-        outln!("\nuse it: smelt train {} {flags} ...", req.spec);
+        let replica = if req.gpus > 1 { " (one replica's step; the collectives are not run)" } else { "" };
+        outln!("\nuse it: smelt train {} {flags} ...{replica}", req.spec);
         if let Some(p) = &a.save_recipe {
             outln!("   or: smelt train {} --recipe {} ... (written; `smelt plan --recipe` shows the same plan)", req.spec, p.display());
         }
@@ -186,6 +216,14 @@ fn print_candidate(title: &str, c: &Candidate) -> Result<()> {
         human_bytes(c.persistent_bytes),
         human_bytes(c.arena_bytes)
     );
+    if let Some(dp) = &c.data_parallel {
+        outln!(
+            "    sharded over {} GPUs: persistent {} on one GPU -> {} on each (with the gathered parameters, under --shard parameters)",
+            dp.gpus,
+            human_bytes(dp.unsharded_persistent_bytes),
+            human_bytes(c.persistent_bytes)
+        );
+    }
     outln!(
         "    persistent: parameters {}, optimizer state {}, accumulators {}, frozen {}, other {}",
         human_bytes(b.parameters.bytes),
