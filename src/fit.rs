@@ -330,7 +330,7 @@ pub fn search(req: &Request, progress: &mut dyn FnMut(&Candidate)) -> Result<Out
     if req.batch == 0 {
         return Err(Error::Usage("--batch must be at least 1".into()));
     }
-    if req.gpus == 0 || req.batch % req.gpus != 0 {
+    if req.gpus == 0 || !req.batch.is_multiple_of(req.gpus) {
         return Err(Error::Usage(format!("--gpus {}: the batch {} does not split evenly over them", req.gpus, req.batch)));
     }
     if req.gpus == 1 && req.shard != Shard::None {
