@@ -109,6 +109,8 @@ pub fn apply(g: &KernelGraph, set: &BTreeSet<NodeId>) -> Result<(KernelGraph, Ha
         }
     }
     let mut out = KernelGraph::new();
+    let saved_set: HashSet<NodeId> = saved(g).into_iter().collect();
+    let saved_again = |n: NodeId| set.contains(&n) && saved_set.contains(&n);
     let mut map: HashMap<ValueId, ValueId> = HashMap::new();
     let mut redo: HashMap<ValueId, ValueId> = HashMap::new();
     let mut nodes = HashMap::new();
@@ -121,7 +123,15 @@ pub fn apply(g: &KernelGraph, set: &BTreeSet<NodeId>) -> Result<(KernelGraph, Ha
         nodes.insert(id, new);
         map.extend(slots(id).map(|v| (v, ValueId { node: new, slot: v.slot })));
         if again.contains(&id) {
-            let ins: Vec<ValueId> = g.inputs_of(id).iter().map(|v| redo.get(v).copied().unwrap_or(map[v])).collect();
+            // An operand that is itself saved and recomputed gets a private
+            // recomputation (from what is kept), so that its own, for its
+            // backward readers, need not run this early.
+            let mut private = HashMap::new();
+            let ins: Vec<ValueId> = g
+                .inputs_of(id)
+                .iter()
+                .map(|v| if saved_again(v.node) { fresh(g, &mut out, &map, &again, &nodes, *v, &mut private) } else { Ok(redo.get(v).copied().unwrap_or(map[v])) })
+                .collect::<Result<_, _>>()?;
             let r = out.copy_node_from(g, id, &ins)?;
             let node = out.node_mut(r);
             node.name = format!("{}.recompute", node.name);
@@ -132,6 +142,33 @@ pub fn apply(g: &KernelGraph, set: &BTreeSet<NodeId>) -> Result<(KernelGraph, Ha
     out.set_outputs(g.outputs().iter().map(|(n, v)| (n.clone(), map[v])).collect());
     out.remove_dead(); // views recomputed for no reader
     Ok((out, nodes))
+}
+
+/// A private recomputation of value `v` (of a node in `again`) in `out`,
+/// its operands in `again` recomputed privately too (once per call tree,
+/// in `memo`); the others read as computed (`map`).
+fn fresh(
+    g: &KernelGraph,
+    out: &mut KernelGraph,
+    map: &HashMap<ValueId, ValueId>,
+    again: &HashSet<NodeId>,
+    nodes: &HashMap<NodeId, NodeId>,
+    v: ValueId,
+    memo: &mut HashMap<NodeId, NodeId>,
+) -> Result<ValueId, IrError> {
+    if !again.contains(&v.node) {
+        return Ok(map[&v]);
+    }
+    if let Some(&r) = memo.get(&v.node) {
+        return Ok(ValueId { node: r, slot: v.slot });
+    }
+    let ins: Vec<ValueId> = g.inputs_of(v.node).iter().map(|u| fresh(g, out, map, again, nodes, *u, memo)).collect::<Result<_, _>>()?;
+    let r = out.copy_node_from(g, v.node, &ins)?;
+    let node = out.node_mut(r);
+    node.name = format!("{}.recompute", node.name);
+    node.recomputes = Some(nodes[&v.node]);
+    memo.insert(v.node, r);
+    Ok(ValueId { node: r, slot: v.slot })
 }
 
 /// Saved node `n` with what its recomputation needs besides: the forward
@@ -185,17 +222,15 @@ pub fn exhaustive(
     let saved: HashSet<NodeId> = saved_list.iter().copied().collect();
     let empty = BTreeSet::new();
     let needs: Vec<BTreeSet<NodeId>> = saved_list.iter().map(|&n| needs(g, &fwd, &outs, &saved, &empty, n)).collect();
-    let mut subsets: Vec<(f64, BTreeSet<NodeId>)> = (1u64..1 << saved_list.len())
-        .map(|mask| {
-            let set: BTreeSet<NodeId> =
-                (0..saved_list.len()).filter(|i| mask >> i & 1 == 1).flat_map(|i| needs[i].iter().copied()).collect();
-            let c = set.iter().filter(|m| !g.node(**m).op.is_view()).map(|&m| cost(g, m)).sum();
-            (c, set)
-        })
-        .collect();
-    subsets.sort_by(|a, b| a.0.total_cmp(&b.0));
-    for (c, set) in subsets {
+    let mut price = |m: NodeId| cost(g, m);
+    let mut subsets = Vec::new();
+    for mask in 1u64..1 << saved_list.len() {
+        let set: BTreeSet<NodeId> = (0..saved_list.len()).filter(|i| mask >> i & 1 == 1).flat_map(|i| needs[i].iter().copied()).collect();
         let (g2, w) = walk(g, &base.schedule, &set)?;
+        subsets.push((clone_cost(&g2, &w, &mut price), g2, w));
+    }
+    subsets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    for (c, g2, w) in subsets {
         let plan = memory::plan_quick(&g2, hint, &w.order)?;
         if plan.arena <= budget {
             return Ok(Some((c, plan.arena)));
@@ -235,8 +270,18 @@ fn walk(g: &KernelGraph, base: &[NodeId], set: &BTreeSet<NodeId>) -> Result<(Ker
     Ok((g2, Walk { order, peak, peak_step, bufs, back }))
 }
 
+/// The summed cost of every recomputation in a walk's graph (each priced
+/// as its original in `g`).
+fn clone_cost(g2: &KernelGraph, w: &Walk, price: &mut dyn FnMut(NodeId) -> f64) -> f64 {
+    g2.node_ids()
+        .filter_map(|n| g2.node(n).recomputes)
+        .filter_map(|o| w.back.get(&o).copied())
+        .map(price)
+        .sum()
+}
+
 /// How many of the cheapest candidates at the peak each round tries.
-const TRIES: usize = 4;
+const TRIES: usize = 8;
 
 /// Recomputes saved values of `g` until its plan's arena is at most
 /// `budget` bytes, choosing by `cost` per byte (see the module's notes).
@@ -267,6 +312,7 @@ pub fn choose(
     let outs: HashSet<NodeId> = g.outputs().iter().map(|(_, v)| v.node).collect();
     let saved: HashSet<NodeId> = saved(g).into_iter().collect();
     let mut cost_of: HashMap<NodeId, f64> = HashMap::new();
+    let mut price = |m: NodeId| *cost_of.entry(m).or_insert_with(|| cost(g, m));
     let mut set: BTreeSet<NodeId> = BTreeSet::new();
     let mut total = 0.0;
     let (mut g2, mut now) = walk(g, &base.schedule, &set)?;
@@ -302,17 +348,19 @@ pub fn choose(
         let mut options: Vec<(f64, f64, BTreeSet<NodeId>)> = Vec::new();
         for &n in &at_peak {
             let need = needs(g, &fwd, &outs, &saved, &set, n);
-            let c: f64 = need.iter().filter(|m| !g.node(**m).op.is_view()).map(|&m| *cost_of.entry(m).or_insert_with(|| cost(g, m))).sum();
+            let c: f64 = need.iter().filter(|m| !g.node(**m).op.is_view()).map(|&m| price(m)).sum();
             let bytes: usize = g.node(n).outputs.iter().map(|t| t.bytes()).sum();
             options.push((c / bytes.max(1) as f64, c, need));
         }
         options.sort_by(|a, b| a.0.total_cmp(&b.0));
         // (cost per byte saved, or per byte held on a plateau; lowers the peak; cost; set; walk)
         let mut best: Option<(bool, f64, f64, BTreeSet<NodeId>, KernelGraph, Walk)> = None;
-        for (ratio, c, need) in options.into_iter().take(TRIES) {
+        for (ratio, _, need) in options.into_iter().take(TRIES) {
             let mut trial = set.clone();
             trial.extend(need.iter().copied());
             let (tg, w) = walk(g, &base.schedule, &trial)?;
+            // What the trial adds, private recomputations included.
+            let c = clone_cost(&tg, &w, &mut price) - total;
             let score = match w.peak.cmp(&now.peak) {
                 std::cmp::Ordering::Less => (true, c / (now.peak - w.peak) as f64),
                 std::cmp::Ordering::Equal => (false, ratio),
