@@ -130,7 +130,13 @@ pub fn apply(g: &KernelGraph, set: &BTreeSet<NodeId>) -> Result<(KernelGraph, Ha
             let ins: Vec<ValueId> = g
                 .inputs_of(id)
                 .iter()
-                .map(|v| if saved_again(v.node) { fresh(g, &mut out, &map, &again, &nodes, *v, &mut private) } else { Ok(redo.get(v).copied().unwrap_or(map[v])) })
+                .map(|v| {
+                    if saved_again(v.node) {
+                        fresh(g, &mut out, &map, &again, &nodes, *v, &mut private)
+                    } else {
+                        Ok(redo.get(v).copied().unwrap_or(map[v]))
+                    }
+                })
                 .collect::<Result<_, _>>()?;
             let r = out.copy_node_from(g, id, &ins)?;
             let node = out.node_mut(r);
@@ -273,11 +279,7 @@ fn walk(g: &KernelGraph, base: &[NodeId], set: &BTreeSet<NodeId>) -> Result<(Ker
 /// The summed cost of every recomputation in a walk's graph (each priced
 /// as its original in `g`).
 fn clone_cost(g2: &KernelGraph, w: &Walk, price: &mut dyn FnMut(NodeId) -> f64) -> f64 {
-    g2.node_ids()
-        .filter_map(|n| g2.node(n).recomputes)
-        .filter_map(|o| w.back.get(&o).copied())
-        .map(price)
-        .sum()
+    g2.node_ids().filter_map(|n| g2.node(n).recomputes).filter_map(|o| w.back.get(&o).copied()).map(price).sum()
 }
 
 /// How many of the cheapest candidates at the peak each round tries.
