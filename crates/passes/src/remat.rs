@@ -110,7 +110,8 @@ pub fn apply(g: &KernelGraph, set: &BTreeSet<NodeId>) -> Result<(KernelGraph, Ha
     }
     let mut out = KernelGraph::new();
     let saved_set: HashSet<NodeId> = saved(g).into_iter().collect();
-    let saved_again = |n: NodeId| set.contains(&n) && saved_set.contains(&n);
+    // Recomputed and read by the backward pass itself (or a view of such).
+    let saved_again = |n: NodeId| again.contains(&n) && (saved_set.contains(&n) || g.node(n).op.is_view());
     let mut map: HashMap<ValueId, ValueId> = HashMap::new();
     let mut redo: HashMap<ValueId, ValueId> = HashMap::new();
     let mut nodes = HashMap::new();
