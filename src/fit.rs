@@ -11,10 +11,12 @@
 //! The search: for each precision, micro-batches from the largest down.
 //! The first that fits without recomputation ends that precision's walk:
 //! a smaller one runs the same FLOPs in more launches with fewer threads
-//! each, which the roofline never makes faster. A micro-batch that does not
-//! fit is tried with recomputation, its budget the limit less the
-//! persistent bytes. The fastest recipe wins; ties go to the precision
-//! listed first (f32, then bf16, then f16) and the larger micro-batch.
+//! each, which the roofline never makes faster. Then the micro-batches that
+//! did not fit are tried with recomputation (its budget the limit less the
+//! persistent bytes), fastest first, and only where even without it their
+//! step beats the best that fits. The fastest recipe wins; ties go to the
+//! precision listed first (f32, then bf16, then f16) and the larger
+//! micro-batch.
 
 use crate::cost::{self, Gpu};
 use crate::driver::{Error, Options, Remat, RematReport, Session};
@@ -298,7 +300,8 @@ impl Recipe {
         if r.smelt_recipe != 1 {
             return Err(bad(format!("recipe format {} (this smelt reads 1)", r.smelt_recipe)));
         }
-        if r.gpus == 0 || r.accumulate == 0 || r.micro_batch == 0 || r.micro_batch * r.accumulate * r.gpus != r.batch {
+        let product = r.micro_batch.checked_mul(r.accumulate).and_then(|x| x.checked_mul(r.gpus));
+        if r.gpus == 0 || r.accumulate == 0 || r.micro_batch == 0 || product != Some(r.batch) || u32::try_from(r.accumulate).is_err() {
             let (b, m, k, n) = (r.batch, r.micro_batch, r.accumulate, r.gpus);
             return Err(bad(format!("batch {b} is not micro-batch {m} x accumulate {k} x {n} GPUs")));
         }
@@ -317,7 +320,10 @@ impl Recipe {
 
 /// The divisors of `n`, largest first.
 pub fn divisors(n: usize) -> Vec<usize> {
-    (1..=n).rev().filter(|d| n.is_multiple_of(*d)).collect()
+    let mut out: Vec<usize> = (1..).take_while(|d| d * d <= n).filter(|d| n.is_multiple_of(*d)).flat_map(|d| [d, n / d]).collect();
+    out.sort_unstable_by(|a, b| b.cmp(a));
+    out.dedup();
+    out
 }
 
 /// Searches the recipes of `req` (see the module's notes). `progress` hears
@@ -341,12 +347,14 @@ pub fn search(req: &Request, progress: &mut dyn FnMut(&Candidate)) -> Result<Out
     let mut over = Vec::new();
     for &p in &req.precisions {
         for m in divisors(req.batch / req.gpus) {
-            let (c, step) = prepare(req, p, m, Some(req.limit))?;
+            // The step is not kept (a session holds the model's weights):
+            // the few worth recomputing are compiled again below.
+            let (c, _) = prepare(req, p, m, Some(req.limit))?;
             // Smaller micro-batches are slower where this one fits as it
             // is, and refused for the same reason where it is refused.
             let done = c.fits() || matches!(c.verdict, Verdict::Refused { .. });
-            if let Some(step) = step.filter(|_| !c.fits()) {
-                over.push((candidates.len(), step));
+            if matches!(c.verdict, Verdict::RematCannotReach { .. }) {
+                over.push((candidates.len(), p));
             }
             progress(&c);
             candidates.push(c);
@@ -358,12 +366,15 @@ pub fn search(req: &Request, progress: &mut dyn FnMut(&Candidate)) -> Result<Out
     // Recomputation only adds time: a recipe whose step without it is no
     // faster than the best that fits is not worth it. Most promising first.
     over.sort_by(|a, b| candidates[a.0].step_seconds.total_cmp(&candidates[b.0].step_seconds));
-    for (i, step) in over {
+    for (i, precision) in over {
         let best = candidates.iter().filter(|c| c.fits()).map(|c| c.step_seconds).fold(f64::INFINITY, f64::min);
         let c = &mut candidates[i];
         if c.step_seconds >= best {
             c.verdict = Verdict::Slower { without_remat: c.step_seconds };
-        } else {
+        } else if let (again, Some(step)) = prepare(req, precision, c.micro_batch, None)? {
+            let before = c.seconds;
+            *c = again;
+            c.seconds += before;
             recompute(req, c, step, req.limit.saturating_sub(c.persistent_bytes))?;
         }
         progress(c);

@@ -220,6 +220,11 @@ fn nothing_fitting_names_the_smallest_footprint_and_bad_requests_are_refused() {
     let dir = scratch("refused");
     let e = refused(&["fit", "zoo:resnet8", "--train", "adam", "--batch", "8", "--memory-limit", "1MiB"]);
     assert!(e.contains("no recipe of zoo:resnet8 fits in 1.0 MiB: the smallest footprint is"), "{e}");
+    // A huge batch is refused at once, not walked divisor by divisor.
+    let e = refused(&["fit", "zoo:resnet8", "--train", "adam", "--batch", "100000000000", "--memory-limit", "1GiB"]);
+    assert!(e.contains("too large"), "{e}");
+    assert_eq!(smelt::fit::divisors(12), [12, 6, 4, 3, 2, 1]);
+    assert_eq!(smelt::fit::divisors(49), [49, 7, 1]);
     let e = refused(&["fit", "zoo:resnet8", "--batch", "8", "--memory-limit", "1GiB"]);
     assert!(e.contains("--train"), "{e}");
     let e = refused(&["fit", "zoo:resnet8", "--train", "adam", "--accumulate", "2", "--batch", "8", "--memory-limit", "1GiB"]);

@@ -290,16 +290,16 @@ const TRIES: usize = 8;
 /// `budget` bytes, choosing by `cost` per byte (see the module's notes).
 /// `hint` is the planner's (the unfused schedule); `cost(g, n)` is the cost
 /// of running node `n` of `g` once. The outcome's plan is what
-/// [`memory::plan_with_hint`] gives its graph with the same hint.
+/// [`memory::plan_quick`] gives its graph with the same hint and the walk's
+/// schedule (or, when nothing needs recomputing, [`memory::plan_with_hint`]).
 ///
 /// Each round takes the saved values live at the peak of the walk's
 /// schedule, with what only they need (forward values dead before the
 /// backward pass), and tries the [`TRIES`] cheapest per byte: the one that
-/// lowers the peak at the lowest cost per byte saved is kept (on a plateau,
-/// where another step holds the same peak, the cheapest that does not raise
-/// it). A recomputation whose operands are recomputed too must run before
-/// their own readers, so a long chain saves nothing: trying is what finds
-/// the segments that pay.
+/// lowers the peak at the lowest cost per byte saved (its graph's real
+/// recomputations, private ones included) is kept; on a plateau, where
+/// another step holds the same peak, the cheapest that does not raise it.
+/// Trying, rather than trusting the estimate, finds the picks that pay.
 pub fn choose(
     g: &KernelGraph,
     budget: usize,
@@ -348,17 +348,17 @@ pub fn choose(
             .flat_map(|b| b.values.iter().filter_map(|v| now.back.get(&v.node).copied()))
             .filter(|n| saved.contains(n) && !set.contains(n))
             .collect();
-        let mut options: Vec<(f64, f64, BTreeSet<NodeId>)> = Vec::new();
+        let mut options: Vec<(f64, BTreeSet<NodeId>)> = Vec::new();
         for &n in &at_peak {
             let need = needs(g, &fwd, &outs, &saved, &set, n);
             let c: f64 = need.iter().filter(|m| !g.node(**m).op.is_view()).map(|&m| price(m)).sum();
             let bytes: usize = g.node(n).outputs.iter().map(|t| t.bytes()).sum();
-            options.push((c / bytes.max(1) as f64, c, need));
+            options.push((c / bytes.max(1) as f64, need));
         }
         options.sort_by(|a, b| a.0.total_cmp(&b.0));
         // (cost per byte saved, or per byte held on a plateau; lowers the peak; cost; set; walk)
         let mut best: Option<(bool, f64, f64, BTreeSet<NodeId>, KernelGraph, Walk)> = None;
-        for (ratio, _, need) in options.into_iter().take(TRIES) {
+        for (ratio, need) in options.into_iter().take(TRIES) {
             let mut trial = set.clone();
             trial.extend(need.iter().copied());
             let (tg, w) = walk(g, &base.schedule, &trial)?;
