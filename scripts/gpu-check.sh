@@ -12,10 +12,13 @@
 #                                    and fills a kernel cache with the PTX of
 #                                    every kernel the check needs, both into
 #                                    .gpu-check/ (carry it to the GPU machine)
-#   scripts/gpu-check.sh [--quick]   on the GPU machine, from the checkout
+#   scripts/gpu-check.sh [--quick] [--budget S]
+#                                    on the GPU machine, from the checkout
 #                                    (--quick: f32 only, ResNet-50 at batch
 #                                    32 only, no GPU tests, no training:
-#                                    about 3 minutes)
+#                                    about 3 minutes; --budget: no part of
+#                                    the check starts after S seconds, and
+#                                    the slowest, torch.compile, come last)
 #
 # Exits non-zero on any mismatch or error.
 #
@@ -60,6 +63,15 @@ for line in sys.stdin:
     exit 0
 fi
 
+quick=0 budget=
+while [[ $# -gt 0 ]]; do
+    case $1 in
+        --quick) quick=1 ;;
+        --budget) budget=${2:?--budget needs seconds}; shift ;;
+        *) echo "gpu-check: unknown argument $1" >&2; exit 2 ;;
+    esac
+    shift
+done
 [[ -x $W/smelt ]] || { echo "gpu-check: no $W/smelt; run scripts/gpu-check.sh --prepare on a machine with Rust and carry $W" >&2; exit 2; }
 export SMELT_CACHE_DIR=$W/cache
 site=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
@@ -86,11 +98,13 @@ if [[ ! -f .testdata/variants/.done ]]; then
     python3 scripts/make_variants.py --data "$data" --out .testdata/variants >&2
 fi
 status=0
-if [[ ${1:-} != --quick ]]; then
+if [[ $quick == 0 ]]; then
     echo "gpu-check: the GPU tests (tests/gpu.rs)" >&2
-    SMELT_TESTDATA="$PWD/.testdata" "$W/gpu-tests" >&2 || { echo "gpu-check: GPU TESTS FAILED" >&2; status=1; }
+    SMELT_TESTDATA="$PWD/.testdata" timeout 150 "$W/gpu-tests" >&2 || { echo "gpu-check: GPU TESTS FAILED" >&2; status=1; }
 fi
-train=()
-[[ ${1:-} != --quick ]] && train=(--train-runs "$W/train_runs")
-python3 scripts/gpu_check.py --smelt "$W/smelt" --data "$data" --variants .testdata/variants "${train[@]}" "$@" || status=1
+train=() flags=()
+[[ $quick == 0 ]] && train=(--train-runs "$W/train_runs")
+[[ $quick == 1 ]] && flags=(--quick)
+[[ -n $budget ]] && flags+=(--budget "$(( budget - SECONDS ))")
+python3 scripts/gpu_check.py --smelt "$W/smelt" --data "$data" --variants .testdata/variants "${train[@]}" "${flags[@]}" || status=1
 exit $status

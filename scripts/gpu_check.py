@@ -34,6 +34,22 @@ MODELS = ["bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet
 
 
 FAILURES = []
+# --budget: the wall-clock second after which no new part starts (a lent GPU
+# gives minutes; the torch.compile rows, the slowest, come last).
+DEADLINE = float("inf")
+SKIPPED = []
+
+
+def left():
+    return DEADLINE - time.time()
+
+
+def out_of_time(what):
+    """True (and noted) when the budget is spent before `what` starts."""
+    if left() > 0:
+        return False
+    SKIPPED.append(what)
+    return True
 
 
 def shipped(a, m):
@@ -83,11 +99,12 @@ def train_compiles(runs):
 
 def smelt(exe, args, timeout=240):
     t = time.time()
+    timeout = max(30, min(timeout, left() + 60))
     try:
         out = subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        FAILURES.append(f"smelt {' '.join(args[:2])}: timed out after {timeout} s")
-        return None, f"timed out after {timeout} s"
+        FAILURES.append(f"smelt {' '.join(args[:2])}: timed out after {timeout:.0f} s")
+        return None, f"timed out after {timeout:.0f} s"
     if out.returncode not in (0, 1):
         why = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"
         FAILURES.append(f"smelt {' '.join(args[:2])}: {why}")
@@ -116,6 +133,8 @@ def correctness(a):
     print("|---|---|---|---|---|---|---|")
     tmp = tempfile.mkdtemp()
     for m in MODELS:
+        if out_of_time(f"correctness of {m}"):
+            continue
         expect = os.path.join(a.data, "light", f"light_{m}_output_0.pb")
         var = os.path.join(a.variants, m)
         for p in precisions(a):
@@ -215,6 +234,8 @@ def speed(a):
     model = os.path.join(a.variants, "resnet50", "model.onnx")
     for batch in speed_batches(a):
         for p in precisions(a):
+            if out_of_time(f"smelt {p} at batch {batch}"):
+                continue
             v, why = smelt(a.smelt, ["run", model, "--batch", str(batch), "--backend", "cuda", "--precision", p, "--json", "--repeat", "50"])
             if v is None:
                 print(f"| smelt {p} | {batch} | error: {why} | | | | |", flush=True)
@@ -227,13 +248,18 @@ def speed(a):
         print(f"| PyTorch | - | not available: {e} | | | | |")
         return
     for batch in speed_batches(a):
-        for mode in ["eager", "torch.compile"]:
-            try:
-                ms, peak, weights, prep = bench_torch(torch, batch, mode)
-                print(f"| PyTorch {torch.__version__} {mode} | {batch} | {ms:.3f} | {peak / 2**20:.1f} | {weights / 2**20:.1f} | {(peak - weights) / 2**20:.1f} | {prep:.1f} |", flush=True)
-            except Exception as e:
-                print(f"| PyTorch {mode} | {batch} | failed: {str(e).splitlines()[0][:80]} | | | | |", flush=True)
-            torch.cuda.empty_cache()
+        torch_inference_row(torch, batch, "eager")
+
+
+def torch_inference_row(torch, batch, mode):
+    if out_of_time(f"PyTorch {mode} inference at batch {batch}"):
+        return
+    try:
+        ms, peak, weights, prep = bench_torch(torch, batch, mode)
+        print(f"| PyTorch {torch.__version__} {mode} | {batch} | {ms:.3f} | {peak / 2**20:.1f} | {weights / 2**20:.1f} | {(peak - weights) / 2**20:.1f} | {prep:.1f} |", flush=True)
+    except Exception as e:
+        print(f"| PyTorch {mode} | {batch} | failed: {str(e).splitlines()[0][:80]} | | | | |", flush=True)
+    torch.cuda.empty_cache()
 
 
 def training(a):
@@ -244,6 +270,8 @@ def training(a):
     for model in ["mlp", "cnn"]:
         d = os.path.join(a.train_runs, model)
         for run, opts in TRAIN_RUNS:
+            if out_of_time(f"training {model} {run}"):
+                continue
             with tempfile.TemporaryDirectory() as ck:
                 v, why = smelt(a.smelt, ["train", os.path.join(d, "model.onnx"), "--data", os.path.join(d, "train.npz"), "--batch", "32",
                                          "--steps", "20", "--no-shuffle", "--checkpoint", ck, "--backend", a.train_backend, "--json", *opts])
@@ -263,7 +291,7 @@ def training(a):
     print("\n## Training: ResNet-50, batch 32, Adam\n")
     print("| engine | ms per step | samples/s | peak device MiB | setup s |")
     print("|---|---|---|---|---|")
-    v, why = smelt(a.smelt, ["train", *RESNET_TRAIN, "--data", "synthetic:352", "--steps", "10", "--backend", a.train_backend, "--json"], timeout=600)
+    v, why = (None, "skipped: out of time") if out_of_time("smelt ResNet-50 training") else smelt(a.smelt, ["train", *RESNET_TRAIN, "--data", "synthetic:352", "--steps", "10", "--backend", a.train_backend, "--json"], timeout=600)
     if v is None:
         print(f"| smelt | error: {why} | | | |", flush=True)
     else:
@@ -275,13 +303,37 @@ def training(a):
     except Exception as e:
         print(f"| PyTorch | not available: {e} | | | |")
         return
-    for mode in ["eager", "torch.compile"]:
-        try:
-            ms, peak, prep = bench_torch_train(torch, 32, mode)
-            print(f"| PyTorch {torch.__version__} {mode} | {ms:.2f} | {32e3 / ms:.0f} | {peak / 2**20:.1f} | {prep:.1f} |", flush=True)
-        except Exception as e:
-            print(f"| PyTorch {mode} | failed: {str(e).splitlines()[0][:80]} | | | |", flush=True)
-        torch.cuda.empty_cache()
+    torch_train_row(torch, "eager")
+
+
+def torch_train_row(torch, mode):
+    if out_of_time(f"PyTorch {mode} training"):
+        return
+    try:
+        ms, peak, prep = bench_torch_train(torch, 32, mode)
+        print(f"| PyTorch {torch.__version__} {mode} | {ms:.2f} | {32e3 / ms:.0f} | {peak / 2**20:.1f} | {prep:.1f} |", flush=True)
+    except Exception as e:
+        print(f"| PyTorch {mode} | failed: {str(e).splitlines()[0][:80]} | | | |", flush=True)
+    torch.cuda.empty_cache()
+
+
+def torch_compiled(a):
+    """The torch.compile rows, last: each spends a minute or more compiling."""
+    try:
+        import torch
+        if not torch.cuda.is_available():
+            return
+    except Exception:
+        return
+    print("\n## PyTorch torch.compile (ResNet-50)\n")
+    print("| engine | batch | median ms | peak device MiB | of which weights MiB | activations and workspace MiB | setup s |")
+    print("|---|---|---|---|---|---|---|")
+    for batch in speed_batches(a):
+        torch_inference_row(torch, batch, "torch.compile")
+    if a.train_runs:
+        print("\n| engine (training, batch 32, Adam) | ms per step | samples/s | peak device MiB | setup s |")
+        print("|---|---|---|---|---|")
+        torch_train_row(torch, "torch.compile")
 
 
 def bench_torch_train(torch, batch, mode, iters=10):
@@ -318,7 +370,11 @@ def main():
     ap.add_argument("--train-only", action="store_true", help="only the training check (no probe)")
     ap.add_argument("--train-backend", default="cuda", help=argparse.SUPPRESS)  # cpu: try the check's logic without a GPU
     ap.add_argument("--list-train-compiles", action="store_true", help="print the training check's smelt compile arguments, one run per line")
+    ap.add_argument("--budget", type=float, help="seconds: no part starts after them (the slowest parts run last)")
     a = ap.parse_args()
+    global DEADLINE
+    if a.budget:
+        DEADLINE = time.time() + a.budget
     if a.list_compiles:
         for m, p, b in compiles(a):
             print(m, p, b)
@@ -336,8 +392,11 @@ def main():
     t = time.time()
     # First contact: one run that synchronises after every launch, so a
     # device fault names its kernel.
-    probe = subprocess.run([a.smelt, "run", variant(a, "resnet50"), "--backend", "cuda", "--repeat", "1", "--sync"],
-                           capture_output=True, text=True)
+    try:
+        probe = subprocess.run([a.smelt, "run", variant(a, "resnet50"), "--backend", "cuda", "--repeat", "1", "--sync"],
+                               capture_output=True, text=True, timeout=180)
+    except subprocess.TimeoutExpired as e:
+        sys.exit(f"gpu-check: the probe (ResNet-50, --sync) hung for 180 s: {(e.stderr or b'')[-2000:]!r}")
     if probe.returncode != 0:
         sys.exit(f"gpu-check: smelt cannot use the GPU: {probe.stderr.strip()}")
     print(probe.stdout.strip().splitlines()[0] if probe.stdout.strip() else "", file=sys.stderr)
@@ -346,6 +405,9 @@ def main():
     speed(a)
     if a.train_runs:
         training(a)
+    torch_compiled(a)
+    if SKIPPED:
+        print(f"\nSkipped (the --budget of {a.budget:.0f} s was spent): " + "; ".join(SKIPPED))
     print(f"\ngpu-check finished in {time.time() - t:.0f} s", file=sys.stderr)
     if FAILURES:
         print(f"gpu-check: {len(FAILURES)} failures:", *FAILURES, sep="\n  ", file=sys.stderr)
