@@ -19,6 +19,8 @@
 #                                    about 3 minutes; --budget: no part of
 #                                    the check starts after S seconds, and
 #                                    the slowest, torch.compile, come last)
+#   scripts/gpu-check.sh --train-only  only the training check (with the
+#                                    training step's per-kernel profile)
 #
 # Exits non-zero on any mismatch or error.
 #
@@ -67,6 +69,7 @@ quick=0 budget=
 while [[ $# -gt 0 ]]; do
     case $1 in
         --quick) quick=1 ;;
+        --train-only) quick=2 ;;
         --budget) budget=${2:?--budget needs seconds}; shift ;;
         *) echo "gpu-check: unknown argument $1" >&2; exit 2 ;;
     esac
@@ -93,6 +96,10 @@ fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >&2 || true
 data=$(python3 -c 'import onnx, os; print(os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data"))')
 mkdir -p .testdata && ln -sfn "$data" .testdata/onnx-data
+if [[ $quick == 2 ]]; then
+    python3 scripts/gpu_check.py --train-only --smelt "$W/smelt" --data - --variants - --train-runs "$W/train_runs"
+    exit
+fi
 if [[ ! -f .testdata/variants/.done ]]; then
     echo "gpu-check: generating the random-weight variants" >&2
     python3 scripts/make_variants.py --data "$data" --out .testdata/variants >&2

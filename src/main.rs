@@ -299,7 +299,8 @@ pub(crate) struct RunArgs {
     #[arg(long)]
     pub(crate) sync: bool,
     /// With --backend cuda or emulator: time each kernel (CUDA events, or
-    /// the host clock) and print its share, bandwidth and FLOP rate.
+    /// the host clock) and print its share, bandwidth and FLOP rate. With
+    /// --train the profiled run is one more step, after the reported one.
     #[arg(long)]
     pub(crate) profile: bool,
     /// With --backend cuda: timed runs after one warm-up (the emulator
