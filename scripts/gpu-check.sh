@@ -97,7 +97,9 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >&
 data=$(python3 -c 'import onnx, os; print(os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data"))')
 mkdir -p .testdata && ln -sfn "$data" .testdata/onnx-data
 if [[ $quick == 2 ]]; then
-    python3 scripts/gpu_check.py --train-only --smelt "$W/smelt" --data - --variants - --train-runs "$W/train_runs"
+    flags=()
+    [[ -n $budget ]] && flags=(--budget "$(( budget - SECONDS ))")
+    python3 scripts/gpu_check.py --train-only --smelt "$W/smelt" --data - --variants - --train-runs "$W/train_runs" "${flags[@]}"
     exit
 fi
 if [[ ! -f .testdata/variants/.done ]]; then

@@ -85,6 +85,8 @@ TRAIN_RUNS = [
     ("sgd_acc4", ["--optimizer", "sgd", "--lr", "0.05", "--accumulate", "4"]),
 ]
 RESNET_TRAIN = ["zoo:resnet50", "--optimizer", "adam", "--lr", "0.001", "--batch", "32"]
+# ResNet-50's training step runs at these precisions (PyTorch: f32, and bf16 autocast).
+TRAIN_PRECISIONS = ["f32", "mixed-bf16"]
 
 
 def train_compiles(runs):
@@ -93,7 +95,7 @@ def train_compiles(runs):
     for model in ["mlp", "cnn"]:
         for _, opts in TRAIN_RUNS:
             out.append([os.path.join(runs, model, "model.onnx"), "--batch", "32", *[o.replace("--optimizer", "--train") for o in opts]])
-    out.append([o.replace("--optimizer", "--train") for o in RESNET_TRAIN])
+    out += [[o.replace("--optimizer", "--train") for o in RESNET_TRAIN] + ["--precision", p] for p in TRAIN_PRECISIONS]
     return out
 
 
@@ -291,33 +293,40 @@ def training(a):
     print("\n## Training: ResNet-50, batch 32, Adam\n")
     print("| engine | ms per step | samples/s | peak device MiB | setup s |")
     print("|---|---|---|---|---|")
-    log = os.path.join(tempfile.mkdtemp(), "steps.jsonl")
-    v, why = (None, "skipped: out of time") if out_of_time("smelt ResNet-50 training") else smelt(
-        a.smelt, ["train", *RESNET_TRAIN, "--data", "synthetic:352", "--steps", "10", "--backend", a.train_backend, "--json", "--log-json", log], timeout=600)
-    if v is None:
-        print(f"| smelt | error: {why} | | | |", flush=True)
-    else:
+    profiles = []
+    for p in TRAIN_PRECISIONS:
+        log = os.path.join(tempfile.mkdtemp(), "steps.jsonl")
+        v, why = (None, "skipped: out of time") if out_of_time(f"smelt ResNet-50 training, {p}") else smelt(
+            a.smelt, ["train", *RESNET_TRAIN, "--precision", p, "--data", "synthetic:352", "--steps", "10", "--backend", a.train_backend,
+                      "--json", "--log-json", log], timeout=600)
+        if v is None:
+            print(f"| smelt {p} | error: {why} | | | |", flush=True)
+            continue
         # The median step (the first loads and JIT-compiles the kernels).
         steps = sorted(json.loads(line)["ms"] for line in open(log) if '"ms"' in line and "summary" not in line)
         ms = steps[len(steps) // 2] if steps else v["ms_per_step"]
-        print(f"| smelt f32 | {ms:.2f} | {32e3 / ms:.0f} | {v['device_bytes'] / 2**20:.1f} | {why} |", flush=True)
-    if a.train_backend == "cuda" and not out_of_time("the training step's profile"):
-        profile_step(a)
+        print(f"| smelt {p} | {ms:.2f} | {32e3 / ms:.0f} | {v['device_bytes'] / 2**20:.1f} | {why} |", flush=True)
+        profiles.append(p)
     try:
         import torch
         if not torch.cuda.is_available():
             raise RuntimeError("no CUDA device")
+        torch_train_row(torch, "eager")
+        torch_train_row(torch, "eager", torch.bfloat16)
     except Exception as e:
         print(f"| PyTorch | not available: {e} | | | |")
-        return
-    torch_train_row(torch, "eager")
+    for p in profiles:
+        if a.train_backend == "cuda" and not out_of_time(f"the training step's profile, {p}"):
+            profile_step(a, p)
 
 
-def torch_train_row(torch, mode):
+def torch_train_row(torch, mode, autocast=None):
+    if autocast is not None:
+        mode += f" autocast {str(autocast).removeprefix('torch.')}"
     if out_of_time(f"PyTorch {mode} training"):
         return
     try:
-        ms, peak, prep = bench_torch_train(torch, 32, mode)
+        ms, peak, prep = bench_torch_train(torch, 32, mode, autocast)
         print(f"| PyTorch {torch.__version__} {mode} | {ms:.2f} | {32e3 / ms:.0f} | {peak / 2**20:.1f} | {prep:.1f} |", flush=True)
     except Exception as e:
         print(f"| PyTorch {mode} | failed: {str(e).splitlines()[0][:80]} | | | |", flush=True)
@@ -343,9 +352,10 @@ def torch_compiled(a):
         torch_train_row(torch, "torch.compile")
 
 
-def profile_step(a):
-    """One ResNet-50 Adam step (batch 32, f32), each kernel timed by CUDA events."""
-    v, why = smelt(a.smelt, ["run", *[o.replace("--optimizer", "--train") for o in RESNET_TRAIN], "--backend", "cuda", "--profile", "--json"], timeout=300)
+def profile_step(a, precision):
+    """One ResNet-50 Adam step (batch 32), each kernel timed by CUDA events."""
+    v, why = smelt(a.smelt, ["run", *[o.replace("--optimizer", "--train") for o in RESNET_TRAIN], "--precision", precision, "--backend", "cuda", "--profile", "--json"],
+                   timeout=300)
     if v is None:
         print(f"\nThe training step's profile: error: {why}")
         return
@@ -356,7 +366,7 @@ def profile_step(a):
         kind = k["kernel"].split("_")[0]
         n, ms, fl, by = kinds.get(kind, (0, 0.0, 0, 0))
         kinds[kind] = (n + 1, ms + k["ms"], fl + k["flops"], by + k["bytes"])
-    print(f"\n## Training step profile: ResNet-50, batch 32, Adam, f32 ({len(ks)} kernels, {total:.2f} ms in kernels)\n")
+    print(f"\n## Training step profile: ResNet-50, batch 32, Adam, {precision} ({len(ks)} kernels, {total:.2f} ms in kernels)\n")
     print("| kernel family | kernels | ms | share | GFLOP/s | GB/s |")
     print("|---|---|---|---|---|---|")
     for kind, (n, ms, fl, by) in sorted(kinds.items(), key=lambda kv: -kv[1][1])[:12]:
@@ -367,18 +377,21 @@ def profile_step(a):
         print(f"| {k['kernel'][:60]} | {k['node'][:40]} | {k['ms']:.3f} | {k['flops'] / (k['ms'] * 1e6):.0f} | {k['bytes'] / (k['ms'] * 1e6):.0f} |", flush=True)
 
 
-def bench_torch_train(torch, batch, mode, iters=10):
-    """Median ms of an Adam step of ResNet-50 (batch norm frozen, as smelt trains by default) and the peak device memory."""
+def bench_torch_train(torch, batch, mode, autocast=None, iters=10):
+    """Median ms of an Adam step of ResNet-50 (batch norm frozen, as smelt trains by default) and the peak device memory;
+    `autocast`: the forward pass and loss under torch.autocast with that dtype."""
     model = torch_resnet50(torch)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     x = torch.randn(batch, 3, 224, 224, device="cuda")
     y = torch.randint(0, 1000, (batch,), device="cuda")
     t0 = time.time()
-    step_model = torch.compile(model) if mode == "torch.compile" else model
+    step_model = torch.compile(model) if mode.startswith("torch.compile") else model
 
     def step():
         opt.zero_grad(set_to_none=True)
-        torch.nn.functional.cross_entropy(step_model(x), y).backward()
+        with torch.autocast("cuda", dtype=autocast, enabled=autocast is not None):
+            loss = torch.nn.functional.cross_entropy(step_model(x), y)
+        loss.backward()
         opt.step()
     for _ in range(3):
         step()

@@ -683,3 +683,25 @@ fn batch_norm_in_training_mode_matches_pytorch() {
         }
     }
 }
+
+/// The backward kernels at the sizes a GPU trains at (ResNet-8, batch 32):
+/// conv data and weight gradients as register-tiled (64x64) and plain
+/// (16x16) GEMMs, strided too, and batch norm's long sums reduced a block
+/// per row, run as CUDA C on the emulator and agree with their descriptions.
+#[test]
+fn backward_kernels_at_gpu_sizes_run_on_the_emulator() {
+    let opts = smelt::Options { batch: Some(32), train: Some(ce("sgd", Default::default())), ..Default::default() };
+    let mut s = smelt::Session::open("zoo:resnet8", opts).unwrap_or_else(|e| panic!("{e}"));
+    let compiled = s.compile().unwrap_or_else(|e| panic!("{e}"));
+    let x: Vec<f32> = (0..32 * 3 * 32 * 32).map(|i| ((i * 7919 % 1013) as f32 / 1013.0) - 0.5).collect();
+    let labels: Vec<i64> = (0..32).map(|i| i % 10).collect();
+    let inputs = [Tensor::from_f32(vec![32, 3, 32, 32], x), Tensor::from_i64(vec![32], labels)];
+    let (program, outs) = emulated_steps(&mut s, &compiled, &inputs, 1);
+    assert!(outs.iter().all(|t| t.to_f32_vec().iter().all(|v| v.is_finite())));
+    let sources = program.sources();
+    let has = |prefix: &str, text: &str| sources.iter().any(|(name, src)| name.starts_with(prefix) && src.contains(text));
+    assert!(has("conv_grad_data_s2", "(4x4 a thread)"), "a strided data gradient, register-tiled");
+    assert!(has("conv_grad_data_s1", "(4x4 a thread)"), "a data gradient, register-tiled");
+    assert!(has("conv_grad_weight", "(1x1 a thread)"), "a weight gradient, 16x16");
+    assert!(has("reduce_sum", "part[t]"), "a long sum, a block per row");
+}

@@ -2,10 +2,16 @@
 //! weights), max and average pooling and LRN, over 2-D images. One thread
 //! per output element gathers what it needs (no atomics, so the result is
 //! deterministic): a data gradient walks the outputs whose windows cover its
-//! element, a weight gradient sums over the batch and the output positions.
+//! element, a weight gradient sums over the batch and the output positions
+//! (both as tiled GEMMs, a tile of outputs a block, when not grouped).
 //! The same description renders to CUDA C and runs on the CPU.
 
 use smelt_ir::{Conv as ConvAttrs, DType, KernelGraph, KernelOp, NodeId, Op, Pool, Tensor};
+
+/// A convolution gradient's tile: `TILE x TILE` outputs a block.
+pub const TILE: usize = 16;
+/// The reduction steps staged in shared memory at a time.
+const KSTEP: usize = 32;
 
 /// Which gradient.
 #[derive(Clone, Debug, PartialEq)]
@@ -135,8 +141,164 @@ impl Grad {
         self.numel() * per
     }
 
+    /// The (M, N, K) of a convolution gradient computed as a tiled GEMM, a
+    /// [`TILE`]² tile of outputs a block: the weight gradient as
+    /// `dw[co][j] = sum_k dy[co][k] * xcol[j][k]` (j = (ci, kh, kw), k =
+    /// (image, output row, output column)), the data gradient as
+    /// `dx[c][p] = sum_r w[r][c] * dycol[p][r]` (p = (image, row, column),
+    /// r = (output channel, kh, kw)). `None` for every other gradient, a
+    /// grouped one, or one whose extents need 64-bit indices.
+    fn gemm(&self) -> Option<(usize, usize, usize)> {
+        let (GradKind::ConvWeight(c) | GradKind::ConvData(c)) = &self.kind else { return None };
+        let (x, dy) = match self.kind {
+            GradKind::ConvWeight(_) => (&self.inputs[0], &self.inputs[1]),
+            _ => (&self.output, &self.inputs[0]),
+        };
+        let [n, ch, h, w] = nchw(x);
+        let [_, m, oh, ow] = nchw(dy);
+        let [_, _, kh, kw] = nchw(if matches!(self.kind, GradKind::ConvWeight(_)) { &self.output } else { &self.inputs[1] });
+        let mnk = match self.kind {
+            GradKind::ConvWeight(_) => (m, ch * kh * kw, n * oh * ow),
+            _ => (ch, n * h * w, m * kh * kw),
+        };
+        let fits = [mnk.0, mnk.1, mnk.2, n * ch * h * w, n * m * oh * ow, m * ch * kh * kw].iter().all(|&e| e < 1 << 31);
+        (c.group == 1 && fits).then_some(mnk)
+    }
+
+    /// Outputs per thread along each side of the tile: 4 (a 64x64 tile)
+    /// where the GEMM has enough such tiles to fill a large GPU, else 1
+    /// (16x16: a weight gradient's few outputs over a long sum).
+    fn reg_tile(m: usize, n: usize) -> usize {
+        if m.div_ceil(4 * TILE) * n.div_ceil(4 * TILE) >= 256 {
+            4
+        } else {
+            1
+        }
+    }
+
+    /// Launch geometry: a tile of a convolution gradient per block of
+    /// `TILE * TILE` threads (see [`Grad::gemm`]), else one thread per
+    /// output element.
+    pub fn launch(&self) -> crate::kernel::Launch {
+        match self.gemm() {
+            Some((m, n, _)) => {
+                let t = TILE * Grad::reg_tile(m, n);
+                crate::kernel::Launch { grid: [n.div_ceil(t), m.div_ceil(t), 1], block: [TILE * TILE, 1, 1], count: Some(self.numel()) }
+            }
+            None => {
+                let b = crate::kernel::BLOCK;
+                crate::kernel::Launch { grid: [self.numel().div_ceil(b).max(1), 1, 1], block: [b, 1, 1], count: Some(self.numel()) }
+            }
+        }
+    }
+
+    /// A convolution gradient as a tiled GEMM (see [`Grad::gemm`]): each
+    /// step stages a `TILE x KSTEP` slice of both operands in shared memory
+    /// (zero outside the image); each thread sums its element over k in
+    /// order, as the CPU description does, taking the taps outside the
+    /// image as zeros.
+    fn gemm_cuda(&self, c: &ConvAttrs, (m, n, k): (usize, usize, usize)) -> String {
+        let (ty, load, store) = crate::c_type(self.dtype);
+        let (t, kc) = (TILE, KSTEP);
+        let mut s = String::from("#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n\n");
+        s += &format!("// {}: {:?}, inputs {:?} -> {:?}\n", self.name, self.kind, self.inputs, self.output);
+        // Per operand: the code setting `v` from row `r` (< its extent) and
+        // `k`, and whether consecutive threads load consecutive k (else
+        // consecutive rows), whichever is contiguous in memory.
+        let (a, b, out) = match self.kind {
+            GradKind::ConvWeight(_) => {
+                let [_, ch, h, w] = nchw(&self.inputs[0]);
+                let [_, _, oh, ow] = nchw(&self.inputs[1]);
+                let [_, _, kh, kw] = nchw(&self.output);
+                let a = format!(
+                    "const unsigned int b = k / {}u, p = k % {}u;\n                v = {load}(in1[((unsigned long long)b * {m}ull + r) * {}ull + p]);",
+                    oh * ow,
+                    oh * ow,
+                    oh * ow
+                );
+                let b = format!(
+                    "const unsigned int b = k / {}u, p = k % {}u, y = p / {ow}u, x = p % {ow}u, ci = r / {}u, a = r / {kw}u % {kh}u, q = r % {kw}u;\n                \
+                     const int ih = (int)(y * {}u + a * {}u) - {}, iw = (int)(x * {}u + q * {}u) - {};\n                \
+                     if (ih >= 0 && ih < {h} && iw >= 0 && iw < {w}) v = {load}(in0[(((unsigned long long)b * {ch}ull + ci) * {h}ull + ih) * {w}ull + iw]);",
+                    oh * ow,
+                    oh * ow,
+                    kh * kw,
+                    c.strides[0],
+                    c.dilations[0],
+                    c.pads[0],
+                    c.strides[1],
+                    c.dilations[1],
+                    c.pads[1]
+                );
+                ((a, true), (b, true), format!("(unsigned long long)i * {n}ull + j"))
+            }
+            _ => {
+                let [_, ch, h, w] = nchw(&self.output);
+                let [_, mo, oh, ow] = nchw(&self.inputs[0]);
+                let [_, _, kh, kw] = nchw(&self.inputs[1]);
+                let a = format!(
+                    "const unsigned int o = k / {}u, t = k % {}u;\n                v = {load}(in1[((unsigned long long)o * {ch}ull + r) * {}ull + t]);",
+                    kh * kw,
+                    kh * kw,
+                    kh * kw
+                );
+                let b = format!(
+                    "const unsigned int b = r / {}u, y = r / {w}u % {h}u, x = r % {w}u, o = k / {}u, a = k / {kw}u % {kh}u, q = k % {kw}u;\n                \
+                     const int th = (int)(y + {}u) - (int)(a * {}u), tw = (int)(x + {}u) - (int)(q * {}u);\n                \
+                     if (th >= 0 && tw >= 0 && th % {s0} == 0 && tw % {s1} == 0 && th / {s0} < {oh} && tw / {s1} < {ow}) \
+                     v = {load}(in0[(((unsigned long long)b * {mo}ull + o) * {oh}ull + th / {s0}) * {ow}ull + tw / {s1}]);",
+                    h * w,
+                    kh * kw,
+                    c.pads[0],
+                    c.dilations[0],
+                    c.pads[1],
+                    c.dilations[1],
+                    s0 = c.strides[0],
+                    s1 = c.strides[1],
+                );
+                let out = format!("((unsigned long long)(j / {}u) * {ch}ull + i) * {}ull + j % {}u", h * w, h * w, h * w);
+                ((a, true), (b, false), out)
+            }
+        };
+        // Thread (ty, tx) of the TILE x TILE block sums outputs
+        // (i0 + ty + TILE u, j0 + tx + TILE v) for u, v < rt.
+        let rt = Grad::reg_tile(m, n);
+        let (tt, kc) = (t * rt, if rt == 1 { kc } else { kc / 2 });
+        s += &format!("// out[i][j] = sum_k a[i][k] * b[j][k]: M {m}, N {n}, K {k}, {tt}x{tt} tiles ({rt}x{rt} a thread), {kc} k a step\n");
+        s += &format!(
+            "extern \"C\" __global__ void {}(const {ty}* __restrict__ in0, const {ty}* __restrict__ in1, {ty}* __restrict__ out, unsigned long long n) {{\n",
+            self.name
+        );
+        s += &format!("    __shared__ float as[{tt}][{}];\n    __shared__ float bs[{tt}][{}];\n", kc + 1, kc + 1);
+        s += &format!("    const unsigned int tid = threadIdx.x, tx = tid % {t}u, ty = tid / {t}u;\n");
+        s += &format!("    const unsigned int i0 = blockIdx.y * {tt}u, j0 = blockIdx.x * {tt}u;\n    float acc[{rt}][{rt}] = {{}};\n");
+        s += &format!("    for (unsigned int k0 = 0; k0 < {k}u; k0 += {kc}u) {{\n");
+        for (name, (code, k_fastest), base, extent) in [("as", a, "i0", m), ("bs", b, "j0", n)] {
+            let (row, kk) =
+                if k_fastest { (format!("e / {kc}u"), format!("e % {kc}u")) } else { (format!("e % {tt}u"), format!("e / {tt}u")) };
+            s += &format!("        for (unsigned int e = tid; e < {}u; e += {}u) {{\n", tt * kc, t * t);
+            s += &format!(
+                "            const unsigned int row = {row}, kk = {kk}, k = k0 + kk, r = {base} + row;\n            float v = 0.0f;\n"
+            );
+            s += &format!("            if (k < {k}u && r < {extent}u) {{\n                {code}\n            }}\n            {name}[row][kk] = v;\n        }}\n");
+        }
+        s += "        __syncthreads();\n";
+        s += &format!("        #pragma unroll\n        for (int kk = 0; kk < {kc}; ++kk) {{\n");
+        s += &format!("            float av[{rt}], bv[{rt}];\n            #pragma unroll\n            for (int u = 0; u < {rt}; ++u) {{ av[u] = as[ty + {t} * u][kk]; bv[u] = bs[tx + {t} * u][kk]; }}\n");
+        s += &format!("            #pragma unroll\n            for (int u = 0; u < {rt}; ++u)\n                #pragma unroll\n                for (int v = 0; v < {rt}; ++v) acc[u][v] += av[u] * bv[v];\n        }}\n");
+        s += "        __syncthreads();\n    }\n";
+        s += &format!(
+            "    #pragma unroll\n    for (int u = 0; u < {rt}; ++u)\n        #pragma unroll\n        for (int v = 0; v < {rt}; ++v) {{\n"
+        );
+        s += &format!("            const unsigned int i = i0 + ty + {t} * u, j = j0 + tx + {t} * v;\n            if (i < {m}u && j < {n}u) out[{out}] = {store}(acc[u][v]);\n        }}\n}}\n");
+        s
+    }
+
     /// The CUDA C source: `extern "C" __global__ void NAME(const T* in0, [const T* in1,] T* out, n)`.
     pub fn cuda(&self) -> String {
+        if let (GradKind::ConvWeight(c) | GradKind::ConvData(c), Some(gemm)) = (&self.kind, self.gemm()) {
+            return self.gemm_cuda(c, gemm);
+        }
         let (ty, load, store) = crate::c_type(self.dtype);
         let mut s = String::from("#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n\n");
         s += &format!("// {}: {:?}, inputs {:?} -> {:?}\n", self.name, self.kind, self.inputs, self.output);

@@ -192,10 +192,13 @@ impl Kernel {
         match self {
             Kernel::Elementwise(k) => Launch { count: Some(k.numel()), ..linear(k.threads()) },
             Kernel::Pool(k) => linear(k.numel()),
+            Kernel::Reduction(k) if k.by_block() => {
+                Launch { grid: [k.row_count().max(1), 1, 1], block: [crate::reduce::BLOCK_THREADS, 1, 1], count: Some(k.row_count()) }
+            }
             Kernel::Reduction(k) => linear(k.row_count()),
             Kernel::Layout(k) => linear(k.numel()),
             Kernel::Select(k) => linear(k.numel()),
-            Kernel::Grad(k) => linear(k.numel()),
+            Kernel::Grad(k) => k.launch(),
             Kernel::Update(k) if k.optimizer == smelt_ir::Optimizer::Count => Launch { grid: [1, 1, 1], block: [1, 1, 1], count: None },
             Kernel::Update(k) => linear(k.n),
             Kernel::Attention(k) => Launch { grid: k.grid(), block: [crate::attention::ROWS, 1, 1], count: None },

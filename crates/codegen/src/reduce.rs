@@ -2,7 +2,11 @@
 //! layer normalization and mean, sum or max over any axes, each reading its input through an optional
 //! elementwise prologue (a `fused_reduction`: the residual add before a
 //! layer norm), so the prologue's value never reaches memory. One thread
-//! per reduced row; the row is walked in registers, statistics in f32.
+//! per reduced row, the row walked in registers, statistics in f32; a long
+//! sum, mean, max or average pool (a batch norm's gradient over N, H and W)
+//! takes a block of [`BLOCK_THREADS`] per row instead: each thread folds
+//! every `BLOCK_THREADS`-th element, then a tree in shared memory folds the
+//! threads, in an order the CPU description repeats.
 
 use crate::elementwise::{expr_c, strides};
 use smelt_ir::{DType, Expr, ExprNode, KernelGraph, KernelOp, NodeId, Op, ReduceOp, Tensor};
@@ -60,6 +64,33 @@ pub struct Reduction {
     /// Dtypes of the reduction's own operands after the prologue's (a
     /// layer norm's scale and bias).
     pub extra: Vec<DType>,
+}
+
+/// Threads of a block that reduces one long row.
+pub const BLOCK_THREADS: usize = 256;
+
+/// Rows at least this long are reduced by a block each (shorter ones, one
+/// thread each: there are then usually many rows).
+const BLOCK_MIN_LEN: usize = 1024;
+
+/// Folds `len` values as a block of [`BLOCK_THREADS`] does: thread t takes
+/// `value(t)`, `value(t + BLOCK_THREADS)`, ... in order, then the threads'
+/// partial results pair up in a tree (t with t + 128, then t + 64, ...).
+fn block_fold(len: usize, init: f32, mut value: impl FnMut(usize) -> f32, fold: impl Fn(f32, f32) -> f32) -> f32 {
+    let mut part = vec![init; BLOCK_THREADS];
+    for (t, p) in part.iter_mut().enumerate() {
+        for k in (t..len).step_by(BLOCK_THREADS) {
+            *p = fold(*p, value(k));
+        }
+    }
+    let mut s = BLOCK_THREADS / 2;
+    while s > 0 {
+        for t in 0..s {
+            part[t] = fold(part[t], part[t + s]);
+        }
+        s /= 2;
+    }
+    part[0]
 }
 
 impl Reduction {
@@ -128,9 +159,15 @@ impl Reduction {
         Some(Reduction { name, kind, expr, pre, inputs, output: out.shape.clone(), out: out.dtype, extra })
     }
 
-    /// Rows reduced: one thread each.
+    /// Rows reduced: one thread or one block each.
     pub fn row_count(&self) -> usize {
         self.rows().0
+    }
+
+    /// Whether each row is reduced by a block of [`BLOCK_THREADS`] (a long
+    /// sum, mean or max, or a large average pool).
+    pub fn by_block(&self) -> bool {
+        matches!(self.kind, Kind::Reduce { .. } | Kind::GlobalAveragePool) && self.rows().1 >= BLOCK_MIN_LEN
     }
 
     /// (rows, row length, inner stride): row r, element k is at flat index
@@ -192,7 +229,12 @@ impl Reduction {
             params.join(", "),
             ty(self.out)
         );
-        s += "    unsigned long long r = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;\n    if (r >= rows) return;\n";
+        let block = self.by_block();
+        s += if block {
+            "    unsigned long long r = blockIdx.x;\n    if (r >= rows) return;\n"
+        } else {
+            "    unsigned long long r = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;\n    if (r >= rows) return;\n"
+        };
         let (kept, reduced) = self.split_axes();
         let base = match self.kind {
             Kind::Reduce { .. } => decompose_c("r", &kept),
@@ -200,6 +242,28 @@ impl Reduction {
         };
         s += &format!("    unsigned long long base = {base};\n");
         let store = |v: &str| crate::store_c(self.out, v);
+        if block {
+            let (init, fold, at) = match self.kind {
+                Kind::Reduce { op: ReduceOp::Max, .. } => ("__int_as_float(0xff800000)", "fmaxf(a, b)", decompose_c("k", &reduced)),
+                Kind::Reduce { .. } => ("0.0f", "a + b", decompose_c("k", &reduced)),
+                _ => ("0.0f", "a + b", "k".to_string()),
+            };
+            let t = BLOCK_THREADS;
+            s += &format!("    __shared__ float part[{t}];\n    const unsigned int t = threadIdx.x;\n    float acc = {init};\n");
+            s += &format!(
+                "    for (unsigned long long k = t; k < {len}ull; k += {t}ull) {{ float a = acc, b = value_{}({args}, base + {at}); acc = {fold}; }}\n",
+                self.name
+            );
+            s += "    part[t] = acc;\n    __syncthreads();\n";
+            s += &format!(
+                "    for (unsigned int s = {}u; s > 0u; s >>= 1) {{\n        if (t < s) {{ float a = part[t], b = part[t + s]; part[t] = {fold}; }}\n        __syncthreads();\n    }}\n",
+                t / 2
+            );
+            let mean = matches!(self.kind, Kind::GlobalAveragePool | Kind::Reduce { op: ReduceOp::Mean, .. });
+            let v = if mean { format!("part[0] / {len}.0f") } else { "part[0]".into() };
+            s += &format!("    if (t == 0) out[r] = {};\n}}\n", store(&v));
+            return s;
+        }
         match self.kind {
             Kind::GlobalAveragePool => {
                 s += &format!(
@@ -274,8 +338,26 @@ impl Reduction {
         let (kept, reduced) = self.split_axes();
         let n: usize = self.output.iter().product();
         let mut out = vec![0f32; n];
+        let block = self.by_block();
         for r in 0..rows {
             let base = decompose(r, &kept);
+            if block {
+                out[r] = match self.kind {
+                    Kind::Reduce { op: ReduceOp::Max, .. } => {
+                        block_fold(len, f32::NEG_INFINITY, |k| value(base + decompose(k, &reduced)), f32::max)
+                    }
+                    Kind::Reduce { op, .. } => {
+                        let sum = block_fold(len, 0.0, |k| value(base + decompose(k, &reduced)), |a, b| a + b);
+                        if op == ReduceOp::Mean {
+                            sum / len as f32
+                        } else {
+                            sum
+                        }
+                    }
+                    _ => block_fold(len, 0.0, |k| value(base + k), |a, b| a + b) / len as f32,
+                };
+                continue;
+            }
             match self.kind {
                 Kind::GlobalAveragePool => {
                     let acc: f32 = (0..len).map(|k| value(base + k)).sum();
