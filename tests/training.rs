@@ -686,8 +686,9 @@ fn batch_norm_in_training_mode_matches_pytorch() {
 
 /// The backward kernels at the sizes a GPU trains at (ResNet-8, batch 32):
 /// conv data and weight gradients as register-tiled (64x64) and plain
-/// (16x16) GEMMs, strided too, and batch norm's long sums reduced a block
-/// per row, run as CUDA C on the emulator and agree with their descriptions.
+/// (16x16) GEMMs and as small tiles whose threads split the sum, strided
+/// too, and batch norm's long sums reduced a block per row, run as CUDA C
+/// on the emulator and agree with their descriptions.
 #[test]
 fn backward_kernels_at_gpu_sizes_run_on_the_emulator() {
     let opts = smelt::Options { batch: Some(32), train: Some(ce("sgd", Default::default())), ..Default::default() };
@@ -702,6 +703,8 @@ fn backward_kernels_at_gpu_sizes_run_on_the_emulator() {
     let has = |prefix: &str, text: &str| sources.iter().any(|(name, src)| name.starts_with(prefix) && src.contains(text));
     assert!(has("conv_grad_data_s2", "(4x4 a thread)"), "a strided data gradient, register-tiled");
     assert!(has("conv_grad_data_s1", "(4x4 a thread)"), "a data gradient, register-tiled");
-    assert!(has("conv_grad_weight", "(1x1 a thread)"), "a weight gradient, 16x16");
+    assert!(has("conv_grad_data", "(1x1 a thread)"), "a data gradient, 16x16");
+    assert!(has("conv_grad_weight", "(16 slices of the sum)"), "a weight gradient, 4x4 tiles, its sum split in 16");
+    assert!(has("conv_grad_weight", "(4 slices of the sum)"), "a weight gradient, 8x8 tiles, its sum split in 4");
     assert!(has("reduce_sum", "part[t]"), "a long sum, a block per row");
 }

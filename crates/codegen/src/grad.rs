@@ -10,8 +10,25 @@ use smelt_ir::{Conv as ConvAttrs, DType, KernelGraph, KernelOp, NodeId, Op, Pool
 
 /// A convolution gradient's tile: `TILE x TILE` outputs a block.
 pub const TILE: usize = 16;
-/// The reduction steps staged in shared memory at a time.
+/// The reduction steps staged in shared memory at a time (a slice's
+/// chunk of the sum).
 const KSTEP: usize = 32;
+/// Blocks that keep a large GPU busy (4 of 256 threads on each of 132
+/// multiprocessors).
+const SPREAD: usize = 528;
+
+/// How a convolution gradient's GEMM is spread over a block's threads.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Tiling {
+    /// A 64x64 tile, 4x4 outputs a thread.
+    Registers,
+    /// A `t x t` tile, one output a thread in each of `TILE² / t²`
+    /// slices of the sum.
+    Split {
+        /// The tile's side.
+        t: usize,
+    },
+}
 
 /// Which gradient.
 #[derive(Clone, Debug, PartialEq)]
@@ -165,14 +182,19 @@ impl Grad {
         (c.group == 1 && fits).then_some(mnk)
     }
 
-    /// Outputs per thread along each side of the tile: 4 (a 64x64 tile)
-    /// where the GEMM has enough such tiles to fill a large GPU, else 1
-    /// (16x16: a weight gradient's few outputs over a long sum).
-    fn reg_tile(m: usize, n: usize) -> usize {
-        if m.div_ceil(4 * TILE) * n.div_ceil(4 * TILE) >= 256 {
-            4
+    /// How the GEMM of [`Grad::gemm`] is spread over blocks: 64x64 tiles
+    /// where there are enough of them to fill a large GPU; else a weight
+    /// gradient (few outputs, a long sum) takes the largest tile that
+    /// still gives [`SPREAD`] blocks (the smallest if none does), its
+    /// threads splitting the sum; a data gradient, 16x16.
+    fn tiling(&self, m: usize, n: usize) -> Tiling {
+        let blocks = |t: usize| m.div_ceil(t) * n.div_ceil(t);
+        if blocks(4 * TILE) >= 256 {
+            Tiling::Registers
+        } else if !matches!(self.kind, GradKind::ConvWeight(_)) {
+            Tiling::Split { t: TILE }
         } else {
-            1
+            Tiling::Split { t: [TILE, TILE / 2].into_iter().find(|&t| blocks(t) >= SPREAD).unwrap_or(TILE / 4) }
         }
     }
 
@@ -182,7 +204,10 @@ impl Grad {
     pub fn launch(&self) -> crate::kernel::Launch {
         match self.gemm() {
             Some((m, n, _)) => {
-                let t = TILE * Grad::reg_tile(m, n);
+                let t = match self.tiling(m, n) {
+                    Tiling::Registers => 4 * TILE,
+                    Tiling::Split { t } => t,
+                };
                 crate::kernel::Launch { grid: [n.div_ceil(t), m.div_ceil(t), 1], block: [TILE * TILE, 1, 1], count: Some(self.numel()) }
             }
             None => {
@@ -260,38 +285,71 @@ impl Grad {
                 ((a, true), (b, false), out)
             }
         };
-        // Thread (ty, tx) of the TILE x TILE block sums outputs
-        // (i0 + ty + TILE u, j0 + tx + TILE v) for u, v < rt.
-        let rt = Grad::reg_tile(m, n);
-        let (tt, kc) = (t * rt, if rt == 1 { kc } else { kc / 2 });
-        s += &format!("// out[i][j] = sum_k a[i][k] * b[j][k]: M {m}, N {n}, K {k}, {tt}x{tt} tiles ({rt}x{rt} a thread), {kc} k a step\n");
+        // Registers: thread (ty, tx) sums outputs (i0 + ty + TILE u, j0 + tx
+        // + TILE v), u, v < 4, over every k. Split: thread (sl, ty, tx) sums
+        // output (i0 + ty, j0 + tx) over the KSTEP-long chunks c of k with c
+        // % slices == sl; the slices are added in order at the end.
+        let (rt, tt, slices, kc) = match self.tiling(m, n) {
+            Tiling::Registers => (4, 4 * t, 1, kc / 2),
+            Tiling::Split { t: tt } => (1, tt, t * t / (tt * tt), kc),
+        };
+        let kb = kc * slices; // k staged a step
+        let what = if slices > 1 { format!("{slices} slices of the sum") } else { format!("{rt}x{rt} a thread") };
+        s += &format!("// out[i][j] = sum_k a[i][k] * b[j][k]: M {m}, N {n}, K {k}, {tt}x{tt} tiles ({what}), {kb} k a step\n");
         s += &format!(
             "extern \"C\" __global__ void {}(const {ty}* __restrict__ in0, const {ty}* __restrict__ in1, {ty}* __restrict__ out, unsigned long long n) {{\n",
             self.name
         );
-        s += &format!("    __shared__ float as[{tt}][{}];\n    __shared__ float bs[{tt}][{}];\n", kc + 1, kc + 1);
-        s += &format!("    const unsigned int tid = threadIdx.x, tx = tid % {t}u, ty = tid / {t}u;\n");
+        s += &format!("    __shared__ float as[{tt}][{}];\n    __shared__ float bs[{tt}][{}];\n", kb + 1, kb + 1);
+        if slices > 1 {
+            s += &format!("    __shared__ float part[{}];\n", t * t);
+        }
+        let cells = tt * tt / (rt * rt); // threads a slice
+        s += &format!(
+            "    const unsigned int tid = threadIdx.x, sl = tid / {cells}u, tx = tid % {cells}u % {}u, ty = tid % {cells}u / {}u;\n",
+            tt / rt,
+            tt / rt
+        );
         s += &format!("    const unsigned int i0 = blockIdx.y * {tt}u, j0 = blockIdx.x * {tt}u;\n    float acc[{rt}][{rt}] = {{}};\n");
-        s += &format!("    for (unsigned int k0 = 0; k0 < {k}u; k0 += {kc}u) {{\n");
+        s += &format!("    for (unsigned int k0 = 0; k0 < {k}u; k0 += {kb}u) {{\n");
         for (name, (code, k_fastest), base, extent) in [("as", a, "i0", m), ("bs", b, "j0", n)] {
             let (row, kk) =
-                if k_fastest { (format!("e / {kc}u"), format!("e % {kc}u")) } else { (format!("e % {tt}u"), format!("e / {tt}u")) };
-            s += &format!("        for (unsigned int e = tid; e < {}u; e += {}u) {{\n", tt * kc, t * t);
+                if k_fastest { (format!("e / {kb}u"), format!("e % {kb}u")) } else { (format!("e % {tt}u"), format!("e / {tt}u")) };
+            s += &format!("        for (unsigned int e = tid; e < {}u; e += {}u) {{\n", tt * kb, t * t);
             s += &format!(
                 "            const unsigned int row = {row}, kk = {kk}, k = k0 + kk, r = {base} + row;\n            float v = 0.0f;\n"
             );
             s += &format!("            if (k < {k}u && r < {extent}u) {{\n                {code}\n            }}\n            {name}[row][kk] = v;\n        }}\n");
         }
         s += "        __syncthreads();\n";
-        s += &format!("        #pragma unroll\n        for (int kk = 0; kk < {kc}; ++kk) {{\n");
-        s += &format!("            float av[{rt}], bv[{rt}];\n            #pragma unroll\n            for (int u = 0; u < {rt}; ++u) {{ av[u] = as[ty + {t} * u][kk]; bv[u] = bs[tx + {t} * u][kk]; }}\n");
+        s += &format!("        #pragma unroll\n        for (int kk = sl * {kc}; kk < sl * {kc} + {kc}; ++kk) {{\n");
+        let step = tt / rt;
+        s += &format!(
+            "            float av[{rt}], bv[{rt}];\n            #pragma unroll\n            for (int u = 0; u < {rt}; ++u) {{ av[u] = as[ty + {step} * u][kk]; bv[u] = bs[tx + {step} * u][kk]; }}\n"
+        );
         s += &format!("            #pragma unroll\n            for (int u = 0; u < {rt}; ++u)\n                #pragma unroll\n                for (int v = 0; v < {rt}; ++v) acc[u][v] += av[u] * bv[v];\n        }}\n");
         s += "        __syncthreads();\n    }\n";
+        if slices > 1 {
+            s += "    part[tid] = acc[0][0];\n    __syncthreads();\n";
+            s += &format!("    if (sl != 0) return;\n    float sum = part[tid];\n    for (unsigned int q = 1; q < {slices}u; ++q) sum += part[q * {cells}u + tid];\n");
+            s += "    acc[0][0] = sum;\n";
+        }
         s += &format!(
             "    #pragma unroll\n    for (int u = 0; u < {rt}; ++u)\n        #pragma unroll\n        for (int v = 0; v < {rt}; ++v) {{\n"
         );
-        s += &format!("            const unsigned int i = i0 + ty + {t} * u, j = j0 + tx + {t} * v;\n            if (i < {m}u && j < {n}u) out[{out}] = {store}(acc[u][v]);\n        }}\n}}\n");
+        s += &format!(
+            "            const unsigned int i = i0 + ty + {step} * u, j = j0 + tx + {step} * v;\n            if (i < {m}u && j < {n}u) out[{out}] = {store}(acc[u][v]);\n        }}\n}}\n"
+        );
         s
+    }
+
+    /// The slices a weight gradient's sum is split into (see
+    /// [`Grad::tiling`]): 1 but for a weight gradient on small tiles.
+    fn slices(&self) -> usize {
+        match self.gemm().map(|(m, n, _)| self.tiling(m, n)) {
+            Some(Tiling::Split { t }) => TILE * TILE / (t * t),
+            _ => 1,
+        }
     }
 
     /// The CUDA C source: `extern "C" __global__ void NAME(const T* in0, [const T* in1,] T* out, n)`.
@@ -500,6 +558,7 @@ impl Grad {
         let [_, m, oh, ow] = nchw(&self.inputs[1]);
         let (cg, mg) = (ch / c.group, m / c.group);
         let (sh, sw) = (c.strides[0], c.strides[1]);
+        let slices = self.slices();
         // The outputs o in 0..len whose input position o * stride + off - pad is in 0..size.
         let range = |off: usize, pad: usize, stride: usize, len: usize, size: usize| -> (usize, usize) {
             let lo = pad.saturating_sub(off).div_ceil(stride);
@@ -514,19 +573,29 @@ impl Grad {
                 let (offh, offw) = (q2 * c.dilations[0], q3 * c.dilations[1]);
                 let (y0, y1) = range(offh, c.pads[0], sh, oh, h);
                 let (x0, x1) = range(offw, c.pads[1], sw, ow, w);
-                let mut acc = 0f32;
+                // The sum's KSTEP-long chunks of k = (b, y, x), dealt
+                // round-robin to the kernel's slices, added in order at the end.
+                let mut part = vec![0f32; slices];
                 for b in 0..n {
                     let (dy_plane, x_plane) = ((b * m + q0) * oh, (b * ch + ci) * h);
                     for y in y0..y1 {
                         let ih = y * sh + offh - c.pads[0];
                         let dy_row = &dy[(dy_plane + y) * ow..][..ow];
                         let x_row = &x[(x_plane + ih) * w..][..w];
-                        for xo in x0..x1 {
-                            acc += dy_row[xo] * x_row[xo * sw + offw - c.pads[1]];
+                        let k_row = (b * oh + y) * ow;
+                        let mut xo = x0;
+                        while xo < x1 {
+                            let k = k_row + xo;
+                            let end = x1.min(xo + KSTEP - k % KSTEP);
+                            let acc = &mut part[k / KSTEP % slices];
+                            for xo in xo..end {
+                                *acc += dy_row[xo] * x_row[xo * sw + offw - c.pads[1]];
+                            }
+                            xo = end;
                         }
                     }
                 }
-                *o = acc;
+                *o = part[1..].iter().fold(part[0], |a, b| a + b);
             }
         });
     }
