@@ -140,6 +140,44 @@ pub struct Remat {
     pub budget: usize,
     /// The GPU whose roofline prices a recomputation.
     pub gpu: crate::cost::Gpu,
+    /// Which solver chooses.
+    pub solver: RematSolver,
+}
+
+/// Which solver chooses what to recompute.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RematSolver {
+    /// The greedy walk ([`smelt_passes::remat::choose`]): fast, and
+    /// monotone in the budget.
+    #[default]
+    Greedy,
+    /// The mixed-integer program ([`smelt_passes::remat::exact`]): the
+    /// cheapest choice in its model, within [`RematSolver::TIME_LIMIT`]
+    /// (the greedy walk's answer when its choice does not fit).
+    Exact,
+}
+
+impl RematSolver {
+    /// The exact solver's time limit.
+    pub const TIME_LIMIT: std::time::Duration = std::time::Duration::from_secs(20);
+
+    /// `greedy` or `exact`.
+    pub fn parse(s: &str) -> Option<RematSolver> {
+        match s {
+            "greedy" => Some(RematSolver::Greedy),
+            "exact" => Some(RematSolver::Exact),
+            _ => None,
+        }
+    }
+
+    /// Its name, as parsed.
+    pub fn name(self) -> &'static str {
+        match self {
+            RematSolver::Greedy => "greedy",
+            RematSolver::Exact => "exact",
+        }
+    }
 }
 
 /// One recomputation: a kernel run again in the backward pass.
@@ -166,6 +204,14 @@ pub struct RematReport {
     pub cost_seconds: f64,
     /// Their FLOPs.
     pub flops: usize,
+    /// The solver whose choice it is.
+    pub solver: RematSolver,
+    /// With the exact solver: a lower bound of the recomputation's
+    /// estimated seconds at this budget (on its schedule), and whether its
+    /// optimum was proven within the time limit.
+    pub lower_bound_seconds: Option<f64>,
+    /// See `lower_bound_seconds`.
+    pub proven: Option<bool>,
 }
 
 impl Options {
@@ -378,11 +424,24 @@ impl Session {
         let t = Instant::now();
         let gpu = r.gpu;
         let cost = move |g: &KernelGraph, n| crate::cost::node_time(g, n, &gpu);
-        let outcome = smelt_passes::remat::choose(&compiled.graph, r.budget, Some(&hint), &cost)?.map_err(|u| Error::RematBudget {
-            budget: r.budget,
-            smallest: u.smallest,
-            recomputed: u.recomputed,
-        })?;
+        let greedy = || -> Result<smelt_passes::remat::Outcome, Error> {
+            smelt_passes::remat::choose(&compiled.graph, r.budget, Some(&hint), &cost)?.map_err(|u| Error::RematBudget {
+                budget: r.budget,
+                smallest: u.smallest,
+                recomputed: u.recomputed,
+            })
+        };
+        let (outcome, solver, bound) = match r.solver {
+            RematSolver::Greedy => (greedy()?, RematSolver::Greedy, None),
+            RematSolver::Exact => {
+                let e = smelt_passes::remat::exact(&compiled.graph, r.budget, Some(&hint), &cost, RematSolver::TIME_LIMIT)?;
+                let bound = Some((e.lower_bound, e.proven));
+                match e.outcome {
+                    Some(o) => (o, RematSolver::Exact, bound),
+                    None => (greedy()?, RematSolver::Greedy, bound),
+                }
+            }
+        };
         let g = &outcome.graph;
         let order = &outcome.plan.schedule;
         let clones: Vec<_> = order.iter().copied().filter(|&n| g.node(n).recomputes.is_some()).collect();
@@ -400,8 +459,11 @@ impl Session {
             arena_before: outcome.arena_before,
             arena_after: outcome.plan.arena,
             recomputed,
-            cost_seconds: clones.iter().map(|&n| crate::cost::node_time(g, n, &gpu)).sum(),
+            cost_seconds: clones.iter().map(|&n| crate::cost::node_time(g, n, &gpu)).sum::<f64>().max(0.0),
             flops: clones.iter().map(|&n| crate::cost::node_flops(g, n)).sum(),
+            solver,
+            lower_bound_seconds: bound.map(|b| b.0).filter(|b| b.is_finite()),
+            proven: bound.map(|b| b.1),
         });
         compiled.graph = outcome.graph;
         compiled.plan = Some(outcome.plan);

@@ -47,6 +47,8 @@ pub struct Request {
     pub gpus: usize,
     /// What the GPUs shard (ZeRO's stages).
     pub shard: Shard,
+    /// Which solver chooses the recomputation.
+    pub solver: crate::RematSolver,
 }
 
 /// What data-parallel GPUs shard among themselves, as ZeRO's stages 1 to 3.
@@ -205,6 +207,7 @@ impl Candidate {
             accumulate: self.accumulate,
             precision: self.precision.clone(),
             remat_budget: self.remat.as_ref().map(|r| r.budget),
+            remat_solver: self.remat.as_ref().map_or(req.solver, |r| r.solver),
             device: req.gpu.name.to_string(),
             gpus: req.gpus,
             shard: req.shard,
@@ -258,6 +261,9 @@ pub struct Recipe {
     pub precision: String,
     /// The arena budget recomputation meets (`--remat-budget`), bytes.
     pub remat_budget: Option<usize>,
+    /// The solver that chose the recomputation (`--remat-solver`).
+    #[serde(default)]
+    pub remat_solver: crate::RematSolver,
     /// The GPU whose roofline chose it.
     pub device: String,
     /// Data-parallel GPUs (a plan: smelt runs one).
@@ -478,7 +484,7 @@ pub fn prepare(req: &Request, precision: Policy, micro: usize, limit: Option<usi
 pub fn recompute(req: &Request, c: &mut Candidate, step: Step, budget: usize) -> Result<(), Error> {
     let t = std::time::Instant::now();
     let Step { mut session, mut compiled } = step;
-    let remat = |budget| Remat { budget, gpu: req.gpu };
+    let remat = |budget| Remat { budget, gpu: req.gpu, solver: req.solver };
     match session.rematerialize(&mut compiled, &remat(budget)) {
         Ok(()) => c.verdict = Verdict::Fits,
         Err(Error::RematBudget { smallest, .. }) => {

@@ -502,6 +502,13 @@ pub(crate) struct TrainArgs {
     /// --device's roofline) at the peak first. `smelt fit` chooses SIZE.
     #[arg(long, value_name = "SIZE", value_parser = smelt::plan::parse_size, requires = "step")]
     pub(crate) remat_budget: Option<usize>,
+    /// What chooses the recomputed values: greedy (the cheapest per byte at
+    /// the peak, first; fast, and a smaller budget never gives a larger
+    /// arena or a cheaper recomputation) or exact (a mixed-integer program:
+    /// the cheapest choice in its model, with a proven lower bound; up to 20
+    /// s a plan, and not monotone in the budget by construction).
+    #[arg(long, value_name = "SOLVER", default_value = "greedy", value_parser = ["greedy", "exact"], requires = "step")]
+    pub(crate) remat_solver: String,
     /// The GPU whose roofline (FP32 rate, bandwidth, SMs, launch overhead)
     /// prices a recomputation: h100, h200, a100, v100 or l4.
     #[arg(long, value_name = "GPU", default_value = "h100", value_parser = smelt::cost::GPU_NAMES)]
@@ -600,10 +607,11 @@ impl ModelArgs {
                 t.loss_scale = matches!(self.precision, Policy::F16 | Policy::MixedF16) && self.train.loss_scale == "dynamic";
                 t
             }),
-            remat: self
-                .train
-                .remat_budget
-                .map(|budget| smelt::Remat { budget, gpu: smelt::cost::gpu(&self.train.device).unwrap_or_default() }),
+            remat: self.train.remat_budget.map(|budget| smelt::Remat {
+                budget,
+                gpu: smelt::cost::gpu(&self.train.device).unwrap_or_default(),
+                solver: smelt::RematSolver::parse(&self.train.remat_solver).unwrap_or_default(),
+            }),
         })
     }
 
@@ -639,6 +647,7 @@ impl ModelArgs {
         self.train.accumulate = r.accumulate as u32;
         self.precision = r.precision.parse().map_err(|e: String| anyhow::anyhow!(e))?;
         self.train.remat_budget = r.remat_budget;
+        self.train.remat_solver = r.remat_solver.name().to_string();
         self.train.device = r.device.clone();
         Ok(())
     }

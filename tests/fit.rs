@@ -49,7 +49,7 @@ fn walk_budgets(model: &str, batch: usize, steps: usize) -> Vec<(usize, usize, u
     for i in 0..=steps {
         let budget = arena - arena * i / (2 * steps); // down to half the arena
         let mut c = plain.clone();
-        match s.rematerialize(&mut c, &Remat { budget, gpu: Default::default() }) {
+        match s.rematerialize(&mut c, &Remat { budget, ..Default::default() }) {
             Ok(()) => {}
             Err(smelt::Error::RematBudget { smallest, .. }) => {
                 assert!(smallest > budget, "{model}: unreachable {budget}, yet {smallest} was reached");
@@ -155,6 +155,28 @@ fn fit_predicts_exactly_the_plan_that_the_recipe_makes() {
     // Each candidate that was passed over says why.
     for c in f["candidates"].as_array().unwrap() {
         assert!(c["verdict"].is_string(), "{c}");
+    }
+    // The exact solver, at micro-batch 8 with recomputation: its recipe
+    // names it, plans what fit predicted, and recomputes no dearer.
+    let at8 = |f: &serde_json::Value| f["candidates"].as_array().unwrap().iter().find(|c| c["micro_batch"] == 8).cloned().unwrap();
+    let greedy = at8(&f);
+    let exact_dir = dir.join("exact");
+    std::fs::create_dir_all(&exact_dir).unwrap();
+    let (fe, recipe) = fit("zoo:resnet50", 8, &limit.to_string(), &exact_dir, &["--remat-solver", "exact"]);
+    let exact = at8(&fe);
+    assert_eq!(exact["verdict"], "fits", "{exact}");
+    assert_eq!(exact["remat"]["solver"], "exact", "{}", exact["remat"]);
+    assert!(exact["remat"]["lower_bound_seconds"].as_f64().unwrap() <= exact["remat"]["cost_seconds"].as_f64().unwrap() * (1.0 + 1e-9));
+    assert!(exact["arena_bytes"].as_u64().unwrap() as usize + persistent <= limit);
+    if greedy["verdict"] == "fits" && !greedy["remat"].is_null() {
+        let (e, g) = (exact["remat"]["cost_seconds"].as_f64().unwrap(), greedy["remat"]["cost_seconds"].as_f64().unwrap());
+        assert!(e <= g * (1.0 + 1e-9), "exact {e} s dearer than greedy {g} s");
+    }
+    if fe["chosen"]["micro_batch"] == 8 {
+        assert_eq!(json(&std::fs::read_to_string(&recipe).unwrap())["remat_solver"], "exact");
+        let p = json(&run_ok(&["plan", "zoo:resnet50", "--recipe", recipe.to_str().unwrap(), "--json"]));
+        assert_eq!(p["plan"]["arena_bytes"], exact["arena_bytes"], "smelt plan --recipe plans what the exact solver chose");
+        assert_eq!(p["recomputation"]["recomputed"], exact["remat"]["recomputed"]);
     }
 }
 
@@ -322,4 +344,85 @@ fn data_parallel_recipes_are_planned_per_gpu_and_labelled_as_plans() {
     }
     let e = refused(&["fit", "zoo:resnet8", "--train", "adam", "--batch", "32", "--memory-limit", "1GiB", "--gpus", "3"]);
     assert!(e.contains("does not split evenly"), "{e}");
+}
+
+/// The table of the closing note (run by hand: `cargo test --release
+/// --test fit remat_solvers_table -- --ignored --nocapture`; SMELT_MODELS
+/// picks the models): each light model's training step (batch 32, Adam)
+/// at half its arena, the greedy walk against the exact solver: priced in
+/// FLOPs, as shares of the forward pass's FLOPs, with the exact solver's
+/// proven lower bound; priced by the roofline (H100), in ms.
+#[test]
+#[ignore]
+fn remat_solvers_table() {
+    let models: Vec<String> = std::env::var("SMELT_MODELS").map(|m| m.split(',').map(String::from).collect()).unwrap_or_else(|_| {
+        common::LIGHT.iter().map(|m| common::light_model(m).display().to_string()).chain(["zoo:resnet50".into()]).collect()
+    });
+    let flops = |g: &smelt_ir::KernelGraph, n| smelt::cost::node_flops(g, n) as f64;
+    let gpu = smelt::cost::Gpu::default();
+    let time = |g: &smelt_ir::KernelGraph, n| smelt::cost::node_time(g, n, &gpu) * 1e3;
+    let limit = std::time::Duration::from_secs(60);
+    eprintln!("| model | saved | greedy FLOPs | exact FLOPs | lower bound | proven | greedy s | exact s | greedy ms | exact ms | proven |");
+    eprintln!("|---|---|---|---|---|---|---|---|---|---|---|");
+    for m in &models {
+        let g = session(m, 32).compile().unwrap().graph;
+        let fwd: f64 = smelt_passes::remat::forward(&g).iter().map(|&n| flops(&g, n)).sum();
+        let budget = smelt_passes::memory::plan(&g).unwrap().arena / 2;
+        let t = std::time::Instant::now();
+        let greedy = smelt_passes::remat::choose(&g, budget, None, &flops).unwrap().ok().map(|o| o.cost / fwd);
+        let tg = t.elapsed().as_secs_f64();
+        let t = std::time::Instant::now();
+        let e = smelt_passes::remat::exact(&g, budget, None, &flops, limit).unwrap();
+        let te = t.elapsed().as_secs_f64();
+        let greedy_ms = smelt_passes::remat::choose(&g, budget, None, &time).unwrap().ok().map(|o| o.cost);
+        let e_ms = smelt_passes::remat::exact(&g, budget, None, &time, limit).unwrap();
+        let f = |v: Option<f64>| v.map_or("does not fit".to_string(), |v| format!("{v:.3}"));
+        eprintln!(
+            "| {} | {} | {} | {} | {:.3} | {} | {tg:.1} | {te:.1} | {} | {} | {} |",
+            m.rsplit('/').next().unwrap_or(m).trim_end_matches(".onnx"),
+            smelt_passes::remat::saved(&g).len(),
+            f(greedy),
+            f(e.outcome.as_ref().map(|o| o.cost / fwd)),
+            e.lower_bound / fwd,
+            e.proven,
+            f(greedy_ms),
+            f(e_ms.outcome.as_ref().map(|o| o.cost)),
+            e_ms.proven,
+        );
+    }
+}
+
+/// The exact solver (a mixed-integer program) on ResNet-50's training step
+/// at half its arena, priced in FLOPs: its choice fits once planned, its
+/// cost is its recomputed kernels' and within 1.05x of its proven lower
+/// bound, it is no dearer than the greedy walk's, and it recomputes under
+/// a third of the forward pass's FLOPs (the target).
+#[test]
+fn the_exact_solver_meets_its_bound_and_beats_the_greedy_walk() {
+    let g = session("zoo:resnet50", 8).compile().unwrap().graph;
+    let flops = |g: &smelt_ir::KernelGraph, n| smelt::cost::node_flops(g, n) as f64;
+    let fwd: f64 = smelt_passes::remat::forward(&g).iter().map(|&n| flops(&g, n)).sum();
+    let budget = smelt_passes::memory::plan(&g).unwrap().arena / 2;
+    let e = smelt_passes::remat::exact(&g, budget, None, &flops, std::time::Duration::from_secs(60)).unwrap();
+    let o = e.outcome.as_ref().expect("the exact solver's choice fits");
+    assert!(o.plan.arena <= budget, "{} over {budget}", o.plan.arena);
+    smelt_passes::memory::check::check(&o.graph, &o.plan).unwrap_or_else(|e| panic!("the checker refuses the plan: {e}"));
+    let clones: f64 = o.graph.node_ids().filter(|&n| o.graph.node(n).recomputes.is_some()).map(|n| flops(&o.graph, n)).sum();
+    assert!((clones - o.cost).abs() <= 1e-6 * o.cost.max(1.0), "cost {} but the recomputed kernels cost {clones}", o.cost);
+    assert!(
+        e.lower_bound <= o.cost * (1.0 + 1e-9) && o.cost <= 1.05 * e.lower_bound,
+        "cost {} against the bound {}",
+        o.cost,
+        e.lower_bound
+    );
+    let greedy = smelt_passes::remat::choose(&g, budget, None, &flops).unwrap().expect("the greedy walk fits");
+    assert!(o.cost <= greedy.cost * (1.0 + 1e-9), "exact {} dearer than greedy {}", o.cost, greedy.cost);
+    assert!(o.cost < fwd / 3.0, "{:.3} of the forward pass", o.cost / fwd);
+    eprintln!(
+        "resnet50 batch 8 at half its arena: exact {:.3} of the forward FLOPs (bound {:.3}, proven {}), greedy {:.3}",
+        o.cost / fwd,
+        e.lower_bound / fwd,
+        e.proven,
+        greedy.cost / fwd
+    );
 }

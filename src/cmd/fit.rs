@@ -43,6 +43,7 @@ pub fn run(a: &FitArgs) -> Result<bool> {
         loss_scale: m.train.loss_scale == "dynamic",
         gpus: a.gpus as usize,
         shard: smelt::fit::Shard::parse(&a.shard).context("unknown --shard")?,
+        solver: smelt::RematSolver::parse(&m.train.remat_solver).unwrap_or_default(),
     };
     let bar = super::bar(0, "{spinner} {msg} [{elapsed}]", a.json);
     bar.enable_steady_tick(std::time::Duration::from_millis(120));
@@ -194,11 +195,13 @@ fn print_candidate(title: &str, c: &Candidate) -> Result<()> {
     outln!("{title}: micro-batch {}{acc}, precision {}", c.micro_batch, c.precision);
     match &c.remat {
         Some(r) => outln!(
-            "  recomputation: {} kernels, arena {} -> {} (budget {})",
+            "  recomputation: {} kernels, arena {} -> {} (budget {}), chosen by the {} solver{}",
             r.recomputed.len(),
             human_bytes(r.arena_before),
             human_bytes(r.arena_after),
-            human_bytes(r.budget)
+            human_bytes(r.budget),
+            r.solver.name(),
+            super::plan::remat_bound(r)
         ),
         None => outln!("  recomputation: none"),
     }

@@ -151,17 +151,33 @@ fn print_training(a: &PlanArgs, t: &smelt::plan::TrainBreakdown, tr: &smelt::Tra
     outln!("total device memory: {} (persistent + arena)", human_bytes(t.total_bytes));
     if let Some(r) = remat {
         outln!(
-            "recomputation (--remat-budget {}): {} kernels run again in backward, arena {} -> {}, {:.2} GFLOP ({:.3} ms on the {} roofline)",
+            "recomputation (--remat-budget {}): {} kernels run again in backward, arena {} -> {}, {:.2} GFLOP ({:.3} ms on the {} roofline), chosen by the {} solver{}",
             human_bytes(r.budget),
             r.recomputed.len(),
             human_bytes(r.arena_before),
             human_bytes(r.arena_after),
             r.flops as f64 / 1e9,
             r.cost_seconds * 1e3,
-            a.model.train.device
+            a.model.train.device,
+            r.solver.name(),
+            remat_bound(r)
         );
     }
     Ok(())
+}
+
+/// The exact solver's bound, in words (empty for the greedy walk).
+pub(crate) fn remat_bound(r: &smelt::RematReport) -> String {
+    match (r.lower_bound_seconds, r.proven) {
+        (Some(b), Some(true)) if r.solver == smelt::RematSolver::Exact => {
+            format!(" (optimal in its model: no choice costs under {:.3} ms)", b * 1e3)
+        }
+        (Some(b), Some(false)) if r.solver == smelt::RematSolver::Exact => {
+            format!(" (its time limit passed: no choice costs under {:.3} ms; the best found is kept)", b * 1e3)
+        }
+        (_, Some(_)) => " (the exact solver's choice did not fit: the greedy walk's)".to_string(),
+        _ => String::new(),
+    }
 }
 
 /// Fails with `smelt plan`'s message when the arena exceeds `limit`, naming

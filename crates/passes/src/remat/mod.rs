@@ -20,6 +20,9 @@
 //! answer is the shortest prefix whose plan fits, so a smaller budget never
 //! gives a larger arena or a cheaper recomputation.
 
+mod exact;
+pub use exact::{exact, Exact};
+
 use crate::memory::{self, buffers, schedule, Plan};
 use smelt_ir::{IrError, KernelGraph, NodeId, OpSet, ValueId};
 use std::collections::{BTreeSet, HashMap, HashSet};
