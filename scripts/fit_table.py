@@ -6,7 +6,7 @@ recomputation's FLOPs against the forward pass's, the decision time; and
 the smallest arena recomputation reaches at that batch (`smelt plan
 --remat-budget 1`).
 
-    scripts/fit_table.py [--smelt target/release/smelt] [--batch 32] [MODEL ...]
+    scripts/fit_table.py [--smelt target/release/smelt] [--batch 32] [--remat-solver greedy|exact] [MODEL ...]
 
 With no MODEL: the nine light models (from .testdata), zoo:resnet50,
 zoo:bert_base (sequence 128) and zoo:bert_large (sequence 512). Prints a
@@ -46,6 +46,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--smelt", default=str(ROOT / "target/release/smelt"))
     ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--remat-solver", default="greedy", choices=["greedy", "exact"])
     ap.add_argument("models", nargs="*")
     a = ap.parse_args()
     models = a.models or [str(ROOT / f".testdata/onnx-data/light/light_{m}.onnx") for m in LIGHT] + ["zoo:resnet50", "zoo:bert_base", "zoo:bert_large"]
@@ -63,7 +64,7 @@ def main():
         arena, persistent = plain["arena_bytes"], plain["persistent_bytes"]
         limit = persistent + arena // 2
         t = time.time()
-        rc, out, err = run([a.smelt, "fit", model, "--train", "adam", "--batch", b, "--memory-limit", str(limit), "--json", *ex])
+        rc, out, err = run([a.smelt, "fit", model, "--train", "adam", "--batch", b, "--memory-limit", str(limit), "--json", "--remat-solver", a.remat_solver, *ex])
         wall = time.time() - t
         if rc == 0:
             f = json.loads(out)
