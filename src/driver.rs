@@ -85,6 +85,19 @@ pub enum Error {
     /// Running the program failed (a device, an input, a limit).
     #[error(transparent)]
     Runtime(#[from] smelt_runtime::RuntimeError),
+    /// The arena exceeds the memory limit (`--memory-limit`): the message
+    /// says what is live at the peak and what would help.
+    #[error("{message}")]
+    MemoryLimit {
+        /// The limit, bytes.
+        limit: usize,
+        /// The arena, bytes.
+        arena: usize,
+        /// The largest smaller batch that fits, with its arena.
+        smaller_batch: Option<(usize, usize)>,
+        /// The whole message.
+        message: String,
+    },
     /// The loss stopped being finite: training diverged.
     #[error("the loss is {loss} after step {step}: training diverged (try a smaller --lr, or --clip-norm)")]
     Diverged {
@@ -104,7 +117,8 @@ impl Error {
             | Error::NoKernel { .. }
             | Error::Data { .. }
             | Error::Diverged { .. }
-            | Error::RematBudget { .. } => false,
+            | Error::RematBudget { .. }
+            | Error::MemoryLimit { .. } => false,
             Error::Runtime(e) => e.is_bug(),
             Error::Pass(e) => e.is_bug(),
             Error::Codegen(e) => e.is_bug(),

@@ -600,3 +600,99 @@ fn data_parallel(b: &TrainBreakdown, blob: usize, k: usize, req: &Request) -> Da
     let communication_seconds = cs.iter().map(|c| c.seconds).sum();
     DataParallel { gpus: n, shard: req.shard, unsharded_persistent_bytes: blob, collectives: cs, communication_seconds }
 }
+
+/// Everything `smelt fit` computes: the request its flags make, what the
+/// search found and the recipe chosen. The CLI prints it; the Python
+/// package wraps it.
+#[derive(Clone, Debug)]
+pub struct Fitting {
+    /// The model as the user named it.
+    pub model: String,
+    /// The request.
+    pub request: Request,
+    /// `sgd`, `adam` or `adamw`.
+    pub optimizer: String,
+    /// What the search found.
+    pub outcome: Outcome,
+    /// The chosen recipe (none when nothing fits).
+    pub recipe: Option<Recipe>,
+}
+
+impl Fitting {
+    /// Checks `smelt fit`'s flags, then searches, calling `progress` after
+    /// each candidate.
+    pub fn run(a: &crate::args::FitArgs, progress: &mut dyn FnMut(&Candidate)) -> Result<Fitting, Error> {
+        let m = crate::args::ModelArgs {
+            model: a.model.clone(),
+            batch: Some(a.batch),
+            dims: a.dims.clone(),
+            no_fuse: false,
+            precision: Policy::F32,
+            keep_f32: a.keep_f32.clone(),
+            train: a.train.clone(),
+        };
+        let Some(optimizer) = m.train.train.clone() else {
+            return Err(Error::Usage("smelt fit needs the training step's optimizer: --train sgd, adam or adamw".into()));
+        };
+        if m.train.accumulate != 1 || m.train.remat_budget.is_some() || m.train.recipe.is_some() {
+            return Err(Error::Usage(
+                "smelt fit chooses the accumulation and the recomputation itself: leave out --accumulate, --remat-budget and --recipe"
+                    .into(),
+            ));
+        }
+        let precisions: Vec<Policy> = match a.precision.as_str() {
+            "auto" => vec![Policy::F32, Policy::MixedBf16, Policy::MixedF16],
+            p => vec![p.parse().map_err(Error::Usage)?],
+        };
+        let gpu = crate::cost::gpu(&m.train.device).ok_or_else(|| Error::Usage(format!("unknown --device {}", m.train.device)))?;
+        let mut options = m.options()?;
+        options.remat = None;
+        let request = Request {
+            spec: m.model.clone(),
+            options,
+            batch: a.batch,
+            limit: a.memory_limit,
+            precisions,
+            gpu,
+            loss_scale: m.train.loss_scale == "dynamic",
+            gpus: a.gpus as usize,
+            shard: Shard::parse(&a.shard).ok_or_else(|| Error::Usage(format!("unknown --shard {}", a.shard)))?,
+            solver: crate::RematSolver::parse(&m.train.remat_solver).unwrap_or_default(),
+        };
+        let outcome = search(&request, progress)?;
+        let recipe = outcome.chosen.map(|i| outcome.candidates[i].recipe(&request, &optimizer));
+        Ok(Fitting { model: a.model.clone(), request, optimizer, outcome, recipe })
+    }
+
+    /// The chosen candidate.
+    pub fn chosen(&self) -> Option<&Candidate> {
+        self.outcome.chosen.map(|i| &self.outcome.candidates[i])
+    }
+
+    /// `smelt fit --json`.
+    pub fn json(&self) -> serde_json::Value {
+        let out = &self.outcome;
+        serde_json::json!({
+            "model": self.model,
+            "batch": self.request.batch,
+            "optimizer": self.optimizer,
+            "memory_limit": self.request.limit,
+            "device": out.gpu,
+            "decision_seconds": out.decision_seconds,
+            "recipe": self.recipe,
+            "chosen": self.chosen(),
+            "candidates": out.candidates,
+            "smallest": out.smallest,
+        })
+    }
+
+    /// Why nothing fits, with the smallest footprint found.
+    pub fn nothing_fits(&self) -> String {
+        let floor = self
+            .outcome
+            .smallest
+            .as_ref()
+            .map_or(String::new(), |c| format!(": the smallest footprint is {}", crate::report::human_bytes(c.total_bytes)));
+        format!("no recipe of {} fits in {}{floor}", self.model, crate::report::human_bytes(self.request.limit))
+    }
+}

@@ -2,6 +2,7 @@
 //! and run fast. This crate is the facade over the workspace crates: the
 //! compile [`driver`] ([`Session`]), reports, and the `smelt` command line.
 
+pub mod args;
 pub mod cost;
 pub mod driver;
 pub mod emit;

@@ -49,6 +49,8 @@ use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 
+pub(crate) use smelt::args::{FitArgs, ModelArgs};
+
 /// smelt compiles deep-learning models ahead of time so they fit in GPU
 /// memory and run fast, and tells you where every byte goes.
 ///
@@ -149,48 +151,6 @@ enum Command {
     /// for `smelt train --recipe` and `smelt plan --recipe`. When nothing
     /// fits, says what the smallest footprint is and what it holds (exit 2).
     Fit(FitArgs),
-}
-
-#[derive(Args)]
-pub(crate) struct FitArgs {
-    /// Path to .onnx or .tir, or zoo:NAME.
-    pub(crate) model: String,
-    /// The whole batch of an optimizer step; micro-batches divide it.
-    #[arg(long)]
-    pub(crate) batch: usize,
-    /// Size of a named symbolic input dimension, as NAME=N (as `smelt plan`).
-    #[arg(long = "dim", value_name = "NAME=N", value_parser = dim_size)]
-    pub(crate) dims: Vec<(String, usize)>,
-    /// Keep these in f32 under a reduced precision (as `smelt plan`).
-    #[arg(long = "keep-f32", value_name = "PATTERN")]
-    pub(crate) keep_f32: Vec<String>,
-    #[command(flatten)]
-    pub(crate) train: TrainArgs,
-    /// Device memory the step may use: activation arena plus weights,
-    /// optimizer state and accumulators (B, KiB, MiB, GiB, KB, MB, GB).
-    #[arg(long, value_name = "SIZE", value_parser = smelt::plan::parse_size)]
-    pub(crate) memory_limit: usize,
-    /// Precisions to search: auto (f32, mixed-bf16, mixed-f16; the fastest
-    /// wins, f32 on a tie) or one policy.
-    #[arg(long, default_value = "f32", value_parser = ["auto", "f32", "f16", "bf16", "mixed-f16", "mixed-bf16"])]
-    pub(crate) precision: String,
-    /// Plan data parallelism over N GPUs: each runs batch / N samples per
-    /// optimizer step, memory and time are per GPU, and the collectives
-    /// are listed with their sizes. A plan: smelt trains on one GPU.
-    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
-    pub(crate) gpus: u32,
-    /// With --gpus: what the GPUs shard, as ZeRO's stages: none (all-reduce
-    /// the gradients), optimizer (stage 1), gradients (stage 2: optimizer
-    /// state and accumulators), parameters (stage 3: those and the weights,
-    /// gathered a layer at a time).
-    #[arg(long, default_value = "none", value_parser = smelt::fit::Shard::NAMES, requires = "gpus")]
-    pub(crate) shard: String,
-    /// Write the chosen recipe (JSON) for `smelt train --recipe` and `smelt plan --recipe`.
-    #[arg(long, value_name = "FILE.json")]
-    pub(crate) save_recipe: Option<PathBuf>,
-    /// Print JSON instead of text (no progress).
-    #[arg(long)]
-    pub(crate) json: bool,
 }
 
 #[derive(Args)]
@@ -388,276 +348,19 @@ pub(crate) struct PrintArgs {
     pub(crate) output: Option<PathBuf>,
 }
 
-/// Parses `--dim NAME=N`.
-fn dim_size(s: &str) -> Result<(String, usize), String> {
-    let (name, n) = s.split_once('=').ok_or_else(|| format!("{s:?} is not NAME=N (e.g. sequence=512)"))?;
-    let n: usize = n.trim().parse().map_err(|_| format!("{n:?} is not a size"))?;
-    if name.is_empty() || n == 0 {
-        return Err(format!("{s:?}: needs a name and a size of at least 1"));
-    }
-    Ok((name.to_string(), n))
-}
-
-#[derive(Args, Clone)]
-pub(crate) struct ModelArgs {
-    /// Path to .onnx or .tir, or zoo:NAME.
-    pub(crate) model: String,
-    /// Batch size, replacing the exported one (also inside Reshape targets
-    /// that hard-code it).
-    #[arg(long)]
-    pub(crate) batch: Option<usize>,
-    /// Size of a named symbolic input dimension, as NAME=N (`--dim
-    /// sequence=512`); repeatable. A symbolic first dimension is the batch
-    /// (--batch, default 1); any other needs --dim. The zoo transformers
-    /// take `--dim sequence=N` (default 128).
-    #[arg(long = "dim", value_name = "NAME=N", value_parser = dim_size)]
-    pub(crate) dims: Vec<(String, usize)>,
-    /// Turn fusion off everywhere (for comparison).
-    #[arg(long)]
-    pub(crate) no_fuse: bool,
-    /// Precision policy: f32 (as imported), f16 or bf16 (every float op),
-    /// mixed-f16 or mixed-bf16 (half storage and compute with f32
-    /// accumulation; f32 kept for softmax, normalization, reductions, the
-    /// final classifier layer and --keep-f32). Graph inputs and outputs stay f32.
-    #[arg(long, default_value = "f32", value_parser = clap::builder::TypedValueParser::map(clap::builder::PossibleValuesParser::new(smelt_passes::precision::Policy::NAMES), |s| s.parse::<smelt_passes::precision::Policy>().expect("listed")))]
-    pub(crate) precision: smelt_passes::precision::Policy,
-    /// Keep these in f32 under a reduced precision: an op type (softmax,
-    /// conv, gemm...) or a node name, `*` matching any characters. Repeatable.
-    #[arg(long = "keep-f32", value_name = "PATTERN")]
-    pub(crate) keep_f32: Vec<String>,
-    #[command(flatten)]
-    pub(crate) train: TrainArgs,
-}
-
-/// What makes a command work on a training step instead of the forward pass.
-#[derive(Args, Clone, Default)]
-#[command(next_help_heading = "Training (a whole step: forward, loss, backward, optimizer update)")]
-#[command(group(clap::ArgGroup::new("step").args(["train", "recipe"]).multiple(true)))]
-pub(crate) struct TrainArgs {
-    /// Compile one training step with this optimizer: sgd (momentum 0.9
-    /// unless --momentum), adam or adamw. Trained: every float initializer
-    /// that is a conv, gemm or matmul weight, a norm's scale or bias, or a
-    /// bias added to a layer (and a text model's `param`s), except --freeze.
-    #[arg(long, visible_alias = "optimizer", value_name = "OPTIMIZER", value_parser = ["sgd", "adam", "adamw"])]
-    pub(crate) train: Option<String>,
-    /// The loss: ce (cross-entropy on logits against int64 labels, input
-    /// `labels`), mse (against f32 targets of the output's shape, input
-    /// `targets`) or auto (ce when the output is logits [N, C], mse
-    /// otherwise). A model ending in Softmax is trained on its input.
-    #[arg(long, default_value = "auto", value_parser = ["auto", "ce", "mse"], requires = "step")]
-    pub(crate) loss: String,
-    /// The output the loss reads (default: the only one).
-    #[arg(long, value_name = "OUTPUT", requires = "step")]
-    pub(crate) loss_on: Option<String>,
-    /// Label smoothing of the cross-entropy, in [0, 1).
-    #[arg(long, default_value_t = 0.0, requires = "step")]
-    pub(crate) label_smoothing: f32,
-    /// Learning rate (default 0.01 for sgd, 0.001 for adam and adamw).
-    #[arg(long, requires = "step")]
-    pub(crate) lr: Option<f32>,
-    /// SGD's momentum (0: no momentum buffers).
-    #[arg(long, default_value_t = 0.9, requires = "step")]
-    pub(crate) momentum: f32,
-    /// Nesterov momentum (sgd).
-    #[arg(long, requires = "step")]
-    pub(crate) nesterov: bool,
-    /// Weight decay: added to the gradient (sgd, adam) or decoupled (adamw,
-    /// default 0.01 there).
-    #[arg(long, requires = "step")]
-    pub(crate) weight_decay: Option<f32>,
-    /// Gradient accumulation: K micro-batches of batch/K per update (the
-    /// plan is the micro-step's; the accumulators are persistent).
-    #[arg(long, value_name = "K", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..), requires = "step")]
-    pub(crate) accumulate: u32,
-    /// Learning-rate schedule: a cosine decay to 0 over this many optimizer
-    /// steps, after --warmup steps of linear warmup (Hugging Face's
-    /// cosine-with-warmup). Default: constant.
-    #[arg(long, value_name = "STEPS", requires = "step")]
-    pub(crate) cosine: Option<usize>,
-    /// Steps of linear learning-rate warmup (with --cosine).
-    #[arg(long, value_name = "STEPS", default_value_t = 0, requires = "step")]
-    pub(crate) warmup: usize,
-    /// Clip the gradients by their global L2 norm (PyTorch's
-    /// clip_grad_norm_): every gradient is kept until all are computed.
-    #[arg(long, value_name = "MAX_NORM", requires = "step")]
-    pub(crate) clip_norm: Option<f32>,
-    /// Batch norm: frozen (as exported: running statistics normalize, scale
-    /// and bias train) or train (batch statistics; the running statistics
-    /// follow them with PyTorch's momentum 0.1, as `model.train()`).
-    #[arg(long, default_value = "frozen", value_parser = ["frozen", "train"], requires = "step")]
-    pub(crate) batch_norm: String,
-    /// Loss scaling under --precision f16 or mixed-f16: dynamic (the
-    /// gradients of a scaled loss, unscaled before the update; a step whose
-    /// gradients overflow is skipped and the scale halved, and it doubles
-    /// after 2000 clean steps, as torch.amp.GradScaler) or none. bf16 and
-    /// f32 need none.
-    #[arg(long, default_value = "dynamic", value_parser = ["dynamic", "none"], requires = "step")]
-    pub(crate) loss_scale: String,
-    /// Keep these initializers fixed: names, `*` matching any characters. Repeatable.
-    #[arg(long = "freeze", value_name = "PATTERN", requires = "step")]
-    pub(crate) freeze: Vec<String>,
-    /// Recompute saved activations in the backward pass, instead of keeping
-    /// them from the forward pass, until the step's activation arena is at
-    /// most SIZE: the values cheapest to recompute per byte saved (on
-    /// --device's roofline) at the peak first. `smelt fit` chooses SIZE.
-    #[arg(long, value_name = "SIZE", value_parser = smelt::plan::parse_size, requires = "step")]
-    pub(crate) remat_budget: Option<usize>,
-    /// What chooses the recomputed values: greedy (the cheapest per byte at
-    /// the peak, first; fast, and a smaller budget never gives a larger
-    /// arena or a cheaper recomputation) or exact (a mixed-integer program:
-    /// the cheapest choice in its model, with a proven lower bound; up to 20
-    /// s a plan, and not monotone in the budget by construction).
-    #[arg(long, value_name = "SOLVER", default_value = "greedy", value_parser = ["greedy", "exact"], requires = "step")]
-    pub(crate) remat_solver: String,
-    /// The GPU whose roofline (FP32 rate, bandwidth, SMs, launch overhead)
-    /// prices a recomputation: h100, h200, a100, v100 or l4.
-    #[arg(long, value_name = "GPU", default_value = "h100", value_parser = smelt::cost::GPU_NAMES)]
-    pub(crate) device: String,
-    /// Take batch, accumulation, precision, optimizer and recomputation
-    /// budget from a recipe written by `smelt fit --save-recipe`.
-    #[arg(long, value_name = "FILE.json", conflicts_with_all = ["accumulate", "remat_budget", "batch", "precision"])]
-    pub(crate) recipe: Option<PathBuf>,
-}
-
-impl TrainArgs {
-    /// The training configuration, when --train is given.
-    pub(crate) fn config(&self) -> Result<Option<smelt_passes::train::TrainConfig>> {
-        use smelt_ir::Optimizer;
-        use smelt_passes::train::{Loss, TrainConfig};
-        let Some(opt) = &self.train else { return Ok(None) };
-        let wd = self.weight_decay.unwrap_or(if opt == "adamw" { 0.01 } else { 0.0 });
-        let schedule = match (self.cosine, self.warmup) {
-            (Some(total), w) if w < total => smelt_ir::Schedule { warmup: w, total },
-            (Some(total), w) => anyhow::bail!("--warmup {w} must be shorter than --cosine {total}"),
-            (None, 0) => smelt_ir::Schedule::default(),
-            (None, _) => anyhow::bail!("--warmup needs --cosine STEPS (the schedule's length)"),
-        };
-        let optimizer = match opt.as_str() {
-            "sgd" => Optimizer::Sgd {
-                lr: self.lr.unwrap_or(0.01),
-                momentum: self.momentum,
-                dampening: 0.0,
-                nesterov: self.nesterov,
-                weight_decay: wd,
-                accumulate: self.accumulate as usize,
-                schedule,
-            },
-            _ => Optimizer::Adam {
-                lr: self.lr.unwrap_or(1e-3),
-                beta1: 0.9,
-                beta2: 0.999,
-                eps: 1e-8,
-                weight_decay: wd,
-                decoupled: opt == "adamw",
-                accumulate: self.accumulate as usize,
-                schedule,
-            },
-        };
-        if self.nesterov && (opt != "sgd" || self.momentum == 0.0) {
-            anyhow::bail!("--nesterov needs --train sgd with a non-zero --momentum");
-        }
-        let loss = match self.loss.as_str() {
-            "mse" => Loss::MeanSquaredError,
-            "ce" => Loss::CrossEntropy { smoothing: self.label_smoothing },
-            _ => Loss::Auto { smoothing: self.label_smoothing },
-        };
-        let batch_norm = if self.batch_norm == "train" {
-            smelt_passes::train::BatchNorm::Train { momentum: 0.1 }
-        } else {
-            smelt_passes::train::BatchNorm::Frozen
-        };
-        if self.clip_norm.is_some_and(|c| !(c > 0.0 && c.is_finite())) {
-            anyhow::bail!("--clip-norm must be a positive number");
-        }
-        Ok(Some(TrainConfig {
-            loss,
-            loss_on: self.loss_on.clone(),
-            optimizer: Some(optimizer),
-            freeze: self.freeze.clone(),
-            batch_norm,
-            clip_norm: self.clip_norm,
-            loss_scale: false,
-        }))
-    }
-}
-
-impl ModelArgs {
-    /// The default model with default options.
-    fn default_model() -> ModelArgs {
-        ModelArgs {
-            model: smelt::DEFAULT_MODEL.into(),
-            batch: None,
-            dims: Vec::new(),
-            no_fuse: false,
-            precision: Default::default(),
-            keep_f32: Vec::new(),
-            train: TrainArgs::default(),
-        }
-    }
-
-    /// The driver's options.
-    pub(crate) fn options(&self) -> Result<smelt::Options> {
-        Ok(smelt::Options {
-            batch: self.batch,
-            dims: self.dims.clone(),
-            no_fuse: self.no_fuse,
-            precision: smelt_passes::precision::Options { policy: self.precision, keep_f32: self.keep_f32.clone() },
-            train: self.train.config()?.map(|mut t| {
-                use smelt_passes::precision::Policy;
-                t.loss_scale = matches!(self.precision, Policy::F16 | Policy::MixedF16) && self.train.loss_scale == "dynamic";
-                t
-            }),
-            remat: self.train.remat_budget.map(|budget| smelt::Remat {
-                budget,
-                gpu: smelt::cost::gpu(&self.train.device).unwrap_or_default(),
-                solver: smelt::RematSolver::parse(&self.train.remat_solver).unwrap_or_default(),
-            }),
-        })
-    }
-
-    /// Takes batch, accumulation, precision, optimizer and recomputation
-    /// budget from `--recipe` (clap refuses those flags beside it).
-    pub(crate) fn apply_recipe(&mut self) -> Result<()> {
-        let Some(path) = &self.train.recipe else { return Ok(()) };
-        let r = smelt::fit::Recipe::load(path)?;
-        if r.gpus > 1 {
-            anyhow::bail!(
-                "{}: the recipe plans data parallelism over {} GPUs (micro-batch {} each); smelt runs on one GPU: pass its per-GPU flags (--batch {} --accumulate {}) to plan or train one replica",
-                path.display(),
-                r.gpus,
-                r.micro_batch,
-                r.batch / r.gpus,
-                r.accumulate
-            );
-        }
-        let name = |s: &str| s.trim_start_matches("zoo:").to_string();
-        if name(&r.model) != name(&self.model)
-            && std::path::Path::new(&r.model).file_name() != std::path::Path::new(&self.model).file_name()
-        {
-            anyhow::bail!("{}: the recipe was made for {}, not {}", path.display(), r.model, self.model);
-        }
-        match &self.train.train {
-            Some(o) if *o != r.optimizer => anyhow::bail!("{}: the recipe was made for --train {}, not {o}", path.display(), r.optimizer),
-            _ => self.train.train = Some(r.optimizer.clone()),
-        }
-        if self.dims.is_empty() {
-            self.dims = r.dims.clone();
-        }
-        self.batch = Some(r.batch);
-        self.train.accumulate = r.accumulate as u32;
-        self.precision = r.precision.parse().map_err(|e: String| anyhow::anyhow!(e))?;
-        self.train.remat_budget = r.remat_budget;
-        self.train.remat_solver = r.remat_solver.name().to_string();
-        self.train.device = r.device.clone();
-        Ok(())
-    }
-
+/// Opening the model from the command line: notes and the load time to
+/// standard error.
+pub(crate) trait Open {
     /// Opens the model (import and verify).
-    pub(crate) fn session(&self) -> Result<smelt::Session> {
-        if self.model.is_empty() {
-            anyhow::bail!("the model path is empty: give an .onnx or .tir file, or zoo:NAME");
-        }
-        let s = smelt::Session::open(&self.model, self.options()?).with_context(|| format!("cannot load {}", self.model))?;
+    fn session(&self) -> Result<smelt::Session>;
+    /// Opens the model for a command that needs the weights' values: a
+    /// text file's constants without data get deterministic random ones.
+    fn session_with_values(&self) -> Result<smelt::Session>;
+}
+
+impl Open for ModelArgs {
+    fn session(&self) -> Result<smelt::Session> {
+        let s = self.open(false).with_context(|| format!("cannot load {}", self.model))?;
         cmd::log_time("load", s.timings.import);
         for note in s.train.iter().flat_map(|t| &t.step.notes) {
             errln!("note: {note}");
@@ -665,9 +368,7 @@ impl ModelArgs {
         Ok(s)
     }
 
-    /// Opens the model for a command that needs the weights' values: a
-    /// text file's constants without data get deterministic random ones.
-    pub(crate) fn session_with_values(&self) -> Result<smelt::Session> {
+    fn session_with_values(&self) -> Result<smelt::Session> {
         let mut s = self.session()?;
         let n = s.fill_weights().with_context(|| format!("cannot load {}", self.model))?;
         if n > 0 {
@@ -702,10 +403,10 @@ fn main() {
         None => cmd::inspect::default(&ModelArgs::default_model()),
         Some(Command::Inspect(a)) => cmd::inspect::run(&a),
         Some(Command::Compile(a)) => cmd::compile::run(&a),
-        Some(Command::Plan(mut a)) => a.model.apply_recipe().and_then(|()| cmd::plan::run(&a)),
+        Some(Command::Plan(mut a)) => a.model.apply_recipe().map_err(Into::into).and_then(|()| cmd::plan::run(&a)),
         Some(Command::Run(a)) => cmd::run::run(&a),
         Some(Command::Print(a)) => cmd::print(&a),
-        Some(Command::Train(mut a)) => a.model.apply_recipe().and_then(|()| cmd::train::run(&a)),
+        Some(Command::Train(mut a)) => a.model.apply_recipe().map_err(Into::into).and_then(|()| cmd::train::run(&a)),
         Some(Command::Fit(a)) => cmd::fit::run(&a),
     };
     // What is still buffered must reach stdout too, or the failure be said.

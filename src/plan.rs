@@ -415,3 +415,84 @@ mod tests {
         assert!(parse_size("3 XB").is_err());
     }
 }
+
+/// Everything `smelt plan` computes for a model: the compiled graph, its
+/// checked plan and the unfused one, their reports and, for a training
+/// step, where its bytes go. The CLI prints it; the Python package wraps it.
+#[derive(Debug)]
+pub struct Planning {
+    /// The session the model was opened in.
+    pub session: crate::Session,
+    /// The compiled graph.
+    pub compiled: crate::Compiled,
+    /// Its checked plan, and the unfused graph's.
+    pub planned: crate::Planned,
+    /// The compiled graph's report.
+    pub report: MemoryReport,
+    /// The unfused graph's report.
+    pub without_fusion: MemoryReport,
+    /// With `--train`: where the step's bytes go.
+    pub training: Option<TrainBreakdown>,
+}
+
+impl Planning {
+    /// Compiles and plans the model of `session` (both plans checked).
+    pub fn new(mut session: crate::Session) -> Result<Planning, crate::Error> {
+        let compiled = session.compile()?;
+        let planned = session.plan(&compiled)?;
+        let fused = !session.options.no_fuse;
+        let report = report(&compiled.graph, &planned.plan, fused, true);
+        let without_fusion = report_of(&planned);
+        let training = session.train.as_ref().map(|t| train_breakdown(&compiled.graph, &planned.plan, &t.step.forward));
+        Ok(Planning { session, compiled, planned, report, without_fusion, training })
+    }
+
+    /// `smelt plan --json`: `model` as the user named it.
+    pub fn json(&self, model: &str, batch: Option<usize>) -> serde_json::Value {
+        let t = &self.session.timings;
+        serde_json::json!({
+            "model": model,
+            "batch": batch,
+            "plan": self.report,
+            "without_fusion": self.without_fusion,
+            "fusion": self.compiled.stats.fusion,
+            "training": self.training,
+            "recomputation": self.compiled.remat,
+            "timings_seconds": {"import": t.import, "passes": t.passes, "plan": t.plan, "check": t.check},
+        })
+    }
+
+    /// `smelt plan --svg`: live bytes per step (and without fusion), the
+    /// arena's layout, where backward starts; `title` heads it.
+    pub fn svg(&self, title: &str) -> String {
+        let other = (!self.session.options.no_fuse).then_some(&self.planned.unfused_plan);
+        svg_marked(title, &self.planned.plan, &self.compiled.graph, other, self.training.as_ref().map(|t| t.backward_starts_at))
+    }
+
+    /// Fails with [`crate::Error::MemoryLimit`] when the arena exceeds
+    /// `limit`, naming the largest smaller batch that fits (it compiles
+    /// and plans the model at halved batches to find it).
+    pub fn check_limit(&self, limit: usize) -> Result<(), crate::Error> {
+        check_limit(&self.session, &self.report, limit)
+    }
+}
+
+/// Fails with [`crate::Error::MemoryLimit`] when `report`'s arena exceeds
+/// `limit`, naming the largest smaller batch of `session`'s model that
+/// fits (compiled and planned at halved batches to find it).
+pub fn check_limit(session: &crate::Session, report: &MemoryReport, limit: usize) -> Result<(), crate::Error> {
+    if report.arena_bytes <= limit {
+        return Ok(());
+    }
+    let fits = session.largest_batch_within(limit)?;
+    Err(crate::Error::MemoryLimit {
+        limit,
+        arena: report.arena_bytes,
+        smaller_batch: fits,
+        message: over_limit(report, limit, session.batch(), fits),
+    })
+}
+
+fn report_of(p: &crate::Planned) -> MemoryReport {
+    report(&p.unfused, &p.unfused_plan, false, true)
+}

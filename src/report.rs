@@ -91,3 +91,10 @@ pub fn human_bytes(b: usize) -> String {
         format!("{x:.1} {}", units[u])
     }
 }
+
+/// `smelt inspect --json`: [`inspect`] with what each pass did.
+pub fn inspect_json(source: &Graph, compiled: &crate::Compiled) -> serde_json::Value {
+    let mut v = serde_json::to_value(inspect(source, &compiled.graph)).expect("a report serializes");
+    v["passes"] = serde_json::to_value(&compiled.stats).expect("statistics serialize");
+    v
+}

@@ -3,83 +3,31 @@
 
 use crate::FitArgs;
 use anyhow::{bail, Context, Result};
-use serde_json::json;
 use smelt::fit::{Candidate, Outcome, Request, Verdict};
 use smelt::report::human_bytes;
-use smelt_passes::precision::Policy;
 
 /// `smelt fit`.
 pub fn run(a: &FitArgs) -> Result<bool> {
-    let m = &crate::ModelArgs {
-        model: a.model.clone(),
-        batch: Some(a.batch),
-        dims: a.dims.clone(),
-        no_fuse: false,
-        precision: Policy::F32,
-        keep_f32: a.keep_f32.clone(),
-        train: a.train.clone(),
-    };
-    let Some(optimizer) = m.train.train.clone() else {
-        bail!("smelt fit needs the training step's optimizer: --train sgd, adam or adamw");
-    };
-    if m.train.accumulate != 1 || m.train.remat_budget.is_some() || m.train.recipe.is_some() {
-        bail!("smelt fit chooses the accumulation and the recomputation itself: leave out --accumulate, --remat-budget and --recipe");
-    }
-    let Some(batch) = m.batch else { bail!("smelt fit needs --batch: the whole batch of an optimizer step") };
-    let precisions: Vec<Policy> = match a.precision.as_str() {
-        "auto" => vec![Policy::F32, Policy::MixedBf16, Policy::MixedF16],
-        p => vec![p.parse().map_err(|e: String| anyhow::anyhow!(e))?],
-    };
-    let gpu = smelt::cost::gpu(&m.train.device).context("unknown --device")?;
-    let mut options = m.options()?;
-    options.remat = None;
-    let req = Request {
-        spec: m.model.clone(),
-        options,
-        batch,
-        limit: a.memory_limit,
-        precisions,
-        gpu,
-        loss_scale: m.train.loss_scale == "dynamic",
-        gpus: a.gpus as usize,
-        shard: smelt::fit::Shard::parse(&a.shard).context("unknown --shard")?,
-        solver: smelt::RematSolver::parse(&m.train.remat_solver).unwrap_or_default(),
-    };
     let bar = super::bar(0, "{spinner} {msg} [{elapsed}]", a.json);
     bar.enable_steady_tick(std::time::Duration::from_millis(120));
-    bar.set_message(format!("compiling and planning {} at micro-batch {batch}", m.model));
+    bar.set_message(format!("compiling and planning {} at micro-batch {}", a.model, a.batch));
     let mut tried = 0;
-    let out = smelt::fit::search(&req, &mut |c: &Candidate| {
+    let f = smelt::fit::Fitting::run(a, &mut |c: &Candidate| {
         tried += 1;
         bar.set_message(format!("{tried} recipes tried; last: {} {}x{}: {}", c.precision, c.micro_batch, c.accumulate, verdict(c)));
     })
-    .with_context(|| format!("cannot fit {}", m.model))?;
+    .with_context(|| format!("cannot fit {}", a.model))?;
     bar.finish_and_clear();
-    let chosen = out.chosen.map(|i| &out.candidates[i]);
-    let recipe = chosen.map(|c| c.recipe(&req, &optimizer));
-    if let (Some(path), Some(r)) = (&a.save_recipe, &recipe) {
+    if let (Some(path), Some(r)) = (&a.save_recipe, &f.recipe) {
         std::fs::write(path, serde_json::to_string_pretty(r)? + "\n").with_context(|| format!("cannot write {}", path.display()))?;
     }
     if a.json {
-        let v = json!({
-            "model": m.model,
-            "batch": batch,
-            "optimizer": optimizer,
-            "memory_limit": a.memory_limit,
-            "device": out.gpu,
-            "decision_seconds": out.decision_seconds,
-            "recipe": recipe,
-            "chosen": chosen,
-            "candidates": out.candidates,
-            "smallest": out.smallest,
-        });
-        outln!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&f.json())?);
     } else {
-        print_text(a, &req, &out, batch, &optimizer)?;
+        print_text(a, &f.request, &f.outcome, a.batch, &f.optimizer)?;
     }
-    if chosen.is_none() {
-        let floor = out.smallest.as_ref().map_or(String::new(), |c| format!(": the smallest footprint is {}", human_bytes(c.total_bytes)));
-        bail!("no recipe of {} fits in {}{floor}", m.model, human_bytes(a.memory_limit));
+    if f.recipe.is_none() {
+        bail!("{}", f.nothing_fits());
     }
     Ok(true)
 }

@@ -1,5 +1,6 @@
 //! `smelt inspect`, and `smelt` with no command (the built-in default).
 
+use crate::Open as _;
 use crate::{InspectArgs, ModelArgs};
 use anyhow::Result;
 use smelt::report::{human_bytes, inspect, Inspect};
@@ -28,14 +29,11 @@ pub fn default(model: &ModelArgs) -> Result<bool> {
 pub fn run(a: &InspectArgs) -> Result<bool> {
     let mut s = a.model.session()?;
     let compiled = s.compile()?;
-    let report = inspect(&s.source, &compiled.graph);
     if a.json {
-        let mut v = serde_json::to_value(&report)?;
-        v["passes"] = serde_json::to_value(&compiled.stats)?;
-        outln!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&smelt::report::inspect_json(&s.source, &compiled))?);
     } else {
         outln!("model: {}\n", a.model.model);
-        print_inspect(&report, &compiled.stats)?;
+        print_inspect(&inspect(&s.source, &compiled.graph), &compiled.stats)?;
     }
     Ok(true)
 }

@@ -8,6 +8,7 @@ pub mod plan;
 pub mod run;
 pub mod train;
 
+use crate::Open as _;
 use crate::PrintArgs;
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};

@@ -1,47 +1,28 @@
 //! `smelt plan`: the memory plan with fusion and without, its picture, and
 //! the memory limit.
 
+use crate::Open as _;
 use crate::PlanArgs;
-use anyhow::{bail, Context, Result};
-use serde_json::json;
+use anyhow::{Context, Result};
 use smelt::plan::MemoryReport;
 use smelt::report::human_bytes;
 
 /// `smelt plan`.
 pub fn run(a: &PlanArgs) -> Result<bool> {
     let model = &a.model;
-    let mut s = model.session()?;
-    let compiled = s.compile()?;
-    let planned = s.plan(&compiled)?;
-    let (plan, plain, plain_plan) = (&planned.plan, &planned.unfused, &planned.unfused_plan);
-    let fused = &compiled.graph;
-    let report = smelt::plan::report(fused, plan, !model.no_fuse, true);
-    let plain_report = smelt::plan::report(plain, plain_plan, false, true);
-    let training = s.train.as_ref().map(|t| smelt::plan::train_breakdown(fused, plan, &t.step.forward));
+    let p = smelt::plan::Planning::new(model.session()?)?;
     if let Some(path) = &a.svg {
         let train = model.train.train.as_ref().map_or(String::new(), |o| format!(" --train {o}"));
         let title = format!("smelt plan {}{}{train}", model.model, model.batch.map_or(String::new(), |b| format!(" --batch {b}")));
-        let other = (!model.no_fuse).then_some(plain_plan);
-        let svg = smelt::plan::svg_marked(&title, plan, fused, other, training.as_ref().map(|t| t.backward_starts_at));
-        std::fs::write(path, svg).with_context(|| format!("cannot write {}", path.display()))?;
+        std::fs::write(path, p.svg(&title)).with_context(|| format!("cannot write {}", path.display()))?;
     }
-    let t = &s.timings;
+    let t = &p.session.timings;
     if a.json {
-        let v = json!({
-            "model": model.model,
-            "batch": model.batch,
-            "plan": report,
-            "without_fusion": plain_report,
-            "fusion": compiled.stats.fusion,
-            "training": training,
-            "recomputation": compiled.remat,
-            "timings_seconds": {"import": t.import, "passes": t.passes, "plan": t.plan, "check": t.check},
-        });
-        outln!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&p.json(&model.model, model.batch))?);
     } else {
-        print_text(a, &report, &plain_report, &compiled.stats)?;
-        if let (Some(t), Some(tr)) = (&training, &s.train) {
-            print_training(a, t, tr, compiled.remat.as_ref())?;
+        print_text(a, &p.report, &p.without_fusion, &p.compiled.stats)?;
+        if let (Some(t), Some(tr)) = (&p.training, &p.session.train) {
+            print_training(a, t, tr, p.compiled.remat.as_ref())?;
         }
     }
     if a.timings {
@@ -54,7 +35,7 @@ pub fn run(a: &PlanArgs) -> Result<bool> {
         );
     }
     if let Some(limit) = a.memory_limit {
-        enforce_limit(&s, &report, limit)?;
+        p.check_limit(limit)?;
     }
     Ok(true)
 }
@@ -178,14 +159,4 @@ pub(crate) fn remat_bound(r: &smelt::RematReport) -> String {
         (_, Some(_)) => " (the exact solver's choice did not fit: the greedy walk's)".to_string(),
         _ => String::new(),
     }
-}
-
-/// Fails with `smelt plan`'s message when the arena exceeds `limit`, naming
-/// the largest smaller batch that fits.
-pub fn enforce_limit(s: &smelt::Session, report: &MemoryReport, limit: usize) -> Result<()> {
-    if report.arena_bytes <= limit {
-        return Ok(());
-    }
-    let fit = s.largest_batch_within(limit)?;
-    bail!("{}", smelt::plan::over_limit(report, limit, s.batch(), fit))
 }

@@ -1,6 +1,7 @@
 //! `smelt run`: the CPU reference executor or the CUDA executor, outputs
 //! compared with expected ones and, under a reduced precision, with f32.
 
+use crate::Open as _;
 use crate::RunArgs;
 use anyhow::{bail, Context, Result};
 use serde_json::json;
@@ -202,7 +203,7 @@ fn on_device(
     let planned = s.plan(compiled)?;
     if let Some(limit) = args.memory_limit {
         let mem = smelt::plan::report(fused, &planned.plan, !args.model.no_fuse, true);
-        super::plan::enforce_limit(s, &mem, limit)?;
+        smelt::plan::check_limit(s, &mem, limit)?;
     }
     let cuda = args.backend == "cuda";
     if cuda {

@@ -2,6 +2,7 @@
 //! set, on the CPU (the kernel descriptions), the emulator or a GPU; the
 //! trained weights written back into the ONNX model.
 
+use crate::Open as _;
 use crate::TrainCmdArgs;
 use anyhow::{bail, Context, Result};
 use serde_json::json;

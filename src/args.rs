@@ -1,0 +1,372 @@
+//! The options that say which model to open and how: the command line's
+//! `ModelArgs` and `TrainArgs` (clap), shared by every command and by the
+//! Python package, which passes its keyword arguments as these flags so that
+//! both accept and refuse exactly the same things.
+
+use crate::Error;
+use clap::{Args, Parser};
+use std::path::PathBuf;
+
+/// `Error::Usage` from a format string.
+macro_rules! usage {
+    ($($t:tt)*) => { Error::Usage(format!($($t)*)) };
+}
+
+/// Parses `--dim NAME=N`.
+pub fn dim_size(s: &str) -> Result<(String, usize), String> {
+    let (name, n) = s.split_once('=').ok_or_else(|| format!("{s:?} is not NAME=N (e.g. sequence=512)"))?;
+    let n: usize = n.trim().parse().map_err(|_| format!("{n:?} is not a size"))?;
+    if name.is_empty() || n == 0 {
+        return Err(format!("{s:?}: needs a name and a size of at least 1"));
+    }
+    Ok((name.to_string(), n))
+}
+
+#[derive(Args, Clone)]
+pub struct ModelArgs {
+    /// Path to .onnx or .tir, or zoo:NAME.
+    pub model: String,
+    /// Batch size, replacing the exported one (also inside Reshape targets
+    /// that hard-code it).
+    #[arg(long)]
+    pub batch: Option<usize>,
+    /// Size of a named symbolic input dimension, as NAME=N (`--dim
+    /// sequence=512`); repeatable. A symbolic first dimension is the batch
+    /// (--batch, default 1); any other needs --dim. The zoo transformers
+    /// take `--dim sequence=N` (default 128).
+    #[arg(long = "dim", value_name = "NAME=N", value_parser = dim_size)]
+    pub dims: Vec<(String, usize)>,
+    /// Turn fusion off everywhere (for comparison).
+    #[arg(long)]
+    pub no_fuse: bool,
+    /// Precision policy: f32 (as imported), f16 or bf16 (every float op),
+    /// mixed-f16 or mixed-bf16 (half storage and compute with f32
+    /// accumulation; f32 kept for softmax, normalization, reductions, the
+    /// final classifier layer and --keep-f32). Graph inputs and outputs stay f32.
+    #[arg(long, default_value = "f32", value_parser = clap::builder::TypedValueParser::map(clap::builder::PossibleValuesParser::new(smelt_passes::precision::Policy::NAMES), |s| s.parse::<smelt_passes::precision::Policy>().expect("listed")))]
+    pub precision: smelt_passes::precision::Policy,
+    /// Keep these in f32 under a reduced precision: an op type (softmax,
+    /// conv, gemm...) or a node name, `*` matching any characters. Repeatable.
+    #[arg(long = "keep-f32", value_name = "PATTERN")]
+    pub keep_f32: Vec<String>,
+    #[command(flatten)]
+    pub train: TrainArgs,
+}
+
+/// What makes a command work on a training step instead of the forward pass.
+#[derive(Args, Clone, Default)]
+#[command(next_help_heading = "Training (a whole step: forward, loss, backward, optimizer update)")]
+#[command(group(clap::ArgGroup::new("step").args(["train", "recipe"]).multiple(true)))]
+pub struct TrainArgs {
+    /// Compile one training step with this optimizer: sgd (momentum 0.9
+    /// unless --momentum), adam or adamw. Trained: every float initializer
+    /// that is a conv, gemm or matmul weight, a norm's scale or bias, or a
+    /// bias added to a layer (and a text model's `param`s), except --freeze.
+    #[arg(long, visible_alias = "optimizer", value_name = "OPTIMIZER", value_parser = ["sgd", "adam", "adamw"])]
+    pub train: Option<String>,
+    /// The loss: ce (cross-entropy on logits against int64 labels, input
+    /// `labels`), mse (against f32 targets of the output's shape, input
+    /// `targets`) or auto (ce when the output is logits [N, C], mse
+    /// otherwise). A model ending in Softmax is trained on its input.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "ce", "mse"], requires = "step")]
+    pub loss: String,
+    /// The output the loss reads (default: the only one).
+    #[arg(long, value_name = "OUTPUT", requires = "step")]
+    pub loss_on: Option<String>,
+    /// Label smoothing of the cross-entropy, in [0, 1).
+    #[arg(long, default_value_t = 0.0, requires = "step")]
+    pub label_smoothing: f32,
+    /// Learning rate (default 0.01 for sgd, 0.001 for adam and adamw).
+    #[arg(long, requires = "step")]
+    pub lr: Option<f32>,
+    /// SGD's momentum (0: no momentum buffers).
+    #[arg(long, default_value_t = 0.9, requires = "step")]
+    pub momentum: f32,
+    /// Nesterov momentum (sgd).
+    #[arg(long, requires = "step")]
+    pub nesterov: bool,
+    /// Weight decay: added to the gradient (sgd, adam) or decoupled (adamw,
+    /// default 0.01 there).
+    #[arg(long, requires = "step")]
+    pub weight_decay: Option<f32>,
+    /// Gradient accumulation: K micro-batches of batch/K per update (the
+    /// plan is the micro-step's; the accumulators are persistent).
+    #[arg(long, value_name = "K", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..), requires = "step")]
+    pub accumulate: u32,
+    /// Learning-rate schedule: a cosine decay to 0 over this many optimizer
+    /// steps, after --warmup steps of linear warmup (Hugging Face's
+    /// cosine-with-warmup). Default: constant.
+    #[arg(long, value_name = "STEPS", requires = "step")]
+    pub cosine: Option<usize>,
+    /// Steps of linear learning-rate warmup (with --cosine).
+    #[arg(long, value_name = "STEPS", default_value_t = 0, requires = "step")]
+    pub warmup: usize,
+    /// Clip the gradients by their global L2 norm (PyTorch's
+    /// clip_grad_norm_): every gradient is kept until all are computed.
+    #[arg(long, value_name = "MAX_NORM", requires = "step")]
+    pub clip_norm: Option<f32>,
+    /// Batch norm: frozen (as exported: running statistics normalize, scale
+    /// and bias train) or train (batch statistics; the running statistics
+    /// follow them with PyTorch's momentum 0.1, as `model.train()`).
+    #[arg(long, default_value = "frozen", value_parser = ["frozen", "train"], requires = "step")]
+    pub batch_norm: String,
+    /// Loss scaling under --precision f16 or mixed-f16: dynamic (the
+    /// gradients of a scaled loss, unscaled before the update; a step whose
+    /// gradients overflow is skipped and the scale halved, and it doubles
+    /// after 2000 clean steps, as torch.amp.GradScaler) or none. bf16 and
+    /// f32 need none.
+    #[arg(long, default_value = "dynamic", value_parser = ["dynamic", "none"], requires = "step")]
+    pub loss_scale: String,
+    /// Keep these initializers fixed: names, `*` matching any characters. Repeatable.
+    #[arg(long = "freeze", value_name = "PATTERN", requires = "step")]
+    pub freeze: Vec<String>,
+    /// Recompute saved activations in the backward pass, instead of keeping
+    /// them from the forward pass, until the step's activation arena is at
+    /// most SIZE: the values cheapest to recompute per byte saved (on
+    /// --device's roofline) at the peak first. `smelt fit` chooses SIZE.
+    #[arg(long, value_name = "SIZE", value_parser = crate::plan::parse_size, requires = "step")]
+    pub remat_budget: Option<usize>,
+    /// What chooses the recomputed values: greedy (the cheapest per byte at
+    /// the peak, first; fast, and a smaller budget never gives a larger
+    /// arena or a cheaper recomputation) or exact (a mixed-integer program:
+    /// the cheapest choice in its model, with a proven lower bound; up to 20
+    /// s a plan, and not monotone in the budget by construction).
+    #[arg(long, value_name = "SOLVER", default_value = "greedy", value_parser = ["greedy", "exact"], requires = "step")]
+    pub remat_solver: String,
+    /// The GPU whose roofline (FP32 rate, bandwidth, SMs, launch overhead)
+    /// prices a recomputation: h100, h200, a100, v100 or l4.
+    #[arg(long, value_name = "GPU", default_value = "h100", value_parser = crate::cost::GPU_NAMES)]
+    pub device: String,
+    /// Take batch, accumulation, precision, optimizer and recomputation
+    /// budget from a recipe written by `smelt fit --save-recipe`.
+    #[arg(long, value_name = "FILE.json", conflicts_with_all = ["accumulate", "remat_budget", "batch", "precision"])]
+    pub recipe: Option<PathBuf>,
+}
+
+impl TrainArgs {
+    /// The training configuration, when --train is given.
+    pub fn config(&self) -> Result<Option<smelt_passes::train::TrainConfig>, Error> {
+        use smelt_ir::Optimizer;
+        use smelt_passes::train::{Loss, TrainConfig};
+        let Some(opt) = &self.train else { return Ok(None) };
+        let wd = self.weight_decay.unwrap_or(if opt == "adamw" { 0.01 } else { 0.0 });
+        let schedule = match (self.cosine, self.warmup) {
+            (Some(total), w) if w < total => smelt_ir::Schedule { warmup: w, total },
+            (Some(total), w) => return Err(usage!("--warmup {w} must be shorter than --cosine {total}")),
+            (None, 0) => smelt_ir::Schedule::default(),
+            (None, _) => return Err(usage!("--warmup needs --cosine STEPS (the schedule's length)")),
+        };
+        let optimizer = match opt.as_str() {
+            "sgd" => Optimizer::Sgd {
+                lr: self.lr.unwrap_or(0.01),
+                momentum: self.momentum,
+                dampening: 0.0,
+                nesterov: self.nesterov,
+                weight_decay: wd,
+                accumulate: self.accumulate as usize,
+                schedule,
+            },
+            _ => Optimizer::Adam {
+                lr: self.lr.unwrap_or(1e-3),
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+                weight_decay: wd,
+                decoupled: opt == "adamw",
+                accumulate: self.accumulate as usize,
+                schedule,
+            },
+        };
+        if self.nesterov && (opt != "sgd" || self.momentum == 0.0) {
+            return Err(usage!("--nesterov needs --train sgd with a non-zero --momentum"));
+        }
+        let loss = match self.loss.as_str() {
+            "mse" => Loss::MeanSquaredError,
+            "ce" => Loss::CrossEntropy { smoothing: self.label_smoothing },
+            _ => Loss::Auto { smoothing: self.label_smoothing },
+        };
+        let batch_norm = if self.batch_norm == "train" {
+            smelt_passes::train::BatchNorm::Train { momentum: 0.1 }
+        } else {
+            smelt_passes::train::BatchNorm::Frozen
+        };
+        if self.clip_norm.is_some_and(|c| !(c > 0.0 && c.is_finite())) {
+            return Err(usage!("--clip-norm must be a positive number"));
+        }
+        Ok(Some(TrainConfig {
+            loss,
+            loss_on: self.loss_on.clone(),
+            optimizer: Some(optimizer),
+            freeze: self.freeze.clone(),
+            batch_norm,
+            clip_norm: self.clip_norm,
+            loss_scale: false,
+        }))
+    }
+}
+
+impl ModelArgs {
+    /// The default model with default options.
+    pub fn default_model() -> ModelArgs {
+        ModelArgs {
+            model: crate::DEFAULT_MODEL.into(),
+            batch: None,
+            dims: Vec::new(),
+            no_fuse: false,
+            precision: Default::default(),
+            keep_f32: Vec::new(),
+            train: TrainArgs::default(),
+        }
+    }
+
+    /// The driver's options.
+    pub fn options(&self) -> Result<crate::Options, Error> {
+        Ok(crate::Options {
+            batch: self.batch,
+            dims: self.dims.clone(),
+            no_fuse: self.no_fuse,
+            precision: smelt_passes::precision::Options { policy: self.precision, keep_f32: self.keep_f32.clone() },
+            train: self.train.config()?.map(|mut t| {
+                use smelt_passes::precision::Policy;
+                t.loss_scale = matches!(self.precision, Policy::F16 | Policy::MixedF16) && self.train.loss_scale == "dynamic";
+                t
+            }),
+            remat: self.train.remat_budget.map(|budget| crate::Remat {
+                budget,
+                gpu: crate::cost::gpu(&self.train.device).unwrap_or_default(),
+                solver: crate::RematSolver::parse(&self.train.remat_solver).unwrap_or_default(),
+            }),
+        })
+    }
+
+    /// Takes batch, accumulation, precision, optimizer and recomputation
+    /// budget from `--recipe` (clap refuses those flags beside it).
+    pub fn apply_recipe(&mut self) -> Result<(), Error> {
+        let Some(path) = &self.train.recipe else { return Ok(()) };
+        let r = crate::fit::Recipe::load(path)?;
+        if r.gpus > 1 {
+            return Err(usage!(
+                "{}: the recipe plans data parallelism over {} GPUs (micro-batch {} each); smelt runs on one GPU: pass its per-GPU flags (--batch {} --accumulate {}) to plan or train one replica",
+                path.display(),
+                r.gpus,
+                r.micro_batch,
+                r.batch / r.gpus,
+                r.accumulate
+            ));
+        }
+        let name = |s: &str| s.trim_start_matches("zoo:").to_string();
+        if name(&r.model) != name(&self.model)
+            && std::path::Path::new(&r.model).file_name() != std::path::Path::new(&self.model).file_name()
+        {
+            return Err(usage!("{}: the recipe was made for {}, not {}", path.display(), r.model, self.model));
+        }
+        match &self.train.train {
+            Some(o) if *o != r.optimizer => {
+                return Err(usage!("{}: the recipe was made for --train {}, not {o}", path.display(), r.optimizer))
+            }
+            _ => self.train.train = Some(r.optimizer.clone()),
+        }
+        if self.dims.is_empty() {
+            self.dims = r.dims.clone();
+        }
+        self.batch = Some(r.batch);
+        self.train.accumulate = r.accumulate as u32;
+        self.precision = r.precision.parse().map_err(|e: String| Error::Usage(e))?;
+        self.train.remat_budget = r.remat_budget;
+        self.train.remat_solver = r.remat_solver.name().to_string();
+        self.train.device = r.device.clone();
+        Ok(())
+    }
+}
+
+/// `smelt fit`'s flags.
+#[derive(Args, Clone)]
+pub struct FitArgs {
+    /// Path to .onnx or .tir, or zoo:NAME.
+    pub model: String,
+    /// The whole batch of an optimizer step; micro-batches divide it.
+    #[arg(long)]
+    pub batch: usize,
+    /// Size of a named symbolic input dimension, as NAME=N (as `smelt plan`).
+    #[arg(long = "dim", value_name = "NAME=N", value_parser = dim_size)]
+    pub dims: Vec<(String, usize)>,
+    /// Keep these in f32 under a reduced precision (as `smelt plan`).
+    #[arg(long = "keep-f32", value_name = "PATTERN")]
+    pub keep_f32: Vec<String>,
+    #[command(flatten)]
+    pub train: TrainArgs,
+    /// Device memory the step may use: activation arena plus weights,
+    /// optimizer state and accumulators (B, KiB, MiB, GiB, KB, MB, GB).
+    #[arg(long, value_name = "SIZE", value_parser = crate::plan::parse_size)]
+    pub memory_limit: usize,
+    /// Precisions to search: auto (f32, mixed-bf16, mixed-f16; the fastest
+    /// wins, f32 on a tie) or one policy.
+    #[arg(long, default_value = "f32", value_parser = ["auto", "f32", "f16", "bf16", "mixed-f16", "mixed-bf16"])]
+    pub precision: String,
+    /// Plan data parallelism over N GPUs: each runs batch / N samples per
+    /// optimizer step, memory and time are per GPU, and the collectives
+    /// are listed with their sizes. A plan: smelt trains on one GPU.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub gpus: u32,
+    /// With --gpus: what the GPUs shard, as ZeRO's stages: none (all-reduce
+    /// the gradients), optimizer (stage 1), gradients (stage 2: optimizer
+    /// state and accumulators), parameters (stage 3: those and the weights,
+    /// gathered a layer at a time).
+    #[arg(long, default_value = "none", value_parser = crate::fit::Shard::NAMES, requires = "gpus")]
+    pub shard: String,
+    /// Write the chosen recipe (JSON) for `smelt train --recipe` and `smelt plan --recipe`.
+    #[arg(long, value_name = "FILE.json")]
+    pub save_recipe: Option<PathBuf>,
+    /// Print JSON instead of text (no progress).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `smelt fit`'s flags alone, as a command line.
+#[derive(Parser)]
+#[command(name = "smelt fit", no_binary_name = true)]
+struct FitCommandLine {
+    #[command(flatten)]
+    fit: FitArgs,
+}
+
+impl FitArgs {
+    /// Parses `[MODEL, --flag, value, ...]` as `smelt fit` does.
+    pub fn parse_from<I: IntoIterator<Item = String>>(argv: I) -> Result<FitArgs, Error> {
+        FitCommandLine::try_parse_from(argv).map(|c| c.fit).map_err(clap_error)
+    }
+}
+
+/// A clap error as a usage error with clap's message.
+fn clap_error(e: clap::Error) -> Error {
+    Error::Usage(e.render().to_string().trim_end().to_string())
+}
+
+/// The model flags alone, as a command line (for the Python package).
+#[derive(Parser)]
+#[command(name = "smelt", no_binary_name = true)]
+struct ModelCommandLine {
+    #[command(flatten)]
+    model: ModelArgs,
+}
+
+impl ModelArgs {
+    /// Parses `[MODEL, --flag, value, ...]` as every command's model flags
+    /// do; clap's message (what is wrong, the values allowed) on error.
+    pub fn parse_from<I: IntoIterator<Item = String>>(argv: I) -> Result<ModelArgs, Error> {
+        ModelCommandLine::try_parse_from(argv).map(|c| c.model).map_err(clap_error)
+    }
+
+    /// Opens the model (import and verify), with the values of a text
+    /// file's constants filled when `values` ([`crate::Session::fill_weights`]).
+    pub fn open(&self, values: bool) -> Result<crate::Session, Error> {
+        if self.model.is_empty() {
+            return Err(usage!("the model path is empty: give an .onnx or .tir file, or zoo:NAME"));
+        }
+        let mut s = crate::Session::open(&self.model, self.options()?)?;
+        if values {
+            s.fill_weights()?;
+        }
+        Ok(s)
+    }
+}
