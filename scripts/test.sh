@@ -21,3 +21,8 @@ export SMELT_PTXAS="$site/nvidia/cuda_nvcc/bin/ptxas"
 export SMELT_REQUIRE_NVRTC=1
 cargo test --workspace --all-targets "$@"
 cargo test --workspace --doc
+# The Python package, built from the tests' compiled crates (the dev
+# profile) and tested against the CLI, onnxruntime and PyTorch, with the
+# examples of README.md and docs/guide.md.
+PATH="$PWD/.venv/bin:$PATH" MATURIN_PEP517_ARGS="--profile dev" .venv/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation ./python
+SMELT_BIN="$PWD/target/debug/smelt" .venv/bin/python -m pytest -q -p no:cacheprovider python/tests

@@ -337,9 +337,12 @@ impl FitArgs {
     }
 }
 
-/// A clap error as a usage error with clap's message.
+/// A clap error as a usage error with clap's message, less its `error: `
+/// and its pointer to `--help`.
 fn clap_error(e: clap::Error) -> Error {
-    Error::Usage(e.render().to_string().trim_end().to_string())
+    let text = e.render().to_string();
+    let lines: Vec<&str> = text.lines().filter(|l| !l.starts_with("For more information")).collect();
+    Error::Usage(lines.join("\n").trim().trim_start_matches("error: ").to_string())
 }
 
 /// The model flags alone, as a command line (for the Python package).
