@@ -11,6 +11,8 @@
 #                           optimizer steps (scripts/make_training.py)
 #   .testdata/train_runs/   data sets for `smelt train` and PyTorch's weights
 #                           after 20 steps on them (scripts/make_train_runs.py)
+#   .testdata/onnx-node/    ONNX's node conformance suite, generated from the
+#                           onnx wheel (scripts/make_node_cases.py)
 # Works from any directory; progress goes to stderr.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -94,5 +96,13 @@ else
     log "making training runs (seconds)"
     rm -rf .testdata/train_runs
     "$py" scripts/make_train_runs.py 2> >(grep -v -e 'torch.onnx.export' -e 'DeprecationWarning' >&2)
+fi
+# 8. ONNX's node conformance suite, from the onnx wheel's generators.
+node_stamp=.testdata/onnx-node/index.tsv
+if [[ -f $node_stamp && $node_stamp -nt scripts/make_node_cases.py && $node_stamp -nt $pip_stamp ]]; then
+    log "node conformance cases up to date"
+else
+    log "generating ONNX's node conformance cases (seconds)"
+    "$py" scripts/make_node_cases.py
 fi
 log "done"

@@ -22,6 +22,17 @@ pub fn dim_size(s: &str) -> Result<(String, usize), String> {
     Ok((name.to_string(), n))
 }
 
+/// Parses `--set NAME=VALUES` (comma-separated numbers).
+pub fn set_value(s: &str) -> Result<(String, Vec<f64>), String> {
+    let (name, v) = s.split_once('=').ok_or_else(|| format!("{s:?} is not NAME=VALUES (e.g. shape=1,-1)"))?;
+    if name.is_empty() {
+        return Err(format!("{s:?}: needs the name of a graph input"));
+    }
+    let values = v.split(',').filter(|x| !x.trim().is_empty());
+    let values = values.map(|x| x.trim().parse::<f64>().map_err(|_| format!("{x:?} is not a number"))).collect::<Result<_, _>>()?;
+    Ok((name.to_string(), values))
+}
+
 #[derive(Args, Clone)]
 pub struct ModelArgs {
     /// Path to .onnx or .tir, or zoo:NAME.
@@ -36,6 +47,12 @@ pub struct ModelArgs {
     /// take `--dim sequence=N` (default 128).
     #[arg(long = "dim", value_name = "NAME=N", value_parser = dim_size)]
     pub dims: Vec<(String, usize)>,
+    /// The value of a graph input that an op needs at compile time (a
+    /// Reshape's shape, a reduction's axes, Pad's pads, Clip's bounds), as
+    /// NAME=V1,V2,... in row-major order (`--set axes=1,2`); repeatable.
+    /// The input becomes a constant and leaves the program's inputs.
+    #[arg(long = "set", value_name = "NAME=VALUES", value_parser = set_value)]
+    pub set: Vec<(String, Vec<f64>)>,
     /// Turn fusion off everywhere (for comparison).
     #[arg(long)]
     pub no_fuse: bool,
@@ -212,6 +229,7 @@ impl ModelArgs {
             model: crate::DEFAULT_MODEL.into(),
             batch: None,
             dims: Vec::new(),
+            set: Vec::new(),
             no_fuse: false,
             precision: Default::default(),
             keep_f32: Vec::new(),
@@ -224,6 +242,7 @@ impl ModelArgs {
         Ok(crate::Options {
             batch: self.batch,
             dims: self.dims.clone(),
+            known: self.set.iter().map(|(n, v)| (n.clone(), smelt_ir::onnx::Known::Values(v.clone()))).collect(),
             no_fuse: self.no_fuse,
             precision: smelt_passes::precision::Options { policy: self.precision, keep_f32: self.keep_f32.clone() },
             train: self.train.config()?.map(|mut t| {
@@ -290,6 +309,9 @@ pub struct FitArgs {
     /// Size of a named symbolic input dimension, as NAME=N (as `smelt plan`).
     #[arg(long = "dim", value_name = "NAME=N", value_parser = dim_size)]
     pub dims: Vec<(String, usize)>,
+    /// The value of a graph input needed at compile time, as NAME=VALUES (as `smelt plan`).
+    #[arg(long = "set", value_name = "NAME=VALUES", value_parser = set_value)]
+    pub set: Vec<(String, Vec<f64>)>,
     /// Keep these in f32 under a reduced precision (as `smelt plan`).
     #[arg(long = "keep-f32", value_name = "PATTERN")]
     pub keep_f32: Vec<String>,

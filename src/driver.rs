@@ -135,6 +135,9 @@ pub struct Options {
     pub batch: Option<usize>,
     /// Sizes of named symbolic dimensions (ONNX models), `--dim NAME=N`.
     pub dims: Vec<(String, usize)>,
+    /// Values of graph inputs that ops need at compile time (ONNX models),
+    /// `--set NAME=VALUES`.
+    pub known: Vec<(String, onnx::Known)>,
     /// Turns fusion off everywhere (for comparison).
     pub no_fuse: bool,
     /// The precision policy and the nodes kept in f32.
@@ -337,6 +340,9 @@ impl Session {
             }
         };
         let graph = if let Some(name) = spec.strip_prefix("zoo:") {
+            if let Some((input, _)) = options.known.first() {
+                return Err(Error::Usage(format!("--set {input}: zoo:{name} has no inputs that need a value at compile time")));
+            }
             let mut sequence = None;
             for (dim, n) in &options.dims {
                 if dim != "sequence" || !zoo::takes_sequence(name) {
@@ -349,15 +355,22 @@ impl Session {
         } else {
             let path = Path::new(spec);
             if path.extension().is_some_and(|e| e == "tir") {
-                if batch.is_some() || !options.dims.is_empty() {
-                    let flag = if options.batch.is_some() { "--batch" } else { "--dim" };
+                if batch.is_some() || !options.dims.is_empty() || !options.known.is_empty() {
+                    let flag = if options.batch.is_some() {
+                        "--batch"
+                    } else if options.dims.is_empty() {
+                        "--set"
+                    } else {
+                        "--dim"
+                    };
                     return Err(Error::Usage(format!("{flag} does not apply to a .tir file: its shapes are fixed")));
                 }
                 let src = std::fs::read_to_string(path).map_err(|source| IrError::Io { path: spec.to_string(), error: source })?;
                 text::parse(&src)?
             } else {
                 let keep_weights = options.train.is_some();
-                onnx::import_file(path, &onnx::ImportOptions { batch, dims: options.dims.clone(), base_dir: None, keep_weights })?
+                let known = options.known.clone();
+                onnx::import_file(path, &onnx::ImportOptions { batch, dims: options.dims.clone(), base_dir: None, keep_weights, known })?
             }
         };
         let mut s = Session::from_graph(spec, graph, options)?;

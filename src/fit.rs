@@ -626,6 +626,7 @@ impl Fitting {
             model: a.model.clone(),
             batch: Some(a.batch),
             dims: a.dims.clone(),
+            set: a.set.clone(),
             no_fuse: false,
             precision: Policy::F32,
             keep_f32: a.keep_f32.clone(),

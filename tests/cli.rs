@@ -303,3 +303,26 @@ fn plan_train_reports_where_the_bytes_go() {
         assert!(err.contains(want), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn set_gives_a_graph_input_that_an_op_needs_at_compile_time() {
+    let d = common::testdata().join("onnx-node/test_reshape_negative_dim");
+    let (model, set) = (d.join("model.onnx"), d.join("test_data_set_0"));
+    let (model, x, y) = (model.to_str().unwrap(), set.join("input_0.pb"), set.join("output_0.pb"));
+    // Without the value: refused, naming the input and the flag.
+    let (code, _, err) = run(&["run", model]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("graph input \"shape\"") && err.contains("--set shape=VALUES"), "{err}");
+    // With it, the input leaves the program's inputs and the run matches.
+    let args = ["run", model, "--set", "shape=2,-1,2", "--input", x.to_str().unwrap(), "--expect", y.to_str().unwrap()];
+    let (code, out, err) = run(&args);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("expected: OK"), "{out}");
+    // A wrong count, an unknown name, a fraction for an integer input.
+    for (set, want) in [("shape=2,-1", "3 values), 2 given"), ("shap=1", "no graph input named shap"), ("shape=2,-1.5,2", "not an integer")]
+    {
+        let (code, _, err) = run(&["run", model, "--set", set]);
+        assert_eq!(code, 2, "{set}: {err}");
+        assert!(err.contains(want), "{set}: {err}");
+    }
+}

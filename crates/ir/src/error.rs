@@ -67,6 +67,22 @@ pub enum IrError {
         /// What is not supported.
         msg: String,
     },
+    /// An op needs at compile time a value (a shape, axes, pads, bounds)
+    /// that is a graph input: `ImportOptions::known` (`--set NAME=VALUES`)
+    /// can give it.
+    #[error("node \"{node}\" ({op_type}, opset {opset}): {what} must be a constant known at import, and it is the graph input \"{input}\": give its value with --set {input}=VALUES")]
+    NeedsValue {
+        /// The ONNX op type.
+        op_type: String,
+        /// The node's name.
+        node: String,
+        /// The model's opset.
+        opset: i64,
+        /// Which input of the node, in words.
+        what: String,
+        /// The graph input's name.
+        input: String,
+    },
     /// The model uses a feature smelt does not support (a data type, external data).
     #[error("unsupported: {0}")]
     UnsupportedFeature(String),

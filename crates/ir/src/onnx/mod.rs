@@ -43,6 +43,21 @@ pub struct ImportOptions {
     /// one is folded, so that the trained value is the initializer itself
     /// (an exporter's `Transpose` of a weight stays an op, not a new weight).
     pub keep_weights: bool,
+    /// Values of graph inputs that ops need at compile time (a shape, axes,
+    /// pads, clip bounds: `--set NAME=VALUES`): each becomes a constant
+    /// and leaves the graph's inputs. A name that is no graph input, or a
+    /// value whose type is not the input's, is an error.
+    pub known: Vec<(String, Known)>,
+}
+
+/// The value of a graph input given at import ([`ImportOptions::known`]).
+#[derive(Clone, Debug)]
+pub enum Known {
+    /// A whole tensor, of the input's type (test data).
+    Tensor(Tensor),
+    /// Its elements in row-major order, converted to the input's declared
+    /// dtype and shape (`--set NAME=1,2,3`).
+    Values(Vec<f64>),
 }
 
 /// Imports an `.onnx` file.
@@ -73,7 +88,8 @@ pub fn import(bytes: &[u8], opts: &ImportOptions) -> Result<Graph, IrError> {
         )));
     }
     let used = graph.node.iter().flat_map(|n| n.input.iter().cloned()).chain(graph.output.iter().map(|o| o.name().to_string())).collect();
-    let mut im = Importer { g: Graph::new(), env: HashMap::new(), opset, batch: None, used, kept: Default::default() };
+    let graph_inputs = graph.input.iter().map(|i| i.name().to_string()).collect();
+    let mut im = Importer { g: Graph::new(), env: HashMap::new(), opset, batch: None, used, kept: Default::default(), graph_inputs };
 
     for init in &graph.initializer {
         if init.name().is_empty() {
@@ -88,6 +104,11 @@ pub fn import(bytes: &[u8], opts: &ImportOptions) -> Result<Graph, IrError> {
         }
     }
     check_dims(graph, opts)?;
+    for (name, _) in &opts.known {
+        if !im.graph_inputs.contains(name) || im.env.contains_key(name) {
+            return Err(IrError::Usage(format!("--set {name}: the model has no graph input named {name}")));
+        }
+    }
     let mut seen_inputs = std::collections::HashSet::new();
     for input in &graph.input {
         if !seen_inputs.insert(input.name()) {
@@ -100,6 +121,33 @@ pub fn import(bytes: &[u8], opts: &ImportOptions) -> Result<Graph, IrError> {
             continue; // an initializer listed as an input (IR version < 4): a constant
         }
         let ty = im.input_type(input, opts)?;
+        if let Some((_, k)) = opts.known.iter().find(|(n, _)| n == input.name()) {
+            let t = match k {
+                Known::Tensor(t) if t.ty() == &ty => t.clone(),
+                Known::Tensor(t) => {
+                    return Err(IrError::Usage(format!("--set {}: the input is {ty}, the value given is {}", input.name(), t.ty())))
+                }
+                Known::Values(v) if v.len() != ty.numel() => {
+                    return Err(IrError::Usage(format!(
+                        "--set {}: the input is {ty} ({} values), {} given",
+                        input.name(),
+                        ty.numel(),
+                        v.len()
+                    )))
+                }
+                Known::Values(v) if ty.dtype.is_float() => {
+                    Tensor::from_f32(ty.shape.clone(), v.iter().map(|&x| x as f32).collect()).cast(ty.dtype)
+                }
+                Known::Values(v) => {
+                    if let Some(x) = v.iter().find(|x| x.fract() != 0.0 || !x.is_finite()) {
+                        return Err(IrError::Usage(format!("--set {}: the input is {ty}, and {x} is not an integer", input.name())));
+                    }
+                    Tensor::from_i64(ty.shape.clone(), v.iter().map(|&x| x as i64).collect()).cast(ty.dtype)
+                }
+            };
+            im.env.insert(input.name().to_string(), Entry { konst: Some(Arc::new(t)), value: None });
+            continue;
+        }
         let v = im.g.add_input(input.name(), ty)?;
         im.env.insert(input.name().to_string(), Entry { konst: None, value: Some(v) });
     }
@@ -173,6 +221,8 @@ pub(crate) struct Importer {
     pub used: std::collections::HashSet<String>,
     /// Float initializers no op is folded over ([`ImportOptions::keep_weights`]).
     pub kept: std::collections::HashSet<String>,
+    /// The graph inputs' names (to say which value `--set` could give).
+    pub graph_inputs: std::collections::HashSet<String>,
 }
 
 impl Importer {

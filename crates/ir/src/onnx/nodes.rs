@@ -155,7 +155,7 @@ fn attributes(op_type: &str) -> Option<&'static [&'static str]> {
         t if UnaryOp::by_onnx_name(t).is_some() => &[],
         "Add" | "Sub" | "Mul" | "Div" | "Pow" => &["broadcast", "axis"],
         "Max" | "Min" | "Sum" | "PRelu" | "MatMul" | "GlobalAveragePool" | "Identity" | "Expand" | "Tile" | "Not" | "IsNaN" | "Where"
-        | "Range" | "And" | "Or" | "Xor" => &[],
+        | "Size" | "Range" | "And" | "Or" | "Xor" => &[],
         t if CompareOp::by_onnx_name(t).is_some() => &[],
         "Mod" => &["fmod"],
         "Trilu" => &["upper"],
@@ -166,7 +166,8 @@ fn attributes(op_type: &str) -> Option<&'static [&'static str]> {
         "BatchNormalization" => &["epsilon", "momentum", "spatial", "is_test", "training_mode"],
         "Clip" => &["min", "max"],
         "MaxPool" | "AveragePool" => WINDOW,
-        "ReduceMean" | "ReduceSum" | "ReduceMax" => &["axes", "keepdims", "noop_with_empty_axes"],
+        "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceL1" | "ReduceL2" | "ReduceSumSquare" | "ReduceLogSum"
+        | "ReduceLogSumExp" => &["axes", "keepdims", "noop_with_empty_axes"],
         "Gemm" => &["alpha", "beta", "transA", "transB", "broadcast"],
         "Transpose" => &["perm"],
         "Softmax" | "LogSoftmax" | "Flatten" | "Gather" | "Concat" => &["axis"],
@@ -191,7 +192,11 @@ fn attributes(op_type: &str) -> Option<&'static [&'static str]> {
 fn now_an_input(op_type: &str, opset: i64) -> &'static [&'static str] {
     match op_type {
         "ReduceSum" | "Squeeze" | "Unsqueeze" if opset >= 13 => &["axes"],
-        "ReduceMean" | "ReduceMax" if opset >= 18 => &["axes"],
+        "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceL1" | "ReduceL2" | "ReduceSumSquare" | "ReduceLogSum" | "ReduceLogSumExp"
+            if opset >= 18 =>
+        {
+            &["axes"]
+        }
         "Split" if opset >= 13 => &["split"],
         "Slice" if opset >= 10 => &["starts", "ends", "axes"],
         "Pad" if opset >= 11 => &["pads", "value", "paddings"],
@@ -207,8 +212,8 @@ fn now_an_input(op_type: &str, opset: i64) -> &'static [&'static str] {
 fn arity(op_type: &str, opset: i64) -> Option<(usize, usize, usize)> {
     const ANY: usize = usize::MAX;
     Some(match op_type {
-        "Gelu" | "GlobalAveragePool" | "Transpose" | "Softmax" | "LogSoftmax" | "LRN" | "Flatten" | "Identity" | "Shape" | "Cast"
-        | "AveragePool" | "ConstantOfShape" => (1, 1, 1),
+        "Gelu" | "GlobalAveragePool" | "Transpose" | "Softmax" | "LogSoftmax" | "LRN" | "Flatten" | "Identity" | "Shape" | "Size"
+        | "Cast" | "AveragePool" | "ConstantOfShape" => (1, 1, 1),
         t if UnaryOp::by_onnx_name(t).is_some() => (1, 1, 1),
         "Pow" | "MatMul" | "PRelu" | "Add" | "Sub" | "Mul" | "Div" | "Gather" | "Expand" | "Mod" | "GatherElements" | "GatherND"
         | "CastLike" | "And" | "Or" | "Xor" => (2, 2, 1),
@@ -222,9 +227,16 @@ fn arity(op_type: &str, opset: i64) -> Option<(usize, usize, usize)> {
         "Clip" if opset < 11 => (1, 1, 1),
         "Clip" => (1, 3, 1),
         "MaxPool" => (1, 1, 2),
-        "ReduceMean" | "ReduceMax" if opset < 18 => (1, 1, 1),
         "ReduceSum" if opset < 13 => (1, 1, 1),
-        "ReduceMean" | "ReduceMax" | "ReduceSum" => (1, 2, 1),
+        "ReduceSum" => (1, 2, 1),
+        "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceL1" | "ReduceL2" | "ReduceSumSquare" | "ReduceLogSum" | "ReduceLogSumExp"
+            if opset < 18 =>
+        {
+            (1, 1, 1)
+        }
+        "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceL1" | "ReduceL2" | "ReduceSumSquare" | "ReduceLogSum" | "ReduceLogSumExp" => {
+            (1, 2, 1)
+        }
         "LayerNormalization" => (2, 3, 3),
         "Constant" => (0, 0, 1),
         "Dropout" if opset < 12 => (1, 1, 2),
@@ -299,7 +311,19 @@ pub(super) fn reshaping(im: &mut Importer, cx: &Cx, op: Op, x: &str) -> Result<V
 
 pub(super) fn const_input(im: &Importer, cx: &Cx, i: usize, what: &str) -> Result<Arc<Tensor>, IrError> {
     let n = cx.need(i)?;
-    im.konst(n).ok_or_else(|| cx.unsupported(format!("{what} (input {i}) must be a constant known at import")))
+    im.konst(n).ok_or_else(|| {
+        if im.graph_inputs.contains(n) {
+            IrError::NeedsValue {
+                op_type: cx.node.op_type().to_string(),
+                node: cx.name.clone(),
+                opset: cx.opset,
+                what: format!("{what} (input {i})"),
+                input: n.to_string(),
+            }
+        } else {
+            cx.unsupported(format!("{what} (input {i}) must be a constant known at import"))
+        }
+    })
 }
 
 pub(super) fn const_ints(im: &Importer, cx: &Cx, i: usize, what: &str) -> Result<Option<Vec<i64>>, IrError> {
@@ -552,23 +576,8 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
             let cip = cx.int("count_include_pad", 0)? != 0;
             emit(im, cx, Op::AveragePool { pool: p, count_include_pad: cip }, &[cx.need(0)?])
         }
-        "ReduceMean" | "ReduceSum" | "ReduceMax" => {
-            let x = cx.need(0)?;
-            let rank = im.ty(x)?.shape.len();
-            let axes_in = (op_type == "ReduceSum" && cx.opset >= 13) || cx.opset >= 18;
-            let given = if axes_in { const_ints(im, cx, 1, "axes")? } else { cx.ints("axes")? };
-            let ax = match given {
-                Some(v) if !v.is_empty() => axes(cx, &v, rank)?,
-                _ if cx.int("noop_with_empty_axes", 0)? != 0 => return reshaping(im, cx, Op::Identity, x),
-                _ => (0..rank).collect(),
-            };
-            let op = match op_type {
-                "ReduceMean" => ReduceOp::Mean,
-                "ReduceSum" => ReduceOp::Sum,
-                _ => ReduceOp::Max,
-            };
-            emit(im, cx, Op::Reduce { op, axes: ax, keepdims: cx.int("keepdims", 1)? != 0 }, &[x])
-        }
+        "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceL1" | "ReduceL2" | "ReduceSumSquare" | "ReduceLogSum"
+        | "ReduceLogSumExp" => reduce(im, cx),
         "Gemm" => {
             let mut ins = vec![cx.need(0)?, cx.need(1)?];
             ins.extend(cx.input(2));
@@ -737,4 +746,104 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
         }
         _ => Err(IrError::UnsupportedOp { op_type: op_type.to_string(), node: cx.name.clone(), opset: cx.opset }),
     }
+}
+
+/// The Reduce family. Mean, Sum and Max are `Op::Reduce`; the others are
+/// built from it and elementwise ops (Min = -Max(-x), L1 = Sum|x|, L2 =
+/// sqrt(Sum x^2), SumSquare, LogSum = log Sum, LogSumExp = m + log Sum
+/// exp(x - m) with m = Max x). Empty axes with `noop_with_empty_axes`
+/// keep the elementwise parts, as numpy's reduction over no axis; a
+/// reduction over an empty extent is its identity, a constant.
+fn reduce(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
+    let op_type = cx.node.op_type();
+    let x = cx.need(0)?;
+    let ty = im.ty(x)?;
+    let rank = ty.shape.len();
+    let axes_in = (op_type == "ReduceSum" && cx.opset >= 13) || cx.opset >= 18;
+    let given = if axes_in { const_ints(im, cx, 1, "axes")? } else { cx.ints("axes")? };
+    let keepdims = cx.int("keepdims", 1)? != 0;
+    let ax = match given {
+        Some(v) if !v.is_empty() => axes(cx, &v, rank)?,
+        _ if cx.int("noop_with_empty_axes", 0)? != 0 => Vec::new(),
+        _ => (0..rank).collect(),
+    };
+    let float = ty.dtype.is_float();
+    if !float && !matches!(op_type, "ReduceMean" | "ReduceSum" | "ReduceMax") {
+        return Err(cx.unsupported(format!("{op_type} of {} (smelt computes it for float types)", ty.dtype)));
+    }
+    if ax.is_empty() && matches!(op_type, "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceLogSumExp") {
+        return reshaping(im, cx, Op::Identity, x);
+    }
+    let reduced = Op::Reduce { op: ReduceOp::Sum, axes: ax.clone(), keepdims };
+    let out_ty = crate::infer::infer(&reduced, &[&ty]).map_err(|m| cx.bad(m))?.remove(0);
+    if !ax.is_empty() && ax.iter().any(|&a| ty.shape[a] == 0) {
+        let identity = match op_type {
+            "ReduceMean" => f64::NAN,
+            "ReduceMax" if ty.dtype == DType::Bool => 0.0,
+            "ReduceMax" if ty.dtype == DType::I64 => i64::MIN as f64,
+            "ReduceMax" if ty.dtype == DType::I32 => i32::MIN as f64,
+            "ReduceMax" => f64::NEG_INFINITY,
+            "ReduceMin" => f64::INFINITY,
+            "ReduceLogSum" | "ReduceLogSumExp" => f64::NEG_INFINITY,
+            _ => 0.0,
+        };
+        return Ok(konst(Tensor::full(&out_ty, identity)));
+    }
+    let simple = match op_type {
+        "ReduceMean" => Some(ReduceOp::Mean),
+        "ReduceSum" => Some(ReduceOp::Sum),
+        "ReduceMax" => Some(ReduceOp::Max),
+        _ => None,
+    };
+    if let Some(op) = simple {
+        return emit(im, cx, Op::Reduce { op, axes: ax, keepdims }, &[x]);
+    }
+    let xv = im.value(x)?;
+    let one = |im: &mut Importer, op: Op, vs: &[ValueId]| -> Result<ValueId, IrError> {
+        Ok(emit_values(im, cx, op, vs)?[0].value.expect("a value"))
+    };
+    let sum = |ax: &[usize], keepdims: bool| Op::Reduce { op: ReduceOp::Sum, axes: ax.to_vec(), keepdims };
+    let y = match op_type {
+        "ReduceMin" => {
+            let n = one(im, Op::Unary(UnaryOp::Neg), &[xv])?;
+            let m = one(im, Op::Reduce { op: ReduceOp::Max, axes: ax, keepdims }, &[n])?;
+            one(im, Op::Unary(UnaryOp::Neg), &[m])?
+        }
+        "ReduceL1" => {
+            let a = one(im, Op::Unary(UnaryOp::Abs), &[xv])?;
+            if ax.is_empty() {
+                a
+            } else {
+                one(im, sum(&ax, keepdims), &[a])?
+            }
+        }
+        "ReduceL2" | "ReduceSumSquare" => {
+            let sq = one(im, Op::Binary(BinaryOp::Mul), &[xv, xv])?;
+            let s = if ax.is_empty() { sq } else { one(im, sum(&ax, keepdims), &[sq])? };
+            if op_type == "ReduceL2" {
+                one(im, Op::Unary(UnaryOp::Sqrt), &[s])?
+            } else {
+                s
+            }
+        }
+        "ReduceLogSum" => {
+            let s = if ax.is_empty() { xv } else { one(im, sum(&ax, keepdims), &[xv])? };
+            one(im, Op::Unary(UnaryOp::Log), &[s])?
+        }
+        _ => {
+            // LogSumExp, shifted by the maximum so that exp cannot overflow.
+            let m = one(im, Op::Reduce { op: ReduceOp::Max, axes: ax.clone(), keepdims: true }, &[xv])?;
+            let d = one(im, Op::Binary(BinaryOp::Sub), &[xv, m])?;
+            let e = one(im, Op::Unary(UnaryOp::Exp), &[d])?;
+            let s = one(im, sum(&ax, true), &[e])?;
+            let l = one(im, Op::Unary(UnaryOp::Log), &[s])?;
+            let y = one(im, Op::Binary(BinaryOp::Add), &[l, m])?;
+            if keepdims {
+                y
+            } else {
+                one(im, Op::Reshape { shape: out_ty.shape.clone() }, &[y])?
+            }
+        }
+    };
+    Ok(vec![Entry { konst: None, value: Some(y) }])
 }

@@ -19,6 +19,7 @@ pub(super) fn handles(op_type: &str) -> bool {
     matches!(
         op_type,
         "Constant"
+            | "Size"
             | "ConstantOfShape"
             | "Shape"
             | "Gather"
@@ -82,9 +83,29 @@ pub(super) fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
     let op_type = cx.node.op_type();
     match op_type {
         "Constant" => {
-            let a = cx.attrs.get("value").ok_or_else(|| cx.unsupported("only the tensor form (value) of Constant"))?;
-            let t = a.t.as_ref().ok_or_else(|| cx.bad("value attribute holds no tensor"))?;
-            Ok(konst(tensor::from_proto(t)?))
+            if let Some(a) = cx.attrs.get("value") {
+                let t = a.t.as_ref().ok_or_else(|| cx.bad("value attribute holds no tensor"))?;
+                return Ok(konst(tensor::from_proto(t)?));
+            }
+            let a = |k: &str| cx.attrs.get(k).copied();
+            let t = match (a("value_float"), a("value_floats"), a("value_int"), a("value_ints")) {
+                (Some(f), ..) => Tensor::from_f32(vec![], vec![f.f()]),
+                (_, Some(f), ..) => Tensor::from_f32(vec![f.floats.len()], f.floats.clone()),
+                (_, _, Some(i), _) => Tensor::from_i64(vec![], vec![i.i()]),
+                (.., Some(i)) => Tensor::from_i64(vec![i.ints.len()], i.ints.clone()),
+                _ => {
+                    let form = ["value_string", "value_strings", "sparse_value"].into_iter().find(|k| cx.attrs.contains_key(k));
+                    return Err(match form {
+                        Some(k) => cx.unsupported(format!("Constant's {k} (smelt has no string or sparse tensors)")),
+                        None => cx.bad("invalid ONNX: Constant has no value attribute"),
+                    });
+                }
+            };
+            Ok(konst(t))
+        }
+        "Size" => {
+            let ty = im.ty(cx.need(0)?)?;
+            Ok(konst(Tensor::from_i64(vec![], vec![ty.numel() as i64])))
         }
         "ConstantOfShape" => {
             let dims = const_int_vec(im, cx, 0, "shape")?;
