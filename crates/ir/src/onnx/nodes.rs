@@ -416,6 +416,25 @@ fn align(im: &mut Importer, cx: &Cx, name: &str, trailing: usize) -> Result<Stri
     Ok(aligned)
 }
 
+/// Neg, Abs and Sign of integers: exact on constants (shape arithmetic in
+/// expanded functions); at run time smelt computes them for floats only.
+fn int_unary(im: &mut Importer, cx: &Cx, u: UnaryOp, x: &str) -> Result<Vec<Entry>, IrError> {
+    let Some(t) = im.konst(x) else {
+        return Err(cx.unsupported(format!(
+            "{} of a run-time {} tensor (smelt computes it for float types)",
+            cx.node.op_type(),
+            im.ty(x)?.dtype
+        )));
+    };
+    let f = |v: i64| match u {
+        UnaryOp::Neg => v.wrapping_neg(),
+        UnaryOp::Abs => v.wrapping_abs(),
+        _ => v.signum(),
+    };
+    let ty = t.ty().clone();
+    Ok(konst(Tensor::from_i64(ty.shape.clone(), t.to_i64_vec().into_iter().map(f).collect()).cast(ty.dtype)))
+}
+
 fn unary(u: UnaryOp) -> Option<Op> {
     Some(Op::Unary(u))
 }
@@ -445,6 +464,11 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
     };
     if let Some(op) = simple {
         let ins: Vec<&str> = cx.node.input.iter().map(|s| s.as_str()).collect();
+        if let (Op::Unary(u @ (UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sign)), [x]) = (&op, ins.as_slice()) {
+            if !im.ty(x)?.dtype.is_float() {
+                return int_unary(im, cx, *u, x);
+            }
+        }
         return emit(im, cx, op, &ins);
     }
     if super::shape_ops::handles(op_type) {

@@ -4,7 +4,7 @@
 
 use super::nodes::{axes, axis, const_input, const_int_vec, const_ints, emit, konst, reshaping, Cx};
 use super::{fold, tensor, Entry, Importer};
-use crate::dtype::TensorType;
+use crate::dtype::{DType, TensorType};
 use crate::error::IrError;
 use crate::op::{Op, PadMode};
 use crate::tensor::Tensor;
@@ -156,19 +156,34 @@ pub(super) fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
             }
         }
         "Identity" | "Dropout" => {
-            if cx.extra_outputs_used(im, 1) {
-                return Err(cx.unsupported("the mask output of Dropout"));
-            }
-            // Opset 12 on: a third input says whether to drop (training).
+            // Opset 12 on: a third input says whether to drop (training);
+            // with a ratio of 0 it drops nothing.
             if op_type == "Dropout" && cx.input(2).is_some() {
-                match const_input(im, cx, 2, "training_mode").map(|t| t.to_i64_vec()) {
-                    Ok(v) if v.iter().all(|&b| b == 0) => {}
-                    Ok(_) => return Err(cx.unsupported("training_mode=true (random dropout); export the model in eval mode")),
-                    Err(e) => return Err(e),
+                let training = const_input(im, cx, 2, "training_mode")?.to_i64_vec().iter().any(|&b| b != 0);
+                let ratio = match cx.input(1) {
+                    Some(_) => const_input(im, cx, 1, "ratio")?.to_f32_vec(),
+                    None => vec![0.5],
+                };
+                if training && ratio.iter().any(|&r| r != 0.0) {
+                    return Err(cx.unsupported("training_mode=true (random dropout); export the model in eval mode"));
                 }
             }
-            let op = if op_type == "Identity" { Op::Identity } else { Op::Dropout };
-            reshaping(im, cx, op, cx.need(0)?)
+            let x = cx.need(0)?;
+            let ty = im.ty(x)?;
+            let mut out = if ty.dtype.is_float() {
+                let op = if op_type == "Identity" { Op::Identity } else { Op::Dropout };
+                reshaping(im, cx, op, x)?
+            } else if op_type == "Identity" {
+                // Integers and booleans pass through: the same value.
+                vec![im.env.get(x).cloned().ok_or_else(|| cx.bad(format!("input {x} is never produced")))?]
+            } else {
+                return Err(cx.bad(format!("invalid ONNX: Dropout needs a float input, got {ty}")));
+            };
+            if cx.extra_outputs_used(im, 1) {
+                // Nothing is dropped: the mask is all true.
+                out.push(konst(Tensor::full(&TensorType::new(DType::Bool, ty.shape), 1.0)).remove(0));
+            }
+            Ok(out)
         }
         "Reshape" => {
             let x = cx.need(0)?;

@@ -85,7 +85,10 @@ pub fn from_proto(t: &TensorProto) -> Result<Tensor, IrError> {
 pub fn from_proto_at(t: &TensorProto, base: Option<&std::path::Path>) -> Result<Tensor, IrError> {
     let name = t.name();
     let bad = |msg: String| IrError::Malformed(format!("tensor \"{name}\": {msg}"));
-    let dtype = dtype_of(t.data_type()).map_err(bad)?;
+    let dtype = dtype_of(t.data_type()).map_err(|m| match DataType::try_from(t.data_type()) {
+        Ok(_) => IrError::UnsupportedFeature(format!("tensor \"{name}\": {m}")),
+        Err(_) => bad(m),
+    })?;
     let (shape, n) = numel_of(&t.dims, dtype).map_err(bad)?;
     let external;
     let (raw, has_raw) = if t.data_location() == smelt_onnx_proto::tensor_proto::DataLocation::External {
