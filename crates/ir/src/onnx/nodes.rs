@@ -1,7 +1,7 @@
 //! One ONNX node to smelt ops (or to a folded constant).
 
 use super::{fold, Entry, Importer};
-use crate::dtype::DType;
+use crate::dtype::{DType, TensorType};
 use crate::error::IrError;
 use crate::graph::ValueId;
 use crate::op::{BinaryOp, CompareOp, Conv, LogicOp, Op, Pool, ReduceOp, UnaryOp};
@@ -168,6 +168,7 @@ fn attributes(op_type: &str) -> Option<&'static [&'static str]> {
         "MaxPool" | "AveragePool" => WINDOW,
         "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceL1" | "ReduceL2" | "ReduceSumSquare" | "ReduceLogSum"
         | "ReduceLogSumExp" => &["axes", "keepdims", "noop_with_empty_axes"],
+        "NegativeLogLikelihoodLoss" | "SoftmaxCrossEntropyLoss" => &["ignore_index", "reduction"],
         "Gemm" => &["alpha", "beta", "transA", "transB", "broadcast"],
         "Transpose" => &["perm"],
         "Softmax" | "LogSoftmax" | "Flatten" | "Gather" | "Concat" => &["axis"],
@@ -227,6 +228,8 @@ fn arity(op_type: &str, opset: i64) -> Option<(usize, usize, usize)> {
         "Clip" if opset < 11 => (1, 1, 1),
         "Clip" => (1, 3, 1),
         "MaxPool" => (1, 1, 2),
+        "NegativeLogLikelihoodLoss" => (2, 3, 1),
+        "SoftmaxCrossEntropyLoss" => (2, 3, 2),
         "ReduceSum" if opset < 13 => (1, 1, 1),
         "ReduceSum" => (1, 2, 1),
         "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceL1" | "ReduceL2" | "ReduceSumSquare" | "ReduceLogSum" | "ReduceLogSumExp"
@@ -602,6 +605,7 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
         }
         "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceL1" | "ReduceL2" | "ReduceSumSquare" | "ReduceLogSum"
         | "ReduceLogSumExp" => reduce(im, cx),
+        "NegativeLogLikelihoodLoss" | "SoftmaxCrossEntropyLoss" => loss(im, cx),
         "Gemm" => {
             let mut ins = vec![cx.need(0)?, cx.need(1)?];
             ins.extend(cx.input(2));
@@ -870,4 +874,94 @@ fn reduce(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
         }
     };
     Ok(vec![Entry { konst: None, value: Some(y) }])
+}
+
+/// A constant as a graph value (registered under a name derived from the node).
+fn constant(im: &mut Importer, cx: &Cx, tag: &str, t: Tensor) -> Result<ValueId, IrError> {
+    let name = format!("{}:{tag}", cx.name);
+    im.env.insert(name.clone(), Entry { konst: Some(Arc::new(t)), value: None });
+    im.value(&name)
+}
+
+/// NegativeLogLikelihoodLoss and SoftmaxCrossEntropyLoss (LogSoftmax over
+/// the classes, then the former), from comparisons and reductions: the
+/// target's one-hot mask picks each element's class; `weight` scales it,
+/// `ignore_index` zeroes it, and `mean` divides by the weights kept.
+fn loss(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
+    let sce = cx.node.op_type() == "SoftmaxCrossEntropyLoss";
+    let (x, target) = (cx.need(0)?, cx.need(1)?);
+    let (xt, tt) = (im.ty(x)?, im.ty(target)?);
+    if !xt.dtype.is_float() {
+        return Err(cx.bad(format!("invalid ONNX: the input must be a float tensor, got {xt}")));
+    }
+    if !matches!(tt.dtype, DType::I64 | DType::I32) {
+        return Err(cx.bad(format!("invalid ONNX: the target must be int32 or int64, got {tt}")));
+    }
+    let rank = xt.shape.len();
+    if rank < 2 || tt.shape.len() + 1 != rank || tt.shape[0] != xt.shape[0] || tt.shape[1..] != xt.shape[2..] {
+        return Err(cx.bad(format!("invalid ONNX: input {xt} and target {tt} do not fit ([N, C, d...] and [N, d...])")));
+    }
+    let c = xt.shape[1];
+    let reduction = cx.string("reduction")?.unwrap_or_else(|| "mean".into());
+    if !matches!(reduction.as_str(), "none" | "sum" | "mean") {
+        return Err(cx.unsupported(format!("reduction={reduction:?} (none, sum or mean)")));
+    }
+    let one = |im: &mut Importer, op: Op, vs: &[ValueId]| -> Result<ValueId, IrError> {
+        Ok(emit_values(im, cx, op, vs)?[0].value.expect("a value"))
+    };
+    let mut xv = im.value(x)?;
+    let log_prob = if sce { Some(one(im, Op::LogSoftmax { axis: 1 }, &[xv])?) } else { None };
+    if let Some(lp) = log_prob {
+        xv = lp;
+    }
+    // [N, 1, d...] against the classes [1, C, 1...]: the one-hot mask.
+    let mut t_shape = tt.shape.clone();
+    t_shape.insert(1, 1);
+    let tv = im.value(target)?;
+    let t1 = one(im, Op::Reshape { shape: t_shape }, &[tv])?;
+    let mut c_shape = vec![1; rank];
+    c_shape[1] = c;
+    let classes = Tensor::from_i64(c_shape.clone(), (0..c as i64).collect()).cast(tt.dtype);
+    let classes = constant(im, cx, "classes", classes)?;
+    let hot = one(im, Op::Compare(CompareOp::Equal), &[t1, classes])?;
+    let zero = constant(im, cx, "zero", Tensor::full(&TensorType::new(xt.dtype, vec![]), 0.0))?;
+    let over_classes = |keepdims| Op::Reduce { op: ReduceOp::Sum, axes: vec![1], keepdims };
+    let picked = one(im, Op::Where, &[hot, xv, zero])?;
+    let picked = one(im, over_classes(false), &[picked])?;
+    // Each element's weight: weight[target], or 1; 0 where ignored.
+    let w_full = match cx.input(2) {
+        Some(w) => {
+            let wt = im.ty(w)?;
+            if wt.shape != [c] || wt.dtype != xt.dtype {
+                return Err(cx.bad(format!("invalid ONNX: the weight must be {} of C = {c} classes, got {wt}", xt.dtype)));
+            }
+            let wv = im.value(w)?;
+            one(im, Op::Reshape { shape: c_shape }, &[wv])?
+        }
+        None => constant(im, cx, "one", Tensor::full(&TensorType::new(xt.dtype, vec![]), 1.0))?,
+    };
+    let w = one(im, Op::Where, &[hot, w_full, zero])?;
+    let mut w = one(im, over_classes(false), &[w])?;
+    if let Some(ii) = cx.attrs.get("ignore_index").map(|a| a.i()) {
+        let ii = constant(im, cx, "ignore_index", Tensor::from_i64(vec![], vec![ii]).cast(tt.dtype))?;
+        let ignored = one(im, Op::Compare(CompareOp::Equal), &[tv, ii])?;
+        w = one(im, Op::Where, &[ignored, zero, w])?;
+    }
+    let weighted = one(im, Op::Binary(BinaryOp::Mul), &[picked, w])?;
+    let per_element = one(im, Op::Unary(UnaryOp::Neg), &[weighted])?;
+    let all: Vec<usize> = (0..rank - 1).collect();
+    let total = |im: &mut Importer, v| one(im, Op::Reduce { op: ReduceOp::Sum, axes: all.clone(), keepdims: false }, &[v]);
+    let y = match reduction.as_str() {
+        "none" => per_element,
+        "sum" => total(im, per_element)?,
+        _ => {
+            let (num, den) = (total(im, per_element)?, total(im, w)?);
+            one(im, Op::Binary(BinaryOp::Div), &[num, den])?
+        }
+    };
+    let mut out = vec![Entry { konst: None, value: Some(y) }];
+    if sce && cx.extra_outputs_used(im, 1) {
+        out.push(Entry { konst: None, value: log_prob });
+    }
+    Ok(out)
 }
