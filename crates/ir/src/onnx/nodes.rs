@@ -172,7 +172,10 @@ fn attributes(op_type: &str) -> Option<&'static [&'static str]> {
         "Gemm" => &["alpha", "beta", "transA", "transB", "broadcast"],
         "Transpose" => &["perm"],
         "Softmax" | "LogSoftmax" | "Flatten" | "Gather" | "Concat" => &["axis"],
-        "LayerNormalization" => &["axis", "epsilon", "stash_type"],
+        "LayerNormalization" | "RMSNormalization" => &["axis", "epsilon", "stash_type"],
+        "HardSigmoid" => &["alpha", "beta"],
+        "Celu" => &["alpha"],
+        "IsInf" => &["detect_positive", "detect_negative"],
         "LRN" => &["alpha", "beta", "bias", "size"],
         "Constant" => &["value", "value_float", "value_floats", "value_int", "value_ints", "value_string", "value_strings", "sparse_value"],
         "ConstantOfShape" => &["value"],
@@ -241,6 +244,8 @@ fn arity(op_type: &str, opset: i64) -> Option<(usize, usize, usize)> {
             (1, 2, 1)
         }
         "LayerNormalization" => (2, 3, 3),
+        "RMSNormalization" => (2, 2, 1),
+        "HardSigmoid" | "Celu" | "IsInf" => (1, 1, 1),
         "Constant" => (0, 0, 1),
         "Dropout" if opset < 12 => (1, 1, 2),
         "Dropout" => (1, 3, 2),
@@ -652,16 +657,20 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
             emit_values(im, cx, Op::Reshape { shape }, &[sm])
         }
         "LayerNormalization" => {
-            if cx.extra_outputs_used(im, 1) {
-                return Err(cx.unsupported("the Mean and InvStdDev outputs"));
-            }
             let x = cx.need(0)?;
             let rank = im.ty(x)?.shape.len();
             let ax = axis(cx, cx.int("axis", -1)?, rank)?;
             let mut ins = vec![x, cx.need(1)?];
             ins.extend(cx.input(2));
-            emit(im, cx, Op::LayerNorm { axis: ax, epsilon: cx.float("epsilon", 1e-5)? }, &ins)
+            let epsilon = cx.float("epsilon", 1e-5)?;
+            let mut out = emit(im, cx, Op::LayerNorm { axis: ax, epsilon }, &ins)?;
+            if cx.extra_outputs_used(im, 1) {
+                out.extend(layer_norm_stats(im, cx, x, ax, epsilon)?);
+            }
+            Ok(out)
         }
+        "RMSNormalization" => rms_norm(im, cx),
+        "HardSigmoid" | "Celu" | "IsInf" => small_decompositions(im, cx),
         "Mod" => {
             let (a, b) = (cx.need(0)?, cx.need(1)?);
             let (Some(x), Some(y)) = (im.konst(a), im.konst(b)) else {
@@ -964,4 +973,117 @@ fn loss(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
         out.push(Entry { konst: None, value: log_prob });
     }
     Ok(out)
+}
+
+/// A scalar constant as a graph value.
+fn scalar(im: &mut Importer, cx: &Cx, tag: &str, dtype: DType, v: f64) -> Result<ValueId, IrError> {
+    constant(im, cx, tag, Tensor::full(&TensorType::new(dtype, vec![]), v))
+}
+
+fn one_value(im: &mut Importer, cx: &Cx, op: Op, vs: &[ValueId]) -> Result<ValueId, IrError> {
+    Ok(emit_values(im, cx, op, vs)?[0].value.expect("a value"))
+}
+
+/// The stash type (f32) of LayerNormalization and RMSNormalization:
+/// the statistics are computed in it.
+fn stashed(im: &mut Importer, cx: &Cx, x: &str) -> Result<ValueId, IrError> {
+    if cx.int("stash_type", 1)? != 1 {
+        return Err(
+            cx.unsupported(format!("stash_type={} (smelt computes the statistics in float32, stash_type=1)", cx.int("stash_type", 1)?))
+        );
+    }
+    let (xv, dtype) = (im.value(x)?, im.ty(x)?.dtype);
+    if !dtype.is_float() {
+        return Err(cx.bad(format!("invalid ONNX: X must be a float tensor, got {dtype}")));
+    }
+    if dtype == DType::F32 {
+        Ok(xv)
+    } else {
+        one_value(im, cx, Op::Cast { to: DType::F32 }, &[xv])
+    }
+}
+
+/// LayerNormalization's Mean and InvStdDev outputs (f32, keeping the
+/// normalised dims as 1): mean and 1 / sqrt(var + epsilon).
+fn layer_norm_stats(im: &mut Importer, cx: &Cx, x: &str, ax: usize, epsilon: f32) -> Result<Vec<Entry>, IrError> {
+    let rank = im.ty(x)?.shape.len();
+    let xf = stashed(im, cx, x)?;
+    let mean = |axes: Vec<usize>| Op::Reduce { op: ReduceOp::Mean, axes, keepdims: true };
+    let m = one_value(im, cx, mean((ax..rank).collect()), &[xf])?;
+    let d = one_value(im, cx, Op::Binary(BinaryOp::Sub), &[xf, m])?;
+    let sq = one_value(im, cx, Op::Binary(BinaryOp::Mul), &[d, d])?;
+    let var = one_value(im, cx, mean((ax..rank).collect()), &[sq])?;
+    let eps = scalar(im, cx, "epsilon", DType::F32, epsilon as f64)?;
+    let v = one_value(im, cx, Op::Binary(BinaryOp::Add), &[var, eps])?;
+    let sd = one_value(im, cx, Op::Unary(UnaryOp::Sqrt), &[v])?;
+    let inv = one_value(im, cx, Op::Unary(UnaryOp::Reciprocal), &[sd])?;
+    Ok(vec![Entry { konst: None, value: Some(m) }, Entry { konst: None, value: Some(inv) }])
+}
+
+/// RMSNormalization: x / sqrt(mean(x^2) + epsilon) over the dims from
+/// `axis` on, in f32, then times `scale`.
+fn rms_norm(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
+    let (x, scale) = (cx.need(0)?, cx.need(1)?);
+    let ty = im.ty(x)?;
+    let ax = axis(cx, cx.int("axis", -1)?, ty.shape.len())?;
+    let xf = stashed(im, cx, x)?;
+    let sq = one_value(im, cx, Op::Binary(BinaryOp::Mul), &[xf, xf])?;
+    let ms = one_value(im, cx, Op::Reduce { op: ReduceOp::Mean, axes: (ax..ty.shape.len()).collect(), keepdims: true }, &[sq])?;
+    let eps = scalar(im, cx, "epsilon", DType::F32, cx.float("epsilon", 1e-5)? as f64)?;
+    let v = one_value(im, cx, Op::Binary(BinaryOp::Add), &[ms, eps])?;
+    let rms = one_value(im, cx, Op::Unary(UnaryOp::Sqrt), &[v])?;
+    let mut y = one_value(im, cx, Op::Binary(BinaryOp::Div), &[xf, rms])?;
+    if ty.dtype != DType::F32 {
+        y = one_value(im, cx, Op::Cast { to: ty.dtype }, &[y])?;
+    }
+    let sv = im.value(scale)?;
+    let y = one_value(im, cx, Op::Binary(BinaryOp::Mul), &[y, sv])?;
+    Ok(vec![Entry { konst: None, value: Some(y) }])
+}
+
+/// HardSigmoid = clip(alpha x + beta, 0, 1); Celu = alpha elu(x / alpha);
+/// IsInf = x == +inf or x == -inf (as detected).
+fn small_decompositions(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
+    let x = cx.need(0)?;
+    let dtype = im.ty(x)?.dtype;
+    if !dtype.is_float() {
+        return Err(cx.unsupported(format!("{} of {dtype} (smelt computes it for float types)", cx.node.op_type())));
+    }
+    let xv = im.value(x)?;
+    let mul = Op::Binary(BinaryOp::Mul);
+    let y = match cx.node.op_type() {
+        "HardSigmoid" => {
+            let a = scalar(im, cx, "alpha", dtype, cx.float("alpha", 0.2)? as f64)?;
+            let b = scalar(im, cx, "beta", dtype, cx.float("beta", 0.5)? as f64)?;
+            let ax = one_value(im, cx, mul, &[xv, a])?;
+            let y = one_value(im, cx, Op::Binary(BinaryOp::Add), &[ax, b])?;
+            one_value(im, cx, Op::Clip { min: 0.0, max: 1.0 }, &[y])?
+        }
+        "Celu" => {
+            let alpha = cx.float("alpha", 1.0)?;
+            let inv = scalar(im, cx, "1/alpha", dtype, 1.0 / alpha as f64)?;
+            let a = scalar(im, cx, "alpha", dtype, alpha as f64)?;
+            let s = one_value(im, cx, mul.clone(), &[xv, inv])?;
+            let e = one_value(im, cx, Op::Unary(UnaryOp::Elu(1.0)), &[s])?;
+            one_value(im, cx, mul, &[e, a])?
+        }
+        _ => {
+            let (pos, neg) = (cx.int("detect_positive", 1)? != 0, cx.int("detect_negative", 1)? != 0);
+            let eq = Op::Compare(CompareOp::Equal);
+            let p = scalar(im, cx, "+inf", dtype, f64::INFINITY)?;
+            let n = scalar(im, cx, "-inf", dtype, f64::NEG_INFINITY)?;
+            let is_p = one_value(im, cx, eq.clone(), &[xv, p])?;
+            let is_n = one_value(im, cx, eq, &[xv, n])?;
+            match (pos, neg) {
+                (true, true) => one_value(im, cx, Op::Logic(LogicOp::Or), &[is_p, is_n])?,
+                (true, false) => is_p,
+                (false, true) => is_n,
+                (false, false) => {
+                    let f = Tensor::full(&TensorType::new(DType::Bool, im.ty(x)?.shape), 0.0);
+                    return Ok(konst(f));
+                }
+            }
+        }
+    };
+    Ok(vec![Entry { konst: None, value: Some(y) }])
 }

@@ -161,8 +161,8 @@ pub(super) fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
             if op_type == "Dropout" && cx.input(2).is_some() {
                 let training = const_input(im, cx, 2, "training_mode")?.to_i64_vec().iter().any(|&b| b != 0);
                 let ratio = match cx.input(1) {
-                    Some(_) => const_input(im, cx, 1, "ratio")?.to_f32_vec(),
-                    None => vec![0.5],
+                    Some(_) if training => const_input(im, cx, 1, "ratio")?.to_f32_vec(),
+                    _ => vec![0.5],
                 };
                 if training && ratio.iter().any(|&r| r != 0.0) {
                     return Err(cx.unsupported("training_mode=true (random dropout); export the model in eval mode"));
