@@ -174,6 +174,17 @@ fn attributes(op_type: &str) -> Option<&'static [&'static str]> {
         "Softmax" | "LogSoftmax" | "Flatten" | "Gather" | "Concat" => &["axis"],
         "LayerNormalization" | "RMSNormalization" => &["axis", "epsilon", "stash_type"],
         "HardSigmoid" => &["alpha", "beta"],
+        "Attention" => &[
+            "is_causal",
+            "kv_num_heads",
+            "q_num_heads",
+            "qk_matmul_output_mode",
+            "scale",
+            "softcap",
+            "softmax_precision",
+            "left_window_size",
+            "right_window_size",
+        ],
         "Celu" => &["alpha"],
         "IsInf" => &["detect_positive", "detect_negative"],
         "LRN" => &["alpha", "beta", "bias", "size"],
@@ -245,6 +256,8 @@ fn arity(op_type: &str, opset: i64) -> Option<(usize, usize, usize)> {
         }
         "LayerNormalization" => (2, 3, 3),
         "RMSNormalization" => (2, 2, 1),
+        "Attention" if opset < 24 => (3, 6, 4),
+        "Attention" => (3, 7, 4),
         "HardSigmoid" | "Celu" | "IsInf" => (1, 1, 1),
         "Constant" => (0, 0, 1),
         "Dropout" if opset < 12 => (1, 1, 2),
@@ -670,6 +683,7 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
             Ok(out)
         }
         "RMSNormalization" => rms_norm(im, cx),
+        "Attention" => attention(im, cx),
         "HardSigmoid" | "Celu" | "IsInf" => small_decompositions(im, cx),
         "Mod" => {
             let (a, b) = (cx.need(0)?, cx.need(1)?);
@@ -1086,4 +1100,244 @@ fn small_decompositions(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrErro
         }
     };
     Ok(vec![Entry { konst: None, value: Some(y) }])
+}
+
+/// ONNX Attention (opsets 23 to 25) as the reference computes it: 3-D
+/// inputs split into heads, the KV cache appended (`present_key`,
+/// `present_value`), grouped KV heads repeated, Q and K each scaled by
+/// sqrt(scale), softcap, an additive bias (the mask, bool or float and
+/// padded to the keys; causal and sliding-window limits aligned to the
+/// bottom right; `nonpad_kv_seqlen`'s padding), softmax (in
+/// `softmax_precision`) with rows that attend nothing zeroed, and the
+/// product with V. The static part of the bias is a constant.
+fn attention(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
+    let (q, k, v) = (cx.need(0)?, cx.need(1)?, cx.need(2)?);
+    let (qt, kt, vt) = (im.ty(q)?, im.ty(k)?, im.ty(v)?);
+    let dt = qt.dtype;
+    let rank = qt.shape.len();
+    if !dt.is_float() || kt.dtype != dt || vt.dtype != dt {
+        return Err(cx.bad(format!("invalid ONNX: Q, K and V must share a float type, got {qt}, {kt} and {vt}")));
+    }
+    if !(rank == 3 || rank == 4) || kt.shape.len() != rank || vt.shape.len() != rank {
+        return Err(cx.bad(format!("invalid ONNX: Q, K and V must all be 3-D or all 4-D, got {qt}, {kt} and {vt}")));
+    }
+    let heads = |name: &str| -> Result<Option<usize>, IrError> {
+        match cx.attrs.get(name).map(|a| a.i()) {
+            None => Ok(None),
+            Some(h) if h > 0 => Ok(Some(h as usize)),
+            Some(h) => Err(cx.bad(format!("invalid ONNX: {name}={h}"))),
+        }
+    };
+    let (hq, hkv) = (heads("q_num_heads")?, heads("kv_num_heads")?);
+    let one = |im: &mut Importer, op: Op, vs: &[ValueId]| one_value(im, cx, op, vs);
+    let b = qt.shape[0];
+    // [B, H, S, D] views.
+    let to_4d = |im: &mut Importer, name: &str, t: &TensorType, h: Option<usize>| -> Result<(ValueId, [usize; 4]), IrError> {
+        let x = im.value(name)?;
+        if rank == 4 {
+            return Ok((x, [t.shape[0], t.shape[1], t.shape[2], t.shape[3]]));
+        }
+        let h = h.ok_or_else(|| cx.bad("invalid ONNX: 3-D inputs need q_num_heads and kv_num_heads"))?;
+        let (s, hidden) = (t.shape[1], t.shape[2]);
+        if hidden % h != 0 || t.shape[0] != b {
+            return Err(cx.bad(format!("invalid ONNX: {t} does not split into {h} heads")));
+        }
+        let x = one(im, Op::Reshape { shape: vec![b, s, h, hidden / h] }, &[x])?;
+        Ok((one(im, Op::Transpose { perm: vec![0, 2, 1, 3] }, &[x])?, [b, h, s, hidden / h]))
+    };
+    let (qv, qs) = to_4d(im, q, &qt, hq)?;
+    let (mut kv, mut ks) = to_4d(im, k, &kt, hkv)?;
+    let (mut vv, mut vs) = to_4d(im, v, &vt, hkv)?;
+    if ks[0] != b || vs[0] != b || ks[1] != vs[1] || ks[2] != vs[2] || ks[3] != qs[3] {
+        return Err(cx.bad(format!("invalid ONNX: Q {qt}, K {kt} and V {vt} do not fit")));
+    }
+    // The KV cache.
+    let past = match (cx.input(4), cx.input(5)) {
+        (Some(pk), Some(pv)) => Some((pk, pv)),
+        (None, None) => None,
+        _ => return Err(cx.bad("invalid ONNX: past_key and past_value come together")),
+    };
+    let past_len = match past {
+        Some((pk, pv)) => {
+            let (pkt, pvt) = (im.ty(pk)?, im.ty(pv)?);
+            if pkt.shape.len() != 4
+                || pkt.shape[..2] != ks[..2]
+                || pkt.shape[3] != ks[3]
+                || pvt.shape != [vs[0], vs[1], pkt.shape[2], vs[3]]
+            {
+                return Err(cx.bad(format!("invalid ONNX: past_key {pkt} and past_value {pvt} do not fit K and V")));
+            }
+            let (pkv, pvv) = (im.value(pk)?, im.value(pv)?);
+            kv = one(im, Op::Concat { axis: 2 }, &[pkv, kv])?;
+            vv = one(im, Op::Concat { axis: 2 }, &[pvv, vv])?;
+            ks[2] += pkt.shape[2];
+            vs[2] += pkt.shape[2];
+            pkt.shape[2]
+        }
+        None => 0,
+    };
+    let (present_k, present_v) = (kv, vv);
+    let (sq, skv) = (qs[2], ks[2]);
+    // Grouped KV heads: each repeated for its group of query heads.
+    if qs[1] != ks[1] {
+        if qs[1] % ks[1] != 0 {
+            return Err(cx.bad(format!("invalid ONNX: {} query heads do not group over {} KV heads", qs[1], ks[1])));
+        }
+        let g = qs[1] / ks[1];
+        for (val, s) in [(&mut kv, ks), (&mut vv, vs)] {
+            let x = one(im, Op::Reshape { shape: vec![b, s[1], 1, s[2], s[3]] }, &[*val])?;
+            let x = one(im, Op::Expand { shape: vec![b, s[1], g, s[2], s[3]] }, &[x])?;
+            *val = one(im, Op::Reshape { shape: vec![b, s[1] * g, s[2], s[3]] }, &[x])?;
+        }
+    }
+    // Scores: (Q sqrt(scale)) (K sqrt(scale))^T.
+    let scale = match cx.attrs.get("scale") {
+        Some(a) => a.f() as f64,
+        None => 1.0 / (qs[3] as f64).sqrt(),
+    };
+    let root = scalar(im, cx, "sqrt(scale)", dt, scale.sqrt())?;
+    let mul = Op::Binary(BinaryOp::Mul);
+    let qv = one(im, mul.clone(), &[qv, root])?;
+    let kv = one(im, mul.clone(), &[kv, root])?;
+    let kt_ = one(im, Op::Transpose { perm: vec![0, 1, 3, 2] }, &[kv])?;
+    let mut qk = one(im, Op::MatMul, &[qv, kt_])?;
+    let softcap = cx.float("softcap", 0.0)?;
+    if softcap > 0.0 {
+        let inv = scalar(im, cx, "1/softcap", dt, 1.0 / softcap as f64)?;
+        let cap = scalar(im, cx, "softcap", dt, softcap as f64)?;
+        let x = one(im, mul.clone(), &[qk, inv])?;
+        let x = one(im, Op::Unary(UnaryOp::Tanh), &[x])?;
+        qk = one(im, mul.clone(), &[x, cap])?;
+    }
+    // The additive bias: the static limits, a constant [Sq, Skv] ...
+    let causal = cx.int("is_causal", 0)? != 0;
+    let (left, right) = (cx.int("left_window_size", -1)?, cx.int("right_window_size", -1)?);
+    let nonpad = cx.input(6);
+    if nonpad.is_some() && past.is_some() {
+        return Err(cx.bad("invalid ONNX: nonpad_kv_seqlen cannot be combined with past_key and past_value"));
+    }
+    let (sqi, skvi) = (sq as i64, skv as i64);
+    let allowed = |i: i64, j: i64, off: i64| {
+        let diff = i + off - j;
+        (!causal || j <= i + off) && (left < 0 || diff <= left) && (right < 0 || -diff <= right)
+    };
+    let neg_inf = f32::NEG_INFINITY;
+    let mut bias: Option<ValueId> = None;
+    let add = |im: &mut Importer, bias: Option<ValueId>, x: ValueId| -> Result<ValueId, IrError> {
+        match bias {
+            None => Ok(x),
+            Some(b0) => one(im, Op::Binary(BinaryOp::Add), &[b0, x]),
+        }
+    };
+    if nonpad.is_none() && (causal || left >= 0 || right >= 0) {
+        let m: Vec<f32> = (0..sqi)
+            .flat_map(|i| (0..skvi).map(move |j| (i, j)))
+            .map(|(i, j)| if allowed(i, j, past_len as i64) { 0.0 } else { neg_inf })
+            .collect();
+        let c = constant(im, cx, "limits", Tensor::from_f32(vec![sq, skv], m).cast(dt))?;
+        bias = Some(c);
+    }
+    let zero = scalar(im, cx, "zero", dt, 0.0)?;
+    let minus_inf = scalar(im, cx, "-inf", dt, f64::NEG_INFINITY)?;
+    // ... the mask, padded to the keys ...
+    if let Some(mask) = cx.input(3) {
+        let mt = im.ty(mask)?;
+        let last = *mt.shape.last().ok_or_else(|| cx.bad("invalid ONNX: attn_mask is a scalar"))?;
+        if last > skv || (mt.dtype != DType::Bool && mt.dtype != dt) {
+            return Err(cx.bad(format!("invalid ONNX: attn_mask {mt} does not fit {skv} keys of {dt}")));
+        }
+        let mut mv = im.value(mask)?;
+        if mt.dtype == DType::Bool {
+            mv = one(im, Op::Where, &[mv, zero, minus_inf])?;
+        }
+        if last < skv {
+            let mut pad_shape = mt.shape.clone();
+            *pad_shape.last_mut().expect("not a scalar") = skv - last;
+            let pad = constant(im, cx, "mask padding", Tensor::full(&TensorType::new(dt, pad_shape), f64::NEG_INFINITY))?;
+            mv = one(im, Op::Concat { axis: mt.shape.len() - 1 }, &[mv, pad])?;
+        }
+        bias = Some(add(im, bias, mv)?);
+    }
+    // ... and the per-batch limits of nonpad_kv_seqlen: key j of batch b
+    // is kept when j < n[b], and the causal and window limits hold at the
+    // offset n[b] - Sq; each a comparison of n[b] with a constant [Sq, Skv].
+    if let Some(n) = nonpad {
+        let nt = im.ty(n)?;
+        if nt.shape != [b] || !matches!(nt.dtype, DType::I64 | DType::I32) {
+            return Err(cx.bad(format!("invalid ONNX: nonpad_kv_seqlen must be int64 [{b}], got {nt}")));
+        }
+        let nv = im.value(n)?;
+        let n3 = one(im, Op::Reshape { shape: vec![b, 1, 1] }, &[nv])?;
+        let grid = |f: &dyn Fn(i64, i64) -> i64| -> Tensor {
+            let v: Vec<i64> = (0..sqi).flat_map(|i| (0..skvi).map(move |j| (i, j))).map(|(i, j)| f(i, j)).collect();
+            Tensor::from_i64(vec![sq, skv], v).cast(nt.dtype)
+        };
+        // (the comparison, the constant it compares n with)
+        let mut conds: Vec<(CompareOp, Tensor)> = vec![(CompareOp::Greater, grid(&|_, j| j))];
+        if causal {
+            conds.push((CompareOp::GreaterOrEqual, grid(&|i, j| j - i + sqi)));
+        }
+        if left >= 0 {
+            conds.push((CompareOp::LessOrEqual, grid(&|i, j| left - i + sqi + j)));
+        }
+        if right >= 0 {
+            conds.push((CompareOp::GreaterOrEqual, grid(&|i, j| j - i + sqi - right)));
+        }
+        let mut keep: Option<ValueId> = None;
+        for (i, (op, t)) in conds.into_iter().enumerate() {
+            let c = constant(im, cx, &format!("nonpad limit {i}"), t)?;
+            let x = one(im, Op::Compare(op), &[n3, c])?;
+            keep = Some(match keep {
+                None => x,
+                Some(k0) => one(im, Op::Logic(LogicOp::And), &[k0, x])?,
+            });
+        }
+        let keep = keep.expect("at least the padding");
+        let pb = one(im, Op::Where, &[keep, zero, minus_inf])?;
+        let pb = one(im, Op::Reshape { shape: vec![b, 1, sq, skv] }, &[pb])?;
+        bias = Some(add(im, bias, pb)?);
+    }
+    let mode = cx.int("qk_matmul_output_mode", 0)?;
+    if !(0..=3).contains(&mode) {
+        return Err(cx.bad(format!("invalid ONNX: qk_matmul_output_mode={mode} (0 to 3)")));
+    }
+    let with_bias = match bias {
+        Some(bv) => one(im, Op::Binary(BinaryOp::Add), &[qk, bv])?,
+        None => qk,
+    };
+    let mut logits = with_bias;
+    let sp = match cx.attrs.get("softmax_precision").map(|a| a.i()) {
+        None => dt,
+        Some(code) => super::tensor::dtype_of(code as i32)
+            .ok()
+            .filter(|d| d.is_float())
+            .ok_or_else(|| cx.unsupported(format!("softmax_precision={code} (smelt computes softmax in float, float16 or bfloat16)")))?,
+    };
+    if sp != dt {
+        logits = one(im, Op::Cast { to: sp }, &[logits])?;
+    }
+    let mut p = one(im, Op::Softmax { axis: 3 }, &[logits])?;
+    // A row whose bias is -inf everywhere attends nothing: zeros.
+    if let Some(bv) = bias {
+        let m = one(im, Op::Reduce { op: ReduceOp::Max, axes: vec![im.g.ty(bv).shape.len() - 1], keepdims: true }, &[bv])?;
+        let none = one(im, Op::Compare(CompareOp::Equal), &[m, minus_inf])?;
+        let zero_sp = scalar(im, cx, "zero (softmax)", sp, 0.0)?;
+        p = one(im, Op::Where, &[none, zero_sp, p])?;
+    }
+    if sp != dt {
+        p = one(im, Op::Cast { to: dt }, &[p])?;
+    }
+    let mut y = one(im, Op::MatMul, &[p, vv])?;
+    if rank == 3 {
+        let h = qs[1];
+        y = one(im, Op::Transpose { perm: vec![0, 2, 1, 3] }, &[y])?;
+        y = one(im, Op::Reshape { shape: vec![b, sq, h * vs[3]] }, &[y])?;
+    }
+    let qk_out = match mode {
+        0 | 1 => qk,
+        2 => with_bias,
+        _ => p,
+    };
+    let e = |v: ValueId| Entry { konst: None, value: Some(v) };
+    Ok(vec![e(y), e(present_k), e(present_v), e(qk_out)])
 }
