@@ -185,7 +185,8 @@ fn attributes(op_type: &str) -> Option<&'static [&'static str]> {
             "left_window_size",
             "right_window_size",
         ],
-        "Celu" => &["alpha"],
+        "Celu" | "Swish" | "ThresholdedRelu" => &["alpha"],
+        "Softsign" | "HardSwish" | "Mish" | "GlobalMaxPool" | "Mean" => &[],
         "IsInf" => &["detect_positive", "detect_negative"],
         "LRN" => &["alpha", "beta", "bias", "size"],
         "Constant" => &["value", "value_float", "value_floats", "value_int", "value_ints", "value_string", "value_strings", "sparse_value"],
@@ -258,7 +259,8 @@ fn arity(op_type: &str, opset: i64) -> Option<(usize, usize, usize)> {
         "RMSNormalization" => (2, 2, 1),
         "Attention" if opset < 24 => (3, 6, 4),
         "Attention" => (3, 7, 4),
-        "HardSigmoid" | "Celu" | "IsInf" => (1, 1, 1),
+        "HardSigmoid" | "Celu" | "IsInf" | "Softsign" | "HardSwish" | "Swish" | "Mish" | "ThresholdedRelu" | "GlobalMaxPool" => (1, 1, 1),
+        "Mean" => (1, ANY, 1),
         "Constant" => (0, 0, 1),
         "Dropout" if opset < 12 => (1, 1, 2),
         "Dropout" => (1, 3, 2),
@@ -490,6 +492,16 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
                 return int_unary(im, cx, *u, x);
             }
         }
+        if let (Op::Binary(BinaryOp::Pow), [x, y]) = (&op, ins.as_slice()) {
+            let (xt, yt) = (im.ty(x)?, im.ty(y)?);
+            if xt.dtype.is_float() && !yt.dtype.is_float() {
+                // An integer exponent of a float base: the same powers in the base's type.
+                let yv = im.value(y)?;
+                let yf = one_value(im, cx, Op::Cast { to: xt.dtype }, &[yv])?;
+                let xv = im.value(x)?;
+                return Ok(vec![Entry { konst: None, value: Some(one_value(im, cx, op, &[xv, yf])?) }]);
+            }
+        }
         return emit(im, cx, op, &ins);
     }
     if super::shape_ops::handles(op_type) {
@@ -684,7 +696,27 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
         }
         "RMSNormalization" => rms_norm(im, cx),
         "Attention" => attention(im, cx),
-        "HardSigmoid" | "Celu" | "IsInf" => small_decompositions(im, cx),
+        "HardSigmoid" | "Celu" | "IsInf" | "Softsign" | "HardSwish" | "Swish" | "Mish" | "ThresholdedRelu" | "GlobalMaxPool" => {
+            small_decompositions(im, cx)
+        }
+        "Mean" => {
+            let ins: Vec<&str> = cx.node.input.iter().map(|s| s.as_str()).collect();
+            let dtype = im.ty(ins[0])?.dtype;
+            if !dtype.is_float() {
+                return Err(cx.unsupported(format!("Mean of {dtype} (smelt computes it for float types)")));
+            }
+            let s = emit(im, cx, Op::Sum, &ins)?.remove(0);
+            let sv = match s.value {
+                Some(v) => v,
+                None => {
+                    let name = format!("{}:sum", cx.name);
+                    im.env.insert(name.clone(), s);
+                    im.value(&name)?
+                }
+            };
+            let n = scalar(im, cx, "1/n", dtype, 1.0 / ins.len() as f64)?;
+            Ok(vec![Entry { konst: None, value: Some(one_value(im, cx, Op::Binary(BinaryOp::Mul), &[sv, n])?) }])
+        }
         "Mod" => {
             let (a, b) = (cx.need(0)?, cx.need(1)?);
             let (Some(x), Some(y)) = (im.konst(a), im.konst(b)) else {
@@ -1056,7 +1088,10 @@ fn rms_norm(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
 }
 
 /// HardSigmoid = clip(alpha x + beta, 0, 1); Celu = alpha elu(x / alpha);
-/// IsInf = x == +inf or x == -inf (as detected).
+/// IsInf = x == +inf or x == -inf (as detected); Softsign = x / (1 + |x|);
+/// HardSwish = x hardsigmoid(x) (alpha 1/6); Swish = x sigmoid(alpha x);
+/// Mish = x tanh(softplus(x)); ThresholdedRelu = x where x > alpha, else
+/// 0; GlobalMaxPool = the maximum over the spatial dims.
 fn small_decompositions(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
     let x = cx.need(0)?;
     let dtype = im.ty(x)?.dtype;
@@ -1065,13 +1100,51 @@ fn small_decompositions(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrErro
     }
     let xv = im.value(x)?;
     let mul = Op::Binary(BinaryOp::Mul);
+    let unary = |im: &mut Importer, u: UnaryOp, v: ValueId| one_value(im, cx, Op::Unary(u), &[v]);
     let y = match cx.node.op_type() {
-        "HardSigmoid" => {
-            let a = scalar(im, cx, "alpha", dtype, cx.float("alpha", 0.2)? as f64)?;
-            let b = scalar(im, cx, "beta", dtype, cx.float("beta", 0.5)? as f64)?;
-            let ax = one_value(im, cx, mul, &[xv, a])?;
+        op @ ("HardSigmoid" | "HardSwish") => {
+            let (alpha, beta) =
+                if op == "HardSwish" { (1.0 / 6.0, 0.5) } else { (cx.float("alpha", 0.2)? as f64, cx.float("beta", 0.5)? as f64) };
+            let a = scalar(im, cx, "alpha", dtype, alpha)?;
+            let b = scalar(im, cx, "beta", dtype, beta)?;
+            let ax = one_value(im, cx, mul.clone(), &[xv, a])?;
             let y = one_value(im, cx, Op::Binary(BinaryOp::Add), &[ax, b])?;
-            one_value(im, cx, Op::Clip { min: 0.0, max: 1.0 }, &[y])?
+            let hs = one_value(im, cx, Op::Clip { min: 0.0, max: 1.0 }, &[y])?;
+            if op == "HardSwish" {
+                one_value(im, cx, mul, &[xv, hs])?
+            } else {
+                hs
+            }
+        }
+        "Softsign" => {
+            let a = unary(im, UnaryOp::Abs, xv)?;
+            let one_ = scalar(im, cx, "one", dtype, 1.0)?;
+            let d = one_value(im, cx, Op::Binary(BinaryOp::Add), &[a, one_])?;
+            one_value(im, cx, Op::Binary(BinaryOp::Div), &[xv, d])?
+        }
+        "Swish" => {
+            let a = scalar(im, cx, "alpha", dtype, cx.float("alpha", 1.0)? as f64)?;
+            let ax = one_value(im, cx, mul.clone(), &[xv, a])?;
+            let s = unary(im, UnaryOp::Sigmoid, ax)?;
+            one_value(im, cx, mul, &[xv, s])?
+        }
+        "Mish" => {
+            let sp = unary(im, UnaryOp::Softplus, xv)?;
+            let t = unary(im, UnaryOp::Tanh, sp)?;
+            one_value(im, cx, mul, &[xv, t])?
+        }
+        "ThresholdedRelu" => {
+            let a = scalar(im, cx, "alpha", dtype, cx.float("alpha", 1.0)? as f64)?;
+            let keep = one_value(im, cx, Op::Compare(CompareOp::Greater), &[xv, a])?;
+            let zero = scalar(im, cx, "zero", dtype, 0.0)?;
+            one_value(im, cx, Op::Where, &[keep, xv, zero])?
+        }
+        "GlobalMaxPool" => {
+            let rank = im.ty(x)?.shape.len();
+            if rank < 3 {
+                return Err(cx.bad(format!("invalid ONNX: GlobalMaxPool needs [N, C, spatial...], got {}", im.ty(x)?)));
+            }
+            one_value(im, cx, Op::Reduce { op: ReduceOp::Max, axes: (2..rank).collect(), keepdims: true }, &[xv])?
         }
         "Celu" => {
             let alpha = cx.float("alpha", 1.0)?;
