@@ -163,6 +163,7 @@ fn attributes(op_type: &str) -> Option<&'static [&'static str]> {
         "GatherND" => &["batch_dims"],
         "CastLike" => &["saturate", "round_mode"],
         "Conv" => &["auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"],
+        "ConvTranspose" => &["auto_pad", "dilations", "group", "kernel_shape", "output_padding", "output_shape", "pads", "strides"],
         "BatchNormalization" => &["epsilon", "momentum", "spatial", "is_test", "training_mode"],
         "Clip" => &["min", "max"],
         "MaxPool" | "AveragePool" => WINDOW,
@@ -238,7 +239,7 @@ fn arity(op_type: &str, opset: i64) -> Option<(usize, usize, usize)> {
         "Where" | "Range" => (3, 3, 1),
         "Trilu" => (1, 2, 1),
         "Max" | "Min" | "Sum" | "Concat" => (1, ANY, 1),
-        "Conv" | "Gemm" => (2, 3, 1),
+        "Conv" | "Gemm" | "ConvTranspose" => (2, 3, 1),
         "BatchNormalization" => (5, 5, 5),
         "Clip" if opset < 11 => (1, 1, 1),
         "Clip" => (1, 3, 1),
@@ -593,6 +594,7 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
             ins.extend(cx.input(2));
             emit(im, cx, Op::Conv(Conv { strides, pads, dilations, group }), &ins)
         }
+        "ConvTranspose" => conv_transpose(im, cx),
         "BatchNormalization" => {
             if cx.extra_outputs_used(im, 1) {
                 return Err(cx.unsupported("training-mode outputs (running mean/var)"));
@@ -1413,4 +1415,93 @@ fn attention(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
     };
     let e = |v: ValueId| Entry { konst: None, value: Some(v) };
     Ok(vec![e(y), e(present_k), e(present_v), e(qk_out)])
+}
+
+/// ConvTranspose: the adjoint of the convolution with the same attributes
+/// whose input has the output's shape (`Op::ConvGradData`), sized and
+/// padded as the ONNX reference does (`output_shape`, `output_padding`,
+/// `auto_pad`), then the bias.
+fn conv_transpose(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
+    let (x, w) = (cx.need(0)?, cx.need(1)?);
+    let (xt, wt) = (im.ty(x)?, im.ty(w)?);
+    if wt.shape.len() < 3 || xt.shape.len() != wt.shape.len() || !xt.dtype.is_float() {
+        return Err(cx.bad(format!("input {xt} and weight {wt} do not fit a transposed convolution")));
+    }
+    let n = wt.shape.len() - 2;
+    let kernel = wt.shape[2..].to_vec();
+    if let Some(k) = cx.ints("kernel_shape")? {
+        if cx.usizes(k.clone(), "kernel_shape")? != kernel {
+            return Err(cx.bad(format!("kernel_shape {k:?} does not match weight {wt}")));
+        }
+    }
+    let strides = spatial_attr(cx, "strides", n)?;
+    let dilations = spatial_attr(cx, "dilations", n)?;
+    let group = usize::try_from(cx.int("group", 1)?).ok().filter(|&g| g > 0).ok_or_else(|| cx.bad("group must be positive"))?;
+    if xt.shape[1] != wt.shape[0] || xt.shape[1] % group != 0 {
+        return Err(cx.bad(format!("input {xt} has not the weight {wt}'s {} input channels in {group} groups", wt.shape[0])));
+    }
+    let list = |k: &str| -> Result<Option<Vec<i64>>, IrError> { cx.ints(k) };
+    let output_padding = list("output_padding")?.unwrap_or_else(|| vec![0; n]);
+    let spatial_in: Vec<i64> = xt.shape[2..].iter().map(|&d| d as i64).collect();
+    let natural = |i: usize| {
+        strides[i] as i64 * (spatial_in[i] - 1)
+            + output_padding.get(i).copied().unwrap_or(0)
+            + (kernel[i] as i64 - 1) * dilations[i] as i64
+            + 1
+    };
+    let auto = cx.string("auto_pad")?.unwrap_or_else(|| "NOTSET".into());
+    let mut output_shape = list("output_shape")?.map(|v| if v.len() == n + 2 { v[2..].to_vec() } else { v });
+    if output_shape.as_ref().is_some_and(|v| v.len() != n) || output_padding.len() != n {
+        return Err(cx.bad(format!("invalid ONNX: output_shape and output_padding need {n} values")));
+    }
+    let pads: Vec<i64> = match (list("pads")?, auto.as_str()) {
+        (None, "SAME_UPPER" | "SAME_LOWER") => {
+            let out = output_shape.get_or_insert_with(|| (0..n).map(|i| spatial_in[i] * strides[i] as i64).collect()).clone();
+            let total: Vec<i64> = (0..n).map(|i| natural(i) - out[i]).collect();
+            let (small, big): (Vec<i64>, Vec<i64>) = total.iter().map(|t| (t / 2, t - t / 2)).unzip();
+            if auto == "SAME_UPPER" {
+                [small, big].concat()
+            } else {
+                [big, small].concat()
+            }
+        }
+        (None, "NOTSET" | "VALID") => vec![0; 2 * n],
+        (Some(p), "NOTSET") if p.len() == 2 * n => p,
+        (Some(p), _) => return Err(cx.bad(format!("invalid ONNX: pads {p:?} with auto_pad {auto}"))),
+        (None, other) => return Err(cx.unsupported(format!("auto_pad={other}"))),
+    };
+    let out: Vec<i64> = match output_shape {
+        Some(o) => o,
+        None => (0..n).map(|i| natural(i) - pads[i] - pads[i + n]).collect(),
+    };
+    if pads.iter().any(|&p| p < 0) || out.iter().any(|&o| o <= 0) {
+        return Err(cx.unsupported(format!("pads {pads:?} and output size {out:?} (negative padding)")));
+    }
+    let mut shape = vec![xt.shape[0], wt.shape[1] * group];
+    shape.extend(out.iter().map(|&o| o as usize));
+    let conv = Conv { strides, pads: pads.iter().map(|&p| p as usize).collect(), dilations, group };
+    // The forward convolution of the output's shape must give the input's.
+    // (Its weight [C_in, C_out / group, k...] is the transposed one's.)
+    let fwd = crate::infer::infer(&Op::Conv(conv.clone()), &[&TensorType::new(xt.dtype, shape.clone()), &wt]);
+    if fwd.ok().map(|t| t[0].shape.clone()) != Some(xt.shape.clone()) {
+        return Err(cx.unsupported(format!("an output of {out:?} that the convolution it transposes does not map back onto {xt}")));
+    }
+    let xv = im.value(x)?;
+    let wv = im.value(w)?;
+    let y = one_value(im, cx, Op::ConvGradData { conv, shape: shape.clone() }, &[xv, wv])?;
+    let y = match cx.input(2) {
+        Some(bias) => {
+            let bt = im.ty(bias)?;
+            if bt.shape != [shape[1]] {
+                return Err(cx.bad(format!("invalid ONNX: the bias must be [{}], got {bt}", shape[1])));
+            }
+            let mut bshape = vec![1; shape.len()];
+            bshape[1] = shape[1];
+            let bv = im.value(bias)?;
+            let b = one_value(im, cx, Op::Reshape { shape: bshape }, &[bv])?;
+            one_value(im, cx, Op::Binary(BinaryOp::Add), &[y, b])?
+        }
+        None => y,
+    };
+    Ok(vec![Entry { konst: None, value: Some(y) }])
 }
