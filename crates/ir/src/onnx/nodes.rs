@@ -187,6 +187,7 @@ fn attributes(op_type: &str) -> Option<&'static [&'static str]> {
             "right_window_size",
         ],
         "Celu" | "Swish" | "ThresholdedRelu" => &["alpha"],
+        "ArgMax" | "ArgMin" => &["axis", "keepdims", "select_last_index"],
         "Softsign" | "HardSwish" | "Mish" | "GlobalMaxPool" | "Mean" => &[],
         "IsInf" => &["detect_positive", "detect_negative"],
         "LRN" => &["alpha", "beta", "bias", "size"],
@@ -262,6 +263,7 @@ fn arity(op_type: &str, opset: i64) -> Option<(usize, usize, usize)> {
         "Attention" => (3, 7, 4),
         "HardSigmoid" | "Celu" | "IsInf" | "Softsign" | "HardSwish" | "Swish" | "Mish" | "ThresholdedRelu" | "GlobalMaxPool" => (1, 1, 1),
         "Mean" => (1, ANY, 1),
+        "ArgMax" | "ArgMin" => (1, 1, 1),
         "Constant" => (0, 0, 1),
         "Dropout" if opset < 12 => (1, 1, 2),
         "Dropout" => (1, 3, 2),
@@ -595,6 +597,7 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
             emit(im, cx, Op::Conv(Conv { strides, pads, dilations, group }), &ins)
         }
         "ConvTranspose" => conv_transpose(im, cx),
+        "ArgMax" | "ArgMin" => arg_extreme(im, cx),
         "BatchNormalization" => {
             if cx.extra_outputs_used(im, 1) {
                 return Err(cx.unsupported("training-mode outputs (running mean/var)"));
@@ -1504,4 +1507,44 @@ fn conv_transpose(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
         None => y,
     };
     Ok(vec![Entry { konst: None, value: Some(y) }])
+}
+
+/// ArgMax and ArgMin: the maximum (of x, or of -x) along the axis, then
+/// the first (or last, `select_last_index`) position that holds it, as
+/// the largest of -index (or of index) where x equals it; int64.
+fn arg_extreme(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
+    let x = cx.need(0)?;
+    let ty = im.ty(x)?;
+    if !ty.dtype.is_float() {
+        return Err(cx.unsupported(format!("{} of {} (smelt computes it for float types)", cx.node.op_type(), ty.dtype)));
+    }
+    let rank = ty.shape.len();
+    let ax = axis(cx, cx.int("axis", 0)?, rank.max(1))?;
+    let n = *ty.shape.get(ax).ok_or_else(|| cx.bad("invalid ONNX: a scalar has no axis"))?;
+    if n == 0 || n > 1 << 24 {
+        return Err(cx.unsupported(format!("{} over {n} elements (1 to 2^24)", cx.node.op_type())));
+    }
+    let keepdims = cx.int("keepdims", 1)? != 0;
+    let last = cx.int("select_last_index", 0)? != 0;
+    let mut xv = im.value(x)?;
+    if cx.node.op_type() == "ArgMin" {
+        xv = one_value(im, cx, Op::Unary(UnaryOp::Neg), &[xv])?;
+    }
+    let max = |keepdims| Op::Reduce { op: ReduceOp::Max, axes: vec![ax], keepdims };
+    let m = one_value(im, cx, max(true), &[xv])?;
+    let at = one_value(im, cx, Op::Compare(CompareOp::Equal), &[xv, m])?;
+    let mut shape = vec![1; rank];
+    shape[ax] = n;
+    // Positions in f32 (exact below 2^24): index for the last, -index for the first.
+    let sign = if last { 1.0 } else { -1.0 };
+    let idx = Tensor::from_f32(shape, (0..n).map(|i| sign * i as f32).collect());
+    let idx = constant(im, cx, "positions", idx)?;
+    let none = scalar(im, cx, "no position", DType::F32, -(n as f64) - 1.0)?;
+    let cand = one_value(im, cx, Op::Where, &[at, idx, none])?;
+    let mut r = one_value(im, cx, max(keepdims), &[cand])?;
+    if !last {
+        r = one_value(im, cx, Op::Unary(UnaryOp::Neg), &[r])?;
+    }
+    let r = one_value(im, cx, Op::Cast { to: DType::I64 }, &[r])?;
+    Ok(vec![Entry { konst: None, value: Some(r) }])
 }
