@@ -188,6 +188,17 @@ fn attributes(op_type: &str) -> Option<&'static [&'static str]> {
         ],
         "Celu" | "Swish" | "ThresholdedRelu" => &["alpha"],
         "ArgMax" | "ArgMin" => &["axis", "keepdims", "select_last_index"],
+        "Resize" => &[
+            "antialias",
+            "axes",
+            "coordinate_transformation_mode",
+            "cubic_coeff_a",
+            "exclude_outside",
+            "extrapolation_value",
+            "keep_aspect_ratio_policy",
+            "mode",
+            "nearest_mode",
+        ],
         "Softsign" | "HardSwish" | "Mish" | "GlobalMaxPool" | "Mean" => &[],
         "IsInf" => &["detect_positive", "detect_negative"],
         "LRN" => &["alpha", "beta", "bias", "size"],
@@ -264,6 +275,7 @@ fn arity(op_type: &str, opset: i64) -> Option<(usize, usize, usize)> {
         "HardSigmoid" | "Celu" | "IsInf" | "Softsign" | "HardSwish" | "Swish" | "Mish" | "ThresholdedRelu" | "GlobalMaxPool" => (1, 1, 1),
         "Mean" => (1, ANY, 1),
         "ArgMax" | "ArgMin" => (1, 1, 1),
+        "Resize" => (1, 4, 1),
         "Constant" => (0, 0, 1),
         "Dropout" if opset < 12 => (1, 1, 2),
         "Dropout" => (1, 3, 2),
@@ -598,6 +610,7 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
         }
         "ConvTranspose" => conv_transpose(im, cx),
         "ArgMax" | "ArgMin" => arg_extreme(im, cx),
+        "Resize" => resize(im, cx),
         "BatchNormalization" => {
             if cx.extra_outputs_used(im, 1) {
                 return Err(cx.unsupported("training-mode outputs (running mean/var)"));
@@ -1547,4 +1560,280 @@ fn arg_extreme(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
     }
     let r = one_value(im, cx, Op::Cast { to: DType::I64 }, &[r])?;
     Ok(vec![Entry { konst: None, value: Some(r) }])
+}
+
+/// Resize (opset 11 on), separably as the ONNX reference computes it: for
+/// each resized axis a constant interpolation matrix [in, out] (nearest,
+/// linear or cubic taps, antialiased when asked, `exclude_outside`, every
+/// coordinate transformation; rows outside the crop of
+/// `tf_crop_and_resize` hold the extrapolation value), applied by a MatMul
+/// with the axis moved last.
+fn resize(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
+    if cx.opset < 11 {
+        return Err(cx.unsupported("Resize before opset 11 (no roi input)"));
+    }
+    let x = cx.need(0)?;
+    let ty = im.ty(x)?;
+    if !ty.dtype.is_float() {
+        return Err(cx.unsupported(format!("Resize of {} (smelt resizes float tensors)", ty.dtype)));
+    }
+    let r = ty.shape.len();
+    let floats = |i: usize, what: &str| -> Result<Option<Vec<f64>>, IrError> {
+        match cx.input(i) {
+            None => Ok(None),
+            Some(_) => {
+                let t = const_input(im, cx, i, what)?;
+                Ok((t.ty().numel() > 0).then(|| t.to_f32_vec().into_iter().map(|v| v as f64).collect()))
+            }
+        }
+    };
+    let roi_in = floats(1, "roi")?;
+    let scales_in = floats(2, "scales")?;
+    let sizes_in = match cx.input(3) {
+        None => None,
+        Some(_) => {
+            let t = const_input(im, cx, 3, "sizes")?;
+            (t.ty().numel() > 0).then(|| t.to_i64_vec())
+        }
+    };
+    let axes_attr = match cx.ints("axes")? {
+        Some(a) => a.iter().map(|&a| axis(cx, a, r)).collect::<Result<Vec<_>, _>>()?,
+        None => (0..r).collect(),
+    };
+    let n_ax = axes_attr.len();
+    let s = |k: &str, d: &str| -> Result<String, IrError> { Ok(cx.string(k)?.unwrap_or_else(|| d.into())) };
+    let mode = s("mode", "nearest")?;
+    let ctm = s("coordinate_transformation_mode", "half_pixel")?;
+    let nearest_mode = s("nearest_mode", "round_prefer_floor")?;
+    let policy = s("keep_aspect_ratio_policy", "stretch")?;
+    let antialias = cx.int("antialias", 0)? != 0;
+    let exclude_outside = cx.int("exclude_outside", 0)? != 0;
+    let a_cubic = cx.float("cubic_coeff_a", -0.75)? as f64;
+    let extrapolation = cx.float("extrapolation_value", 0.0)? as f64;
+    if !matches!(mode.as_str(), "nearest" | "linear" | "cubic") {
+        return Err(cx.bad(format!("invalid ONNX: mode {mode:?}")));
+    }
+    if mode == "nearest" && antialias {
+        return Err(cx.bad("invalid ONNX: antialias with mode nearest"));
+    }
+    if !matches!(nearest_mode.as_str(), "round_prefer_floor" | "round_prefer_ceil" | "floor" | "ceil") {
+        return Err(cx.bad(format!("invalid ONNX: nearest_mode {nearest_mode:?}")));
+    }
+    if !matches!(
+        ctm.as_str(),
+        "half_pixel" | "half_pixel_symmetric" | "pytorch_half_pixel" | "align_corners" | "asymmetric" | "tf_crop_and_resize"
+    ) {
+        return Err(cx.unsupported(format!("coordinate_transformation_mode={ctm:?}")));
+    }
+    // Scales and sizes over every axis.
+    let dims: Vec<f64> = ty.shape.iter().map(|&d| d as f64).collect();
+    let mut scale = vec![1.0; r];
+    let mut out: Vec<usize> = ty.shape.clone();
+    match (scales_in, sizes_in) {
+        (Some(sc), None) => {
+            if sc.len() != n_ax || sc.iter().any(|&v| v <= 0.0 || !v.is_finite()) {
+                return Err(cx.bad(format!("invalid ONNX: scales {sc:?} for {n_ax} axes")));
+            }
+            for (i, &a) in axes_attr.iter().enumerate() {
+                scale[a] = sc[i];
+                out[a] = (sc[i] * dims[a]) as usize;
+            }
+        }
+        (None, Some(sz)) => {
+            if sz.len() != n_ax || sz.iter().any(|&v| v <= 0) {
+                return Err(cx.bad(format!("invalid ONNX: sizes {sz:?} for {n_ax} axes")));
+            }
+            for (i, &a) in axes_attr.iter().enumerate() {
+                scale[a] = sz[i] as f64 / dims[a];
+                out[a] = sz[i] as usize;
+            }
+            if policy != "stretch" {
+                let pick = axes_attr.iter().map(|&a| scale[a]);
+                let one = match policy.as_str() {
+                    "not_larger" => pick.fold(f64::INFINITY, f64::min),
+                    "not_smaller" => pick.fold(f64::NEG_INFINITY, f64::max),
+                    p => return Err(cx.bad(format!("invalid ONNX: keep_aspect_ratio_policy {p:?}"))),
+                };
+                for &a in &axes_attr {
+                    scale[a] = one;
+                    out[a] = (one * dims[a] + 0.5) as usize;
+                }
+            }
+        }
+        _ => return Err(cx.bad("invalid ONNX: Resize needs exactly one of scales and sizes")),
+    }
+    let mut roi = vec![0.0; 2 * r];
+    roi[r..].iter_mut().for_each(|v| *v = 1.0);
+    if let Some(given) = roi_in.filter(|_| ctm == "tf_crop_and_resize") {
+        if given.len() != 2 * n_ax {
+            return Err(cx.bad(format!("invalid ONNX: roi {given:?} for {n_ax} axes")));
+        }
+        for (i, &a) in axes_attr.iter().enumerate() {
+            roi[a] = given[i];
+            roi[r + a] = given[n_ax + i];
+        }
+    }
+    let taps = |ratio: f64, sc: f64| -> Vec<f64> {
+        match mode.as_str() {
+            "nearest" => {
+                let up = if ratio == ratio.trunc() {
+                    true
+                } else {
+                    match nearest_mode.as_str() {
+                        "round_prefer_floor" => ratio > 0.5,
+                        "round_prefer_ceil" => ratio >= 0.5,
+                        "floor" => false,
+                        _ => true,
+                    }
+                };
+                if up {
+                    vec![0.0, 1.0]
+                } else {
+                    vec![1.0, 0.0]
+                }
+            }
+            "linear" if !antialias => vec![1.0 - ratio, ratio],
+            "linear" => {
+                let sc = sc.min(1.0);
+                let start = (-1.0 / sc).floor() as i64 + 1;
+                let c: Vec<f64> = (start..start + 2 - 2 * start).map(|i| (1.0 - ((i as f64 - ratio) * sc).abs()).clamp(0.0, 1.0)).collect();
+                let sum: f64 = c.iter().sum();
+                c.into_iter().map(|v| v / sum).collect()
+            }
+            _ if !antialias => {
+                let a = a_cubic;
+                let (r1, q) = (ratio + 1.0, 1.0 - ratio);
+                vec![
+                    ((a * r1 - 5.0 * a) * r1 + 8.0 * a) * r1 - 4.0 * a,
+                    ((a + 2.0) * ratio - (a + 3.0)) * ratio * ratio + 1.0,
+                    ((a + 2.0) * q - (a + 3.0)) * q * q + 1.0,
+                    ((a * (q + 1.0) - 5.0 * a) * (q + 1.0) + 8.0 * a) * (q + 1.0) - 4.0 * a,
+                ]
+            }
+            _ => {
+                let (a, sc) = (a_cubic, sc.min(1.0));
+                let coeff = |x: f64| {
+                    let x = x.abs();
+                    if x <= 1.0 {
+                        (a + 2.0) * x * x * x - (a + 3.0) * x * x + 1.0
+                    } else if x < 2.0 {
+                        a * x * x * x - 5.0 * a * x * x + 8.0 * a * x - 4.0 * a
+                    } else {
+                        0.0
+                    }
+                };
+                let start = (-2.0 / sc).floor() as i64 + 1;
+                let c: Vec<f64> = (start..2 - start).map(|i| coeff(sc * (i as f64 - ratio))).collect();
+                let sum: f64 = c.iter().sum();
+                c.into_iter().map(|v| v / sum).collect()
+            }
+        }
+    };
+    let mut cur = im.value(x)?;
+    let mut shape = ty.shape.clone();
+    for &a in &axes_attr {
+        let (inw, outw, sc) = (ty.shape[a], out[a], scale[a]);
+        if (sc - 1.0).abs() < 1e-9 && outw == inw && roi[a].abs() < 1e-9 && (roi[a + r] - 1.0).abs() < 1e-9 {
+            continue;
+        }
+        if outw == 0 || inw == 0 {
+            return Err(cx.unsupported(format!("an empty resize ({inw} to {outw} along axis {a})")));
+        }
+        if inw.saturating_mul(outw) > 1 << 24 {
+            return Err(
+                cx.unsupported(format!("resizing {inw} to {outw} along axis {a} (an interpolation matrix of more than 2^24 entries)"))
+            );
+        }
+        let (fin, fout) = (inw as f64, sc * inw as f64);
+        // m[i * outw + o]: the weight of input i in output o.
+        let mut m = vec![0.0f64; inw * outw];
+        let mut extra = vec![0.0f64; outw];
+        for o in 0..outw {
+            let y = o as f64;
+            let x_ori = match ctm.as_str() {
+                "align_corners" if fout == 1.0 => 0.0,
+                "align_corners" => y * (fin - 1.0) / (fout - 1.0),
+                "asymmetric" => y / sc,
+                "tf_crop_and_resize" => {
+                    let (r0, r1) = (roi[a], roi[a + r]);
+                    let x = if fout == 1.0 { (r1 - r0) * (fin - 1.0) / 2.0 } else { y * (r1 - r0) * (fin - 1.0) / (fout - 1.0) };
+                    x + r0 * (fin - 1.0)
+                }
+                "pytorch_half_pixel" if fout == 1.0 => -0.5,
+                "pytorch_half_pixel" | "half_pixel" => (y + 0.5) / sc - 0.5,
+                _ => {
+                    let adjustment = outw as f64 / fout;
+                    let center = fin / 2.0;
+                    center * (1.0 - adjustment) + (y + 0.5) / sc - 0.5
+                }
+            };
+            if ctm == "tf_crop_and_resize" && (x_ori < 0.0 || x_ori > fin - 1.0) {
+                extra[o] = extrapolation;
+                continue;
+            }
+            let ratio = if x_ori == x_ori.floor() { 1.0 } else { x_ori - x_ori.floor() };
+            let mut c = taps(ratio, sc);
+            let n = c.len() as i64;
+            let pad = (n + 1) / 2;
+            let xp = x_ori + pad as f64;
+            let p = xp.floor() as i64;
+            let frac = xp - p as f64;
+            let off = if n % 2 == 0 {
+                if frac == 0.0 {
+                    -(n / 2)
+                } else {
+                    -(n / 2) + 1
+                }
+            } else {
+                let base = -((n - 1) / 2);
+                if frac <= 0.5 {
+                    base
+                } else {
+                    base + 1
+                }
+            };
+            let start = p + off - pad;
+            if exclude_outside {
+                for (t, v) in c.iter_mut().enumerate() {
+                    let i = start + t as i64;
+                    if i < 0 || i >= inw as i64 {
+                        *v = 0.0;
+                    }
+                }
+                let sum: f64 = c.iter().sum();
+                let sum = if sum == 0.0 { 1.0 } else { sum };
+                c.iter_mut().for_each(|v| *v /= sum);
+            }
+            for (t, v) in c.into_iter().enumerate() {
+                let i = (start + t as i64).clamp(0, inw as i64 - 1) as usize;
+                m[i * outw + o] += v;
+            }
+        }
+        let mt = Tensor::from_f32(vec![inw, outw], m.into_iter().map(|v| v as f32).collect()).cast(ty.dtype);
+        let mv = constant(im, cx, &format!("interpolation {a}"), mt)?;
+        let last = r - 1;
+        let mut perm: Vec<usize> = (0..r).collect();
+        perm.swap(a, last);
+        if a != last {
+            cur = one_value(im, cx, Op::Transpose { perm: perm.clone() }, &[cur])?;
+        }
+        cur = one_value(im, cx, Op::MatMul, &[cur, mv])?;
+        if extra.iter().any(|&v| v != 0.0) {
+            let e = constant(
+                im,
+                cx,
+                &format!("extrapolation {a}"),
+                Tensor::from_f32(vec![outw], extra.iter().map(|&v| v as f32).collect()).cast(ty.dtype),
+            )?;
+            cur = one_value(im, cx, Op::Binary(BinaryOp::Add), &[cur, e])?;
+        }
+        if a != last {
+            cur = one_value(im, cx, Op::Transpose { perm }, &[cur])?;
+        }
+        shape[a] = outw;
+    }
+    if shape == ty.shape {
+        return reshaping(im, cx, Op::Identity, x);
+    }
+    Ok(vec![Entry { konst: None, value: Some(cur) }])
 }
