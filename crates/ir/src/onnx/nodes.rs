@@ -188,6 +188,13 @@ fn attributes(op_type: &str) -> Option<&'static [&'static str]> {
         ],
         "Celu" | "Swish" | "ThresholdedRelu" => &["alpha"],
         "ArgMax" | "ArgMin" => &["axis", "keepdims", "select_last_index"],
+        "OneHot" => &["axis"],
+        "DepthToSpace" => &["blocksize", "mode"],
+        "SpaceToDepth" => &["blocksize", "mode"],
+        "CumSum" => &["exclusive", "reverse"],
+        "ReduceProd" => &["axes", "keepdims", "noop_with_empty_axes"],
+        "InstanceNormalization" => &["epsilon"],
+        "GroupNormalization" => &["epsilon", "num_groups", "stash_type"],
         "Resize" => &[
             "antialias",
             "axes",
@@ -222,6 +229,7 @@ fn now_an_input(op_type: &str, opset: i64) -> &'static [&'static str] {
     match op_type {
         "ReduceSum" | "Squeeze" | "Unsqueeze" if opset >= 13 => &["axes"],
         "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceL1" | "ReduceL2" | "ReduceSumSquare" | "ReduceLogSum" | "ReduceLogSumExp"
+        | "ReduceProd"
             if opset >= 18 =>
         {
             &["axes"]
@@ -276,6 +284,11 @@ fn arity(op_type: &str, opset: i64) -> Option<(usize, usize, usize)> {
         "Mean" => (1, ANY, 1),
         "ArgMax" | "ArgMin" => (1, 1, 1),
         "Resize" => (1, 4, 1),
+        "OneHot" | "InstanceNormalization" | "GroupNormalization" => (3, 3, 1),
+        "DepthToSpace" | "SpaceToDepth" => (1, 1, 1),
+        "CumSum" => (2, 2, 1),
+        "ReduceProd" if opset < 18 => (1, 1, 1),
+        "ReduceProd" => (1, 2, 1),
         "Constant" => (0, 0, 1),
         "Dropout" if opset < 12 => (1, 1, 2),
         "Dropout" => (1, 3, 2),
@@ -611,6 +624,9 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
         "ConvTranspose" => conv_transpose(im, cx),
         "ArgMax" | "ArgMin" => arg_extreme(im, cx),
         "Resize" => resize(im, cx),
+        "OneHot" | "DepthToSpace" | "SpaceToDepth" | "CumSum" | "ReduceProd" | "InstanceNormalization" | "GroupNormalization" => {
+            built(im, cx)
+        }
         "BatchNormalization" => {
             if cx.extra_outputs_used(im, 1) {
                 return Err(cx.unsupported("training-mode outputs (running mean/var)"));
@@ -787,7 +803,7 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
         "GatherElements" => {
             let (d, i) = (cx.need(0)?, cx.need(1)?);
             let (Some(data), Some(idx)) = (im.konst(d), im.konst(i)) else {
-                return Err(cx.unsupported("GatherElements of a run-time tensor (only constants are folded)"));
+                return built(im, cx);
             };
             let ax = axis(cx, cx.int("axis", 0)?, data.shape().len())?;
             Ok(konst(fold::gather_elements(&data, &idx, ax).map_err(|m| cx.bad(m))?))
@@ -1836,4 +1852,244 @@ fn resize(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
         return reshaping(im, cx, Op::Identity, x);
     }
     Ok(vec![Entry { konst: None, value: Some(cur) }])
+}
+
+/// [1.., n at `at`, ..1] of rank `rank`: 0..n (or -n..0) in `dtype`.
+fn positions(rank: usize, at: usize, n: usize, from: i64, dtype: DType) -> Tensor {
+    let mut shape = vec![1; rank];
+    shape[at] = n;
+    Tensor::from_i64(shape, (0..n as i64).map(|i| i + from).collect()).cast(dtype)
+}
+
+/// Ops built from others at import: GatherElements at run time (a one-hot
+/// comparison of the indices, negative ones too, with the positions, and a
+/// sum), OneHot, DepthToSpace and SpaceToDepth (reshape, transpose,
+/// reshape), CumSum (a MatMul by a triangular constant), ReduceProd (the
+/// products of slices), InstanceNormalization and GroupNormalization.
+fn built(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
+    let op_type = cx.node.op_type();
+    let x = cx.need(0)?;
+    let ty = im.ty(x)?;
+    let r = ty.shape.len();
+    let one = |im: &mut Importer, op: Op, vs: &[ValueId]| one_value(im, cx, op, vs);
+    let float_only = |what: &str| -> Result<(), IrError> {
+        if ty.dtype.is_float() {
+            Ok(())
+        } else {
+            Err(cx.unsupported(format!("{what} of {} (smelt computes it for float types)", ty.dtype)))
+        }
+    };
+    let xv = im.value(x)?;
+    let y = match op_type {
+        "GatherElements" => {
+            float_only("GatherElements at run time")?;
+            let i = cx.need(1)?;
+            let it = im.ty(i)?;
+            let a = axis(cx, cx.int("axis", 0)?, r)?;
+            if it.shape.len() != r || !matches!(it.dtype, DType::I64 | DType::I32) || (0..r).any(|d| d != a && it.shape[d] > ty.shape[d]) {
+                return Err(cx.bad(format!("invalid ONNX: indices {it} do not fit data {}", ty)));
+            }
+            let n = ty.shape[a];
+            let cut: Vec<usize> = (0..r).filter(|&d| d != a && it.shape[d] < ty.shape[d]).collect();
+            let mut data = xv;
+            if !cut.is_empty() {
+                let ends = cut.iter().map(|&d| it.shape[d] as i64).collect();
+                data = one(im, Op::Slice { axes: cut.clone(), starts: vec![0; cut.len()], ends, steps: vec![1; cut.len()] }, &[data])?;
+            }
+            let data = one(im, Op::Unsqueeze { axes: vec![a] }, &[data])?;
+            let iv = im.value(i)?;
+            let iu = one(im, Op::Unsqueeze { axes: vec![a + 1] }, &[iv])?;
+            let pos = constant(im, cx, "positions", positions(r + 1, a + 1, n, 0, it.dtype))?;
+            let neg = constant(im, cx, "negative positions", positions(r + 1, a + 1, n, -(n as i64), it.dtype))?;
+            let eq = Op::Compare(CompareOp::Equal);
+            let h1 = one(im, eq.clone(), &[iu, pos])?;
+            let h2 = one(im, eq, &[iu, neg])?;
+            let hot = one(im, Op::Logic(LogicOp::Or), &[h1, h2])?;
+            let zero = scalar(im, cx, "zero", ty.dtype, 0.0)?;
+            let picked = one(im, Op::Where, &[hot, data, zero])?;
+            one(im, Op::Reduce { op: ReduceOp::Sum, axes: vec![a + 1], keepdims: false }, &[picked])?
+        }
+        "OneHot" => {
+            let depth = const_input(im, cx, 1, "depth")?;
+            if depth.ty().numel() != 1 {
+                return Err(cx.bad(format!("invalid ONNX: depth must hold one value, got {}", depth.ty())));
+            }
+            let d = depth.to_f32_vec()[0];
+            if !(d >= 1.0 && d <= (1u32 << 24) as f32) {
+                return Err(cx.unsupported(format!("depth {d} (1 to 2^24)")));
+            }
+            let d = d as usize;
+            let a = axis(cx, cx.int("axis", -1)?, r + 1)?;
+            let values = cx.need(2)?;
+            let vt = im.ty(values)?;
+            if vt.numel() != 2 {
+                return Err(cx.bad(format!("invalid ONNX: values must hold [off, on], got {vt}")));
+            }
+            let iu = one(im, Op::Unsqueeze { axes: vec![a] }, &[xv])?;
+            let pos = constant(im, cx, "positions", positions(r + 1, a, d, 0, ty.dtype))?;
+            let neg = constant(im, cx, "negative positions", positions(r + 1, a, d, -(d as i64), ty.dtype))?;
+            let eq = Op::Compare(CompareOp::Equal);
+            let h1 = one(im, eq.clone(), &[iu, pos])?;
+            let h2 = one(im, eq, &[iu, neg])?;
+            let hot = one(im, Op::Logic(LogicOp::Or), &[h1, h2])?;
+            let vv = im.value(values)?;
+            let flat = one(im, Op::Reshape { shape: vec![2] }, &[vv])?;
+            let pick = |im: &mut Importer, k: i64| -> Result<ValueId, IrError> {
+                let s = one(im, Op::Slice { axes: vec![0], starts: vec![k], ends: vec![k + 1], steps: vec![1] }, &[flat])?;
+                one(im, Op::Reshape { shape: vec![] }, &[s])
+            };
+            let (off, on) = (pick(im, 0)?, pick(im, 1)?);
+            one(im, Op::Where, &[hot, on, off])?
+        }
+        "DepthToSpace" | "SpaceToDepth" => {
+            let b = usize::try_from(cx.int("blocksize", 0)?)
+                .ok()
+                .filter(|&b| b > 0)
+                .ok_or_else(|| cx.bad("invalid ONNX: blocksize must be positive"))?;
+            let [n, c, h, w] = ty.shape[..] else {
+                return Err(cx.bad(format!("invalid ONNX: {op_type} needs [N, C, H, W], got {ty}")));
+            };
+            let (shape, perm, out) = if op_type == "DepthToSpace" {
+                if c % (b * b) != 0 {
+                    return Err(cx.bad(format!("invalid ONNX: {c} channels do not divide by blocksize^2 = {}", b * b)));
+                }
+                let c2 = c / (b * b);
+                match cx.string("mode")?.as_deref().unwrap_or("DCR") {
+                    "DCR" => (vec![n, b, b, c2, h, w], vec![0, 3, 4, 1, 5, 2], vec![n, c2, h * b, w * b]),
+                    "CRD" => (vec![n, c2, b, b, h, w], vec![0, 1, 4, 2, 5, 3], vec![n, c2, h * b, w * b]),
+                    m => return Err(cx.bad(format!("invalid ONNX: mode {m:?}"))),
+                }
+            } else {
+                if h % b != 0 || w % b != 0 {
+                    return Err(cx.bad(format!("invalid ONNX: {h}x{w} does not divide by blocksize {b}")));
+                }
+                let perm = match cx.string("mode")?.as_deref().map(str::to_ascii_uppercase).as_deref().unwrap_or("DCR") {
+                    "DCR" => vec![0, 3, 5, 1, 2, 4],
+                    "CRD" => vec![0, 1, 3, 5, 2, 4],
+                    m => return Err(cx.bad(format!("invalid ONNX: mode {m:?}"))),
+                };
+                (vec![n, c, h / b, b, w / b, b], perm, vec![n, c * b * b, h / b, w / b])
+            };
+            let v = one(im, Op::Reshape { shape }, &[xv])?;
+            let v = one(im, Op::Transpose { perm }, &[v])?;
+            one(im, Op::Reshape { shape: out }, &[v])?
+        }
+        "CumSum" => {
+            float_only("CumSum")?;
+            let ax = const_int_vec(im, cx, 1, "axis")?;
+            let [ax] = ax[..] else { return Err(cx.bad("invalid ONNX: axis must hold one value")) };
+            let a = axis(cx, ax, r)?;
+            let n = ty.shape[a];
+            if n > 4096 {
+                return Err(cx.unsupported(format!("CumSum over {n} elements (at most 4096)")));
+            }
+            let (exclusive, reverse) = (cx.int("exclusive", 0)? != 0, cx.int("reverse", 0)? != 0);
+            let m: Vec<f32> = (0..n)
+                .flat_map(|i| (0..n).map(move |o| (i, o)))
+                .map(|(i, o)| match (reverse, exclusive) {
+                    (false, false) => i <= o,
+                    (false, true) => i < o,
+                    (true, false) => i >= o,
+                    (true, true) => i > o,
+                })
+                .map(|keep| if keep { 1.0 } else { 0.0 })
+                .collect();
+            let m = constant(im, cx, "triangle", Tensor::from_f32(vec![n, n], m).cast(ty.dtype))?;
+            let mut perm: Vec<usize> = (0..r).collect();
+            perm.swap(a, r - 1);
+            let moved = a != r - 1;
+            let v = if moved { one(im, Op::Transpose { perm: perm.clone() }, &[xv])? } else { xv };
+            let v = one(im, Op::MatMul, &[v, m])?;
+            if moved {
+                one(im, Op::Transpose { perm }, &[v])?
+            } else {
+                v
+            }
+        }
+        "ReduceProd" => {
+            float_only("ReduceProd")?;
+            let given = if cx.opset >= 18 { const_ints(im, cx, 1, "axes")? } else { cx.ints("axes")? };
+            let keepdims = cx.int("keepdims", 1)? != 0;
+            let ax = match given {
+                Some(v) if !v.is_empty() => axes(cx, &v, r)?,
+                _ if cx.int("noop_with_empty_axes", 0)? != 0 => return reshaping(im, cx, Op::Identity, x),
+                _ => (0..r).collect(),
+            };
+            let mut out = ty.shape.clone();
+            ax.iter().for_each(|&a| out[a] = 1);
+            let final_shape: Vec<usize> =
+                if keepdims { out.clone() } else { (0..r).filter(|d| !ax.contains(d)).map(|d| ty.shape[d]).collect() };
+            if ax.iter().any(|&a| ty.shape[a] == 0) {
+                return Ok(konst(Tensor::full(&TensorType::new(ty.dtype, final_shape), 1.0)));
+            }
+            if ax.iter().map(|&a| ty.shape[a]).product::<usize>() > 256 {
+                return Err(cx.unsupported("ReduceProd over more than 256 elements per output"));
+            }
+            let mut v = xv;
+            for &a in &ax {
+                let slice = |k: usize| Op::Slice { axes: vec![a], starts: vec![k as i64], ends: vec![k as i64 + 1], steps: vec![1] };
+                let mut acc = one(im, slice(0), &[v])?;
+                for k in 1..ty.shape[a] {
+                    let s = one(im, slice(k), &[v])?;
+                    acc = one(im, Op::Binary(BinaryOp::Mul), &[acc, s])?;
+                }
+                v = acc;
+            }
+            if keepdims {
+                v
+            } else {
+                one(im, Op::Reshape { shape: final_shape }, &[v])?
+            }
+        }
+        _ => {
+            // InstanceNormalization and GroupNormalization: normalise over
+            // [C / G, spatial...] per sample and group (G = C for instances).
+            float_only(op_type)?;
+            if r < 3 {
+                return Err(cx.bad(format!("invalid ONNX: {op_type} needs [N, C, spatial...], got {ty}")));
+            }
+            let (n, c) = (ty.shape[0], ty.shape[1]);
+            let g = if op_type == "InstanceNormalization" {
+                c
+            } else {
+                usize::try_from(cx.int("num_groups", 0)?)
+                    .ok()
+                    .filter(|&g| g > 0 && c % g == 0)
+                    .ok_or_else(|| cx.bad(format!("invalid ONNX: num_groups must divide {c} channels")))?
+            };
+            let (scale, bias) = (cx.need(1)?, cx.need(2)?);
+            let (st, bt) = (im.ty(scale)?, im.ty(bias)?);
+            let per_group = st.shape == [g] && g != c;
+            if !(st.shape == [c] || per_group) || bt.shape != st.shape {
+                return Err(cx.bad(format!("invalid ONNX: scale {st} and bias {bt} for {c} channels in {g} groups")));
+            }
+            let spatial: usize = ty.shape[2..].iter().product();
+            let grouped = vec![n, g, c / g * spatial];
+            let v = one(im, Op::Reshape { shape: grouped.clone() }, &[xv])?;
+            let mean = |axes: Vec<usize>| Op::Reduce { op: ReduceOp::Mean, axes, keepdims: true };
+            let m = one(im, mean(vec![2]), &[v])?;
+            let d = one(im, Op::Binary(BinaryOp::Sub), &[v, m])?;
+            let sq = one(im, Op::Binary(BinaryOp::Mul), &[d, d])?;
+            let var = one(im, mean(vec![2]), &[sq])?;
+            let eps = scalar(im, cx, "epsilon", ty.dtype, cx.float("epsilon", 1e-5)? as f64)?;
+            let ve = one(im, Op::Binary(BinaryOp::Add), &[var, eps])?;
+            let sd = one(im, Op::Unary(UnaryOp::Sqrt), &[ve])?;
+            let normed = one(im, Op::Binary(BinaryOp::Div), &[d, sd])?;
+            let (view, affine_shape) = if per_group {
+                (grouped, vec![1, g, 1])
+            } else {
+                let mut s = vec![1; r];
+                s[1] = c;
+                (ty.shape.clone(), s)
+            };
+            let normed = one(im, Op::Reshape { shape: view }, &[normed])?;
+            let (sv, bv) = (im.value(scale)?, im.value(bias)?);
+            let sv = one(im, Op::Reshape { shape: affine_shape.clone() }, &[sv])?;
+            let bv = one(im, Op::Reshape { shape: affine_shape }, &[bv])?;
+            let y = one(im, Op::Binary(BinaryOp::Mul), &[normed, sv])?;
+            let y = one(im, Op::Binary(BinaryOp::Add), &[y, bv])?;
+            one(im, Op::Reshape { shape: ty.shape.clone() }, &[y])?
+        }
+    };
+    Ok(vec![Entry { konst: None, value: Some(y) }])
 }
