@@ -296,6 +296,12 @@ pub(crate) fn unary_c(u: UnaryOp, x: &str) -> String {
         UnaryOp::Selu(a, g) => format!("{} * ({x} > 0.0f ? {x} : {} * expm1f({x}))", crate::c_f32(g), crate::c_f32(a)),
         UnaryOp::Gelu => format!("0.5f * {x} * (1.0f + erff({x} * 0.70710678118654752f))"),
         UnaryOp::GeluTanh => format!("0.5f * {x} * (1.0f + tanhf(0.79788456080286536f * ({x} + 0.044715f * {x} * {x} * {x})))"),
+        UnaryOp::Floor => format!("floorf({x})"),
+        UnaryOp::Ceil => format!("ceilf({x})"),
+        // Round to nearest, halves to even (the default rounding mode).
+        UnaryOp::Round => format!("rintf({x})"),
+        UnaryOp::Sin => format!("sinf({x})"),
+        UnaryOp::Cos => format!("cosf({x})"),
     }
 }
 

@@ -257,8 +257,28 @@ impl Program {
             let launch = kernel.launch();
             steps.push(Step { node: g.node(id).name.clone(), origin: g.origin(id).to_vec(), kernel, launch, args });
         }
+        // A constant graph output (or a view of one) is read from the weights.
+        for (_, v) in g.outputs() {
+            let root = weight_root(g, *v).unwrap_or(*v);
+            if g.node(root.node).op.is_persistent() && !weight_at.contains_key(&root.node) {
+                let ty = g.ty(root);
+                weight_at.insert(root.node, weights_bytes);
+                weights.push(WeightSlot {
+                    name: g.node(root.node).name.clone(),
+                    dtype: ty.dtype.to_string(),
+                    shape: ty.shape.clone(),
+                    offset: weights_bytes,
+                    bytes: ty.bytes(),
+                });
+                weights_bytes += ty.bytes().div_ceil(ALIGN) * ALIGN;
+            }
+        }
         let io = |v: ValueId, name: String| -> Result<Io, CodegenError> {
             let ty = g.ty(v);
+            let root = weight_root(g, v).unwrap_or(v);
+            if let Some(&offset) = weight_at.get(&root.node).filter(|_| g.node(root.node).op.is_persistent()) {
+                return Ok(Io { name, ty: ty.to_string(), space: Space::Weights, offset, bytes: ty.bytes() });
+            }
             // An update's result lives where the value it replaced does.
             if let Some(i) = g.node(v.node).op.semantic().and_then(|op| op.updated_operand(v.slot as usize)) {
                 let target = g.inputs_of(v.node)[i].node;

@@ -6,7 +6,7 @@
 //! converts them through f32. The same description renders to CUDA C.
 
 use crate::layout::row_strides;
-use smelt_ir::{CompareOp, DType, KernelGraph, KernelOp, LogicOp, NodeId, Op, PadMode, Tensor, TensorData};
+use smelt_ir::{BinaryOp, CompareOp, DType, KernelGraph, KernelOp, LogicOp, NodeId, Op, PadMode, Tensor, TensorData};
 
 /// What each output element is.
 #[derive(Clone, Debug, PartialEq)]
@@ -21,6 +21,10 @@ pub enum Kind {
     IsNaN,
     /// `c ? x : y`.
     Where,
+    /// Integer arithmetic (`+ - * / max min pow`), wrapping as the
+    /// reference does; a division by zero or a negative power gives 0 (the
+    /// reference executor refuses them).
+    IntBinary(BinaryOp),
     /// The input converted to the output's dtype.
     Cast,
     /// `data[.., indices[j], ..]` along `axis`; an index outside the axis
@@ -77,6 +81,7 @@ impl Select {
             Op::Not => Kind::Not,
             Op::IsNaN => Kind::IsNaN,
             Op::Where => Kind::Where,
+            Op::Binary(b) if !out.dtype.is_float() && *b != BinaryOp::PRelu => Kind::IntBinary(*b),
             // Float to float casts are elementwise kernels.
             Op::Cast { .. } if !(out.dtype.is_float() && g.ty(ins[0]).dtype.is_float()) => Kind::Cast,
             Op::Gather { axis } => Kind::Gather { axis: *axis, indices: g.ty(ins[1]).shape.clone() },
@@ -135,7 +140,7 @@ impl Select {
             Some(coords.iter().zip(&st).map(|(c, s)| c * s).sum())
         };
         match &self.kind {
-            Kind::Compare(_) | Kind::Logic(_) | Kind::Not | Kind::IsNaN | Kind::Where | Kind::Cast => {
+            Kind::Compare(_) | Kind::Logic(_) | Kind::Not | Kind::IsNaN | Kind::Where | Kind::Cast | Kind::IntBinary(_) => {
                 self.inputs.iter().map(|(_, s)| broadcast(s)).collect()
             }
             Kind::Gather { axis, indices: ishape } => {
@@ -263,6 +268,23 @@ impl Select {
                 s += &format!("    out[i] = ((bool)in0[{}]) {op} ((bool)in1[{}]);\n", bcast(&self.inputs[0].1), bcast(&self.inputs[1].1));
             }
             Kind::Not => s += &format!("    out[i] = !in0[{}];\n", bcast(&self.inputs[0].1)),
+            Kind::IntBinary(b) => {
+                // In 64 bits, unsigned where it must wrap; then narrowed.
+                let (x, y) = (bcast(&self.inputs[0].1), bcast(&self.inputs[1].1));
+                s += &format!("    long long a = (long long)in0[{x}], b = (long long)in1[{y}];\n");
+                s += "    unsigned long long ua = (unsigned long long)a, ub = (unsigned long long)b;\n";
+                s += &match b {
+                    BinaryOp::Add => "    long long v = (long long)(ua + ub);\n".to_string(),
+                    BinaryOp::Sub => "    long long v = (long long)(ua - ub);\n".to_string(),
+                    BinaryOp::Mul => "    long long v = (long long)(ua * ub);\n".to_string(),
+                    BinaryOp::Div => "    long long v = (b == 0) ? 0 : (b == -1 ? (long long)(0ull - ua) : a / b);\n".to_string(),
+                    BinaryOp::Max => "    long long v = a > b ? a : b;\n".to_string(),
+                    BinaryOp::Min => "    long long v = a < b ? a : b;\n".to_string(),
+                    _ => "    unsigned long long r = 1ull;\n    if (b < 0) r = 0ull; else while (ub) { if (ub & 1ull) r *= ua; ua *= ua; ub >>= 1; }\n    long long v = (long long)r;\n"
+                        .to_string(),
+                };
+                s += &format!("    out[i] = ({})v;\n", ty(self.out));
+            }
             Kind::IsNaN => {
                 let v = val(0, &bcast(&self.inputs[0].1));
                 s += &format!("    float v = {v};\n    out[i] = v != v;\n");
@@ -372,6 +394,32 @@ impl Select {
             Kind::Not => {
                 let a = inputs[0].to_i64_vec();
                 bools(src.iter().map(|s| a[s[0].expect("in range")] == 0).collect())
+            }
+            Kind::IntBinary(b) => {
+                let (a, c) = (inputs[0].to_i64_vec(), inputs[1].to_i64_vec());
+                let f = |x: i64, y: i64| match b {
+                    BinaryOp::Add => x.wrapping_add(y),
+                    BinaryOp::Sub => x.wrapping_sub(y),
+                    BinaryOp::Mul => x.wrapping_mul(y),
+                    BinaryOp::Div if y == 0 => 0,
+                    BinaryOp::Div => x.wrapping_div(y),
+                    BinaryOp::Max => x.max(y),
+                    BinaryOp::Min => x.min(y),
+                    _ if y < 0 => 0,
+                    _ => {
+                        let (mut r, mut base, mut e) = (1i64, x, y as u64);
+                        while e > 0 {
+                            if e & 1 == 1 {
+                                r = r.wrapping_mul(base);
+                            }
+                            base = base.wrapping_mul(base);
+                            e >>= 1;
+                        }
+                        r
+                    }
+                };
+                let v = src.iter().map(|s| f(a[s[0].expect("in range")], c[s[1].expect("in range")])).collect();
+                Tensor::from_i64(self.output.clone(), v).cast(self.out)
             }
             Kind::IsNaN => {
                 let a = num(inputs[0]);

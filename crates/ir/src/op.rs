@@ -80,12 +80,22 @@ pub enum UnaryOp {
     /// x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))): GELU's tanh
     /// approximation (ONNX `Gelu` with `approximate="tanh"`, GPT-2's).
     GeluTanh,
+    /// The largest integer not above x.
+    Floor,
+    /// The smallest integer not below x.
+    Ceil,
+    /// The nearest integer, halves to even (ONNX `Round`).
+    Round,
+    /// sin x.
+    Sin,
+    /// cos x.
+    Cos,
 }
 
 impl UnaryOp {
     /// Every unary function, parameters at their ONNX defaults. The text
     /// format, fused expressions and ONNX import find ops here by name.
-    pub const ALL: [UnaryOp; 17] = [
+    pub const ALL: [UnaryOp; 22] = [
         UnaryOp::Relu,
         UnaryOp::Sigmoid,
         UnaryOp::Tanh,
@@ -103,6 +113,11 @@ impl UnaryOp {
         UnaryOp::Selu(1.673_263_2, 1.050_701),
         UnaryOp::Gelu,
         UnaryOp::GeluTanh,
+        UnaryOp::Floor,
+        UnaryOp::Ceil,
+        UnaryOp::Round,
+        UnaryOp::Sin,
+        UnaryOp::Cos,
     ];
 
     /// The name in the text format and in fused expressions, and the ONNX
@@ -128,6 +143,11 @@ impl UnaryOp {
             // ONNX Gelu chooses between the two with its `approximate` attribute.
             UnaryOp::Gelu => ("gelu", Some("Gelu")),
             UnaryOp::GeluTanh => ("gelu_tanh", None),
+            UnaryOp::Floor => ("floor", Some("Floor")),
+            UnaryOp::Ceil => ("ceil", Some("Ceil")),
+            UnaryOp::Round => ("round", Some("Round")),
+            UnaryOp::Sin => ("sin", Some("Sin")),
+            UnaryOp::Cos => ("cos", Some("Cos")),
         }
     }
 
@@ -154,7 +174,12 @@ impl UnaryOp {
             | UnaryOp::Sign
             | UnaryOp::Softplus
             | UnaryOp::Gelu
-            | UnaryOp::GeluTanh => vec![],
+            | UnaryOp::GeluTanh
+            | UnaryOp::Floor
+            | UnaryOp::Ceil
+            | UnaryOp::Round
+            | UnaryOp::Sin
+            | UnaryOp::Cos => vec![],
         }
     }
 
@@ -735,6 +760,11 @@ pub fn apply_unary(u: UnaryOp, x: f32) -> f32 {
             let inner = (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x);
             (0.5 * x * (1.0 + inner.tanh())) as f32
         }
+        UnaryOp::Floor => x.floor(),
+        UnaryOp::Ceil => x.ceil(),
+        UnaryOp::Round => x.round_ties_even(),
+        UnaryOp::Sin => x.sin(),
+        UnaryOp::Cos => x.cos(),
     }
 }
 

@@ -913,6 +913,13 @@ fn reduce(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
         _ => None,
     };
     if let Some(op) = simple {
+        if ty.dtype == DType::Bool {
+            // Booleans reduce as 0 and 1.
+            let xv = im.value(x)?;
+            let f = one_value(im, cx, Op::Cast { to: DType::F32 }, &[xv])?;
+            let m = one_value(im, cx, Op::Reduce { op, axes: ax, keepdims }, &[f])?;
+            return Ok(vec![Entry { konst: None, value: Some(one_value(im, cx, Op::Cast { to: DType::Bool }, &[m])?) }]);
+        }
         return emit(im, cx, Op::Reduce { op, axes: ax, keepdims }, &[x]);
     }
     let xv = im.value(x)?;
@@ -1520,7 +1527,25 @@ fn conv_transpose(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
     }
     let xv = im.value(x)?;
     let wv = im.value(w)?;
-    let y = one_value(im, cx, Op::ConvGradData { conv, shape: shape.clone() }, &[xv, wv])?;
+    let y = if n == 1 {
+        // 1-D as 2-D with a height of 1 (the kernels are 2-D).
+        let (mut xs, mut ws, mut ys) = (xt.shape.clone(), wt.shape.clone(), shape.clone());
+        xs.insert(2, 1);
+        ws.insert(2, 1);
+        ys.insert(2, 1);
+        let conv2 = Conv {
+            strides: vec![1, conv.strides[0]],
+            pads: vec![0, conv.pads[0], 0, conv.pads[1]],
+            dilations: vec![1, conv.dilations[0]],
+            group,
+        };
+        let x2 = one_value(im, cx, Op::Reshape { shape: xs }, &[xv])?;
+        let w2 = one_value(im, cx, Op::Reshape { shape: ws }, &[wv])?;
+        let y2 = one_value(im, cx, Op::ConvGradData { conv: conv2, shape: ys }, &[x2, w2])?;
+        one_value(im, cx, Op::Reshape { shape: shape.clone() }, &[y2])?
+    } else {
+        one_value(im, cx, Op::ConvGradData { conv, shape: shape.clone() }, &[xv, wv])?
+    };
     let y = match cx.input(2) {
         Some(bias) => {
             let bt = im.ty(bias)?;

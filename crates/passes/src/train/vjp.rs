@@ -213,6 +213,17 @@ pub(super) fn vjp(ad: &mut Ad, n: NodeId, dys: &[Option<ValueId>], needs: &[bool
                 }
                 U::Exp => ad.mul(dy, y)?,
                 U::Log => ad.bin(B::Div, dy, x)?,
+                // Piecewise constant: no gradient.
+                U::Floor | U::Ceil | U::Round => ad.mul_c(dy, 0.0)?,
+                U::Sin => {
+                    let c = ad.un(U::Cos, x)?;
+                    ad.mul(dy, c)?
+                }
+                U::Cos => {
+                    let s = ad.un(U::Sin, x)?;
+                    let d = ad.mul(dy, s)?;
+                    ad.un(U::Neg, d)?
+                }
                 U::Neg => ad.un(U::Neg, dy)?,
                 U::Abs => {
                     let s = ad.un(U::Sign, x)?;
