@@ -62,7 +62,18 @@ Size = Union[int, str]
 """Bytes, or a size with a unit such as ``"6GiB"`` or ``"512MB"``."""
 
 # numpy's dtype for each of smelt's.
-_NUMPY = {"f32": np.float32, "f16": np.float16, "i64": np.int64, "i32": np.int32, "bool": np.bool_}
+_NUMPY = {
+    "f32": np.float32,
+    "f16": np.float16,
+    "i64": np.int64,
+    "i32": np.int32,
+    "bool": np.bool_,
+    "i8": np.int8,
+    "u8": np.uint8,
+    "i16": np.int16,
+    "u16": np.uint16,
+    "u32": np.uint32,
+}
 
 
 def parse_size(size: Size) -> int:

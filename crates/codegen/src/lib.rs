@@ -46,6 +46,11 @@ pub(crate) fn c_type(d: smelt_ir::DType) -> (&'static str, &'static str, &'stati
         DType::I64 => ("long long", "", ""),
         DType::I32 => ("int", "", ""),
         DType::Bool => ("bool", "", ""),
+        DType::I8 => ("signed char", "", ""),
+        DType::U8 => ("unsigned char", "", ""),
+        DType::I16 => ("short", "", ""),
+        DType::U16 => ("unsigned short", "", ""),
+        DType::U32 => ("unsigned int", "", ""),
     }
 }
 

@@ -17,19 +17,41 @@ pub enum DType {
     I32,
     /// Boolean, one byte per element.
     Bool,
+    /// 8-bit signed integer.
+    I8,
+    /// 8-bit unsigned integer (images, labels).
+    U8,
+    /// 16-bit signed integer.
+    I16,
+    /// 16-bit unsigned integer.
+    U16,
+    /// 32-bit unsigned integer.
+    U32,
 }
 
 impl DType {
     /// Every dtype, in the order the text format lists them.
-    pub const ALL: [DType; 6] = [DType::F32, DType::F16, DType::BF16, DType::I64, DType::I32, DType::Bool];
+    pub const ALL: [DType; 11] = [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::I64,
+        DType::I32,
+        DType::Bool,
+        DType::I8,
+        DType::U8,
+        DType::I16,
+        DType::U16,
+        DType::U32,
+    ];
 
     /// Bytes per element.
     pub fn size(self) -> usize {
         match self {
-            DType::F32 | DType::I32 => 4,
-            DType::F16 | DType::BF16 => 2,
+            DType::F32 | DType::I32 | DType::U32 => 4,
+            DType::F16 | DType::BF16 | DType::I16 | DType::U16 => 2,
             DType::I64 => 8,
-            DType::Bool => 1,
+            DType::Bool | DType::I8 | DType::U8 => 1,
         }
     }
 
@@ -47,6 +69,11 @@ impl DType {
             DType::I64 => "i64",
             DType::I32 => "i32",
             DType::Bool => "bool",
+            DType::I8 => "i8",
+            DType::U8 => "u8",
+            DType::I16 => "i16",
+            DType::U16 => "u16",
+            DType::U32 => "u32",
         }
     }
 

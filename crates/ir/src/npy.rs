@@ -151,6 +151,11 @@ pub fn npy_bytes(t: &Tensor) -> Vec<u8> {
         TensorData::I64(_) => ("<i8", t.data().to_le_bytes()),
         TensorData::I32(_) => ("<i4", t.data().to_le_bytes()),
         TensorData::Bool(_) => ("|b1", t.data().to_le_bytes()),
+        TensorData::I8(_) => ("|i1", t.data().to_le_bytes()),
+        TensorData::U8(_) => ("|u1", t.data().to_le_bytes()),
+        TensorData::I16(_) => ("<i2", t.data().to_le_bytes()),
+        TensorData::U16(_) => ("<u2", t.data().to_le_bytes()),
+        TensorData::U32(_) => ("<u4", t.data().to_le_bytes()),
     };
     let shape = match t.shape() {
         [] => "()".to_string(),

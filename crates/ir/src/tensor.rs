@@ -18,6 +18,16 @@ pub enum TensorData {
     I32(Vec<i32>),
     /// bool elements.
     Bool(Vec<bool>),
+    /// i8 elements.
+    I8(Vec<i8>),
+    /// u8 elements.
+    U8(Vec<u8>),
+    /// i16 elements.
+    I16(Vec<i16>),
+    /// u16 elements.
+    U16(Vec<u16>),
+    /// u32 elements.
+    U32(Vec<u32>),
 }
 
 impl TensorData {
@@ -30,6 +40,11 @@ impl TensorData {
             TensorData::I64(_) => DType::I64,
             TensorData::I32(_) => DType::I32,
             TensorData::Bool(_) => DType::Bool,
+            TensorData::I8(_) => DType::I8,
+            TensorData::U8(_) => DType::U8,
+            TensorData::I16(_) => DType::I16,
+            TensorData::U16(_) => DType::U16,
+            TensorData::U32(_) => DType::U32,
         }
     }
 
@@ -43,6 +58,11 @@ impl TensorData {
             TensorData::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
             TensorData::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
             TensorData::Bool(v) => v.iter().map(|&x| x as u8).collect(),
+            TensorData::I8(v) => v.iter().map(|&x| x as u8).collect(),
+            TensorData::U8(v) => v.clone(),
+            TensorData::I16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            TensorData::U16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            TensorData::U32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         }
     }
 
@@ -55,6 +75,11 @@ impl TensorData {
             TensorData::I64(v) => v.len(),
             TensorData::I32(v) => v.len(),
             TensorData::Bool(v) => v.len(),
+            TensorData::I8(v) => v.len(),
+            TensorData::U8(v) => v.len(),
+            TensorData::I16(v) => v.len(),
+            TensorData::U16(v) => v.len(),
+            TensorData::U32(v) => v.len(),
         }
     }
 
@@ -107,6 +132,11 @@ impl Tensor {
             DType::I64 => TensorData::I64(chunks(bytes, i64::from_le_bytes)),
             DType::I32 => TensorData::I32(chunks(bytes, i32::from_le_bytes)),
             DType::Bool => TensorData::Bool(bytes.iter().map(|&b| b != 0).collect()),
+            DType::I8 => TensorData::I8(bytes.iter().map(|&b| b as i8).collect()),
+            DType::U8 => TensorData::U8(bytes.to_vec()),
+            DType::I16 => TensorData::I16(chunks(bytes, i16::from_le_bytes)),
+            DType::U16 => TensorData::U16(chunks(bytes, u16::from_le_bytes)),
+            DType::U32 => TensorData::U32(chunks(bytes, u32::from_le_bytes)),
         };
         Some(Tensor { ty: ty.clone(), data })
     }
@@ -148,6 +178,11 @@ impl Tensor {
             TensorData::I64(v) => v.iter().map(|&x| x as f32).collect(),
             TensorData::I32(v) => v.iter().map(|&x| x as f32).collect(),
             TensorData::Bool(v) => v.iter().map(|&x| x as u8 as f32).collect(),
+            TensorData::I8(v) => v.iter().map(|&x| x as f32).collect(),
+            TensorData::U8(v) => v.iter().map(|&x| x as f32).collect(),
+            TensorData::I16(v) => v.iter().map(|&x| x as f32).collect(),
+            TensorData::U16(v) => v.iter().map(|&x| x as f32).collect(),
+            TensorData::U32(v) => v.iter().map(|&x| x as f32).collect(),
         }
     }
 
@@ -157,6 +192,11 @@ impl Tensor {
             TensorData::I64(v) => v.clone(),
             TensorData::I32(v) => v.iter().map(|&x| x as i64).collect(),
             TensorData::Bool(v) => v.iter().map(|&x| x as i64).collect(),
+            TensorData::I8(v) => v.iter().map(|&x| x as i64).collect(),
+            TensorData::U8(v) => v.iter().map(|&x| x as i64).collect(),
+            TensorData::I16(v) => v.iter().map(|&x| x as i64).collect(),
+            TensorData::U16(v) => v.iter().map(|&x| x as i64).collect(),
+            TensorData::U32(v) => v.iter().map(|&x| x as i64).collect(),
             _ => self.to_f32_vec().into_iter().map(|x| x as i64).collect(),
         }
     }
@@ -169,6 +209,11 @@ impl Tensor {
         let data = match dtype {
             DType::I64 => TensorData::I64(self.to_i64_vec()),
             DType::I32 => TensorData::I32(self.to_i64_vec().into_iter().map(|x| x as i32).collect()),
+            DType::I8 => TensorData::I8(self.to_i64_vec().into_iter().map(|x| x as i8).collect()),
+            DType::U8 => TensorData::U8(self.to_i64_vec().into_iter().map(|x| x as u8).collect()),
+            DType::I16 => TensorData::I16(self.to_i64_vec().into_iter().map(|x| x as i16).collect()),
+            DType::U16 => TensorData::U16(self.to_i64_vec().into_iter().map(|x| x as u16).collect()),
+            DType::U32 => TensorData::U32(self.to_i64_vec().into_iter().map(|x| x as u32).collect()),
             DType::Bool => TensorData::Bool(self.to_f32_vec().into_iter().map(|x| x != 0.0).collect()),
             DType::F32 => TensorData::F32(self.to_f32_vec()),
             DType::F16 => TensorData::F16(self.to_f32_vec().into_iter().map(f16::from_f32).collect()),
@@ -192,6 +237,11 @@ impl Tensor {
             TensorData::I64(v) => at!(I64, v),
             TensorData::I32(v) => at!(I32, v),
             TensorData::Bool(v) => at!(Bool, v),
+            TensorData::I8(v) => at!(I8, v),
+            TensorData::U8(v) => at!(U8, v),
+            TensorData::I16(v) => at!(I16, v),
+            TensorData::U16(v) => at!(U16, v),
+            TensorData::U32(v) => at!(U32, v),
         };
         Tensor::new(shape, data).expect("take: the shape holds one element per index")
     }
@@ -211,6 +261,11 @@ impl Tensor {
             (TensorData::I64(x), TensorData::I64(y)) => cat!(I64, x, y),
             (TensorData::I32(x), TensorData::I32(y)) => cat!(I32, x, y),
             (TensorData::Bool(x), TensorData::Bool(y)) => cat!(Bool, x, y),
+            (TensorData::I8(x), TensorData::I8(y)) => cat!(I8, x, y),
+            (TensorData::U8(x), TensorData::U8(y)) => cat!(U8, x, y),
+            (TensorData::I16(x), TensorData::I16(y)) => cat!(I16, x, y),
+            (TensorData::U16(x), TensorData::U16(y)) => cat!(U16, x, y),
+            (TensorData::U32(x), TensorData::U32(y)) => cat!(U32, x, y),
             _ => return None,
         };
         Tensor::new(vec![data.len()], data)
@@ -225,6 +280,11 @@ impl Tensor {
             DType::BF16 => TensorData::BF16(vec![bf16::from_f64(value); n]),
             DType::I64 => TensorData::I64(vec![value as i64; n]),
             DType::I32 => TensorData::I32(vec![value as i32; n]),
+            DType::I8 => TensorData::I8(vec![value as i8; n]),
+            DType::U8 => TensorData::U8(vec![value as u8; n]),
+            DType::I16 => TensorData::I16(vec![value as i16; n]),
+            DType::U16 => TensorData::U16(vec![value as u16; n]),
+            DType::U32 => TensorData::U32(vec![value as u32; n]),
             DType::Bool => TensorData::Bool(vec![value != 0.0; n]),
         };
         Tensor { ty: ty.clone(), data }

@@ -4,7 +4,6 @@
 //! constants with them, so both agree by construction: integers compare
 //! and compute as integers, never through f32.
 
-use crate::dtype::DType;
 use crate::infer::broadcast_strides;
 use crate::op::{apply_binary, BinaryOp, CompareOp, LogicOp};
 use crate::tensor::{Tensor, TensorData};
@@ -60,9 +59,10 @@ enum Nums {
 }
 
 fn nums(t: &Tensor) -> Nums {
-    match t.data() {
-        TensorData::I64(_) | TensorData::I32(_) | TensorData::Bool(_) => Nums::I(t.to_i64_vec()),
-        _ => Nums::F(t.to_f32_vec().into_iter().map(f64::from).collect()),
+    if t.ty().dtype.is_float() {
+        Nums::F(t.to_f32_vec().into_iter().map(f64::from).collect())
+    } else {
+        Nums::I(t.to_i64_vec())
     }
 }
 
@@ -147,13 +147,8 @@ pub fn int_binary(b: BinaryOp, x: &Tensor, y: &Tensor) -> Result<Tensor, String>
     let out =
         offsets(x.shape(), &full).zip(offsets(y.shape(), &full)).map(|(i, j)| f(xv[i], yv[j])).collect::<Result<Vec<i64>, String>>()?;
     let t = Tensor::new(full, TensorData::I64(out)).expect("count matches");
-    // i32 results wrap as i32 arithmetic would.
-    Ok(match dtype {
-        DType::I32 => {
-            Tensor::new(t.shape().to_vec(), TensorData::I32(t.to_i64_vec().into_iter().map(|v| v as i32).collect())).expect("count matches")
-        }
-        _ => t,
-    })
+    // Narrower results wrap as their own arithmetic would.
+    Ok(t.cast(dtype))
 }
 
 #[cfg(test)]

@@ -650,6 +650,21 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
                 };
                 (bound(1, f32::NEG_INFINITY)?, bound(2, f32::INFINITY)?)
             };
+            let ty = im.ty(x)?;
+            if !ty.dtype.is_float() && cx.opset >= 11 {
+                // Integers: max with the lower bound, min with the upper, exactly.
+                let mut v = im.value(x)?;
+                for (i, b) in [(1, BinaryOp::Max), (2, BinaryOp::Min)] {
+                    if cx.input(i).is_some() {
+                        let t = const_input(im, cx, i, "a clip bound")?;
+                        let t = Tensor::from_i64(vec![], vec![*t.to_i64_vec().first().ok_or_else(|| cx.bad("an empty clip bound"))?])
+                            .cast(ty.dtype);
+                        let c = constant(im, cx, if i == 1 { "min" } else { "max" }, t)?;
+                        v = one_value(im, cx, Op::Binary(b), &[v, c])?;
+                    }
+                }
+                return Ok(vec![Entry { konst: None, value: Some(v) }]);
+            }
             emit(im, cx, Op::Clip { min, max }, &[x])
         }
         "MaxPool" => {

@@ -16,6 +16,11 @@ pub fn dtype_of(code: i32) -> Result<DType, String> {
         Ok(DataType::Int64) => DType::I64,
         Ok(DataType::Int32) => DType::I32,
         Ok(DataType::Bool) => DType::Bool,
+        Ok(DataType::Int8) => DType::I8,
+        Ok(DataType::Uint8) => DType::U8,
+        Ok(DataType::Int16) => DType::I16,
+        Ok(DataType::Uint16) => DType::U16,
+        Ok(DataType::Uint32) => DType::U32,
         Ok(d) => return Err(format!("data type {} is not supported", d.as_str_name())),
         Err(_) => return Err(format!("unknown data type code {code}")),
     })
@@ -29,6 +34,11 @@ fn code_of(d: DType) -> DataType {
         DType::I64 => DataType::Int64,
         DType::I32 => DataType::Int32,
         DType::Bool => DataType::Bool,
+        DType::I8 => DataType::Int8,
+        DType::U8 => DataType::Uint8,
+        DType::I16 => DataType::Int16,
+        DType::U16 => DataType::Uint16,
+        DType::U32 => DataType::Uint32,
     }
 }
 
@@ -109,11 +119,18 @@ pub fn from_proto_at(t: &TensorProto, base: Option<&std::path::Path>) -> Result<
             DType::I64 => TensorData::I64(chunks::<8>(raw).map(i64::from_le_bytes).collect()),
             DType::I32 => TensorData::I32(chunks::<4>(raw).map(i32::from_le_bytes).collect()),
             DType::Bool => TensorData::Bool(raw.iter().map(|&b| b != 0).collect()),
+            DType::I8 => TensorData::I8(raw.iter().map(|&b| b as i8).collect()),
+            DType::U8 => TensorData::U8(raw.to_vec()),
+            DType::I16 => TensorData::I16(chunks::<2>(raw).map(i16::from_le_bytes).collect()),
+            DType::U16 => TensorData::U16(chunks::<2>(raw).map(u16::from_le_bytes).collect()),
+            DType::U32 => TensorData::U32(chunks::<4>(raw).map(u32::from_le_bytes).collect()),
         }
     } else {
+        // ONNX keeps 8- to 32-bit integers in int32_data, uint32 in uint64_data.
         let len = match dtype {
             DType::F32 => t.float_data.len(),
             DType::I64 => t.int64_data.len(),
+            DType::U32 => t.uint64_data.len(),
             _ => t.int32_data.len(),
         };
         if len != n {
@@ -126,6 +143,11 @@ pub fn from_proto_at(t: &TensorProto, base: Option<&std::path::Path>) -> Result<
             DType::F16 => TensorData::F16(t.int32_data.iter().map(|&b| f16::from_bits(b as u16)).collect()),
             DType::BF16 => TensorData::BF16(t.int32_data.iter().map(|&b| bf16::from_bits(b as u16)).collect()),
             DType::Bool => TensorData::Bool(t.int32_data.iter().map(|&b| b != 0).collect()),
+            DType::I8 => TensorData::I8(t.int32_data.iter().map(|&b| b as i8).collect()),
+            DType::U8 => TensorData::U8(t.int32_data.iter().map(|&b| b as u8).collect()),
+            DType::I16 => TensorData::I16(t.int32_data.iter().map(|&b| b as i16).collect()),
+            DType::U16 => TensorData::U16(t.int32_data.iter().map(|&b| b as u16).collect()),
+            DType::U32 => TensorData::U32(t.uint64_data.iter().map(|&b| b as u32).collect()),
         }
     };
     Ok(Tensor::new(shape, data).expect("element count checked"))
@@ -139,7 +161,7 @@ pub fn to_proto(name: &str, t: &Tensor) -> TensorProto {
         TensorData::BF16(v) => v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect(),
         TensorData::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         TensorData::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        TensorData::Bool(v) => v.iter().map(|&x| x as u8).collect(),
+        other => other.to_le_bytes(),
     };
     TensorProto {
         dims: t.shape().iter().map(|&d| d as i64).collect(),

@@ -207,6 +207,15 @@ fn values_tensor(ty: &TensorType, vals: &[String]) -> Result<Tensor, String> {
                 })
                 .collect::<Result<_, _>>()?,
         ),
+        small => {
+            // 8- to 32-bit integers: each must fit its type.
+            let v = vals.iter().map(i).collect::<Result<Vec<i64>, _>>()?;
+            let t = Tensor::from_i64(ty.shape.clone(), v.clone()).cast(small);
+            if let Some((x, _)) = v.iter().zip(t.to_i64_vec()).find(|(a, b)| *a != b) {
+                return Err(format!("{x} does not fit {small}"));
+            }
+            return Ok(t);
+        }
     };
     Ok(Tensor::new(ty.shape.clone(), data).expect("count checked above"))
 }

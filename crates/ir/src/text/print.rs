@@ -3,7 +3,7 @@
 use super::INLINE_LIMIT;
 use crate::graph::Graph;
 use crate::kernel_op::OpSet;
-use crate::tensor::TensorData;
+use crate::tensor::{Tensor, TensorData};
 use std::fmt::Write;
 
 /// Prints `g` in the text format.
@@ -39,6 +39,9 @@ pub fn print<O: OpSet>(g: &Graph<O>) -> String {
                     TensorData::I64(v) => v.iter().map(|x| x.to_string()).collect(),
                     TensorData::I32(v) => v.iter().map(|x| x.to_string()).collect(),
                     TensorData::Bool(v) => v.iter().map(|&x| (x as u8).to_string()).collect(),
+                    other => {
+                        Tensor::new(vec![other.len()], other.clone()).expect("flat").to_i64_vec().iter().map(|x| x.to_string()).collect()
+                    }
                 };
                 write!(s, " = [{}]", vals.join(",")).unwrap();
             }

@@ -12,6 +12,11 @@ fn gather(src: &TensorData, idx: impl Iterator<Item = usize>) -> TensorData {
         TensorData::I64(v) => TensorData::I64(idx.map(|i| v[i]).collect()),
         TensorData::I32(v) => TensorData::I32(idx.map(|i| v[i]).collect()),
         TensorData::Bool(v) => TensorData::Bool(idx.map(|i| v[i]).collect()),
+        TensorData::I8(v) => TensorData::I8(idx.map(|i| v[i]).collect()),
+        TensorData::U8(v) => TensorData::U8(idx.map(|i| v[i]).collect()),
+        TensorData::I16(v) => TensorData::I16(idx.map(|i| v[i]).collect()),
+        TensorData::U16(v) => TensorData::U16(idx.map(|i| v[i]).collect()),
+        TensorData::U32(v) => TensorData::U32(idx.map(|i| v[i]).collect()),
     }
 }
 
@@ -79,6 +84,11 @@ pub(crate) fn concat(args: &[Arc<Tensor>], axis: usize, out: &TensorType) -> Ten
         TensorData::I64(_) => join!(I64),
         TensorData::I32(_) => join!(I32),
         TensorData::Bool(_) => join!(Bool),
+        TensorData::I8(_) => join!(I8),
+        TensorData::U8(_) => join!(U8),
+        TensorData::I16(_) => join!(I16),
+        TensorData::U16(_) => join!(U16),
+        TensorData::U32(_) => join!(U32),
     };
     make(out, d)
 }

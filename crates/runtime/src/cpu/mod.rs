@@ -182,6 +182,7 @@ pub(crate) fn tensor_of(ty: &TensorType, v: Vec<f32>) -> Tensor {
         DType::I64 => TensorData::I64(v.into_iter().map(|x| x as i64).collect()),
         DType::I32 => TensorData::I32(v.into_iter().map(|x| x as i32).collect()),
         DType::Bool => TensorData::Bool(v.into_iter().map(|x| x != 0.0).collect()),
+        small => return Tensor::from_f32(ty.shape.clone(), v).cast(small),
     };
     Tensor::new(ty.shape.clone(), data).expect("kernels produce the inferred element count")
 }
