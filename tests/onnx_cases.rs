@@ -430,3 +430,85 @@ fn onnx_node_suite_on_the_emulator() {
     assert!(ran > 500, "only {ran} cases ran");
     assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
 }
+
+/// What a refusal says without its node and value names: one line of the
+/// guide's table.
+fn reason(r: &str) -> String {
+    let mut s = r.trim().to_string();
+    for prefix in ["import: ", "test data: ", "fuse: ", "code generation: ", "unsupported: "] {
+        s = s.strip_prefix(prefix).map(str::to_string).unwrap_or(s);
+    }
+    // `node "y" (Op, opset 13): what`, `tensor "x": what`, `input "x": what`
+    for opener in ["node \"", "tensor \"", "input \""] {
+        if let Some(rest) = s.strip_prefix(opener) {
+            if let Some(i) = rest.find("): ").or_else(|| rest.find("\": ")) {
+                s = rest[i + 3..].to_string();
+            }
+        }
+    }
+    s = s.strip_prefix("unsupported: ").map(str::to_string).unwrap_or(s);
+    if let Some(i) = s.find(" in node \"") {
+        s.truncate(i);
+    }
+    if let Some(i) = s.find("; it computes") {
+        s.truncate(i);
+    }
+    let s: String = s.replace('|', "/").chars().take(110).collect();
+    s
+}
+
+/// The table of docs/guide.md's "Supported ONNX ops": per op of the node
+/// suite, its family, the cases that pass and what the others are refused
+/// for, made from the allow-list and the suite's index.
+fn node_suite_table(list: &BTreeMap<String, Option<String>>, index: &str) -> String {
+    let mut ops: BTreeMap<(usize, String), (usize, usize, Vec<String>)> = BTreeMap::new();
+    for line in index.lines().filter(|l| !l.starts_with('#')) {
+        let f: Vec<&str> = line.split('\t').collect();
+        let (case, op, dtypes) = (f[0], f[2], f[3]);
+        let (fam, _) = family(op, dtypes);
+        let rank = FAMILIES.iter().position(|(n, _)| *n == fam).unwrap_or(FAMILIES.len());
+        let e = ops.entry((rank, op.to_string())).or_default();
+        e.1 += 1;
+        match list.get(case) {
+            Some(None) => e.0 += 1,
+            Some(Some(r)) => {
+                let r = reason(r);
+                if !e.2.contains(&r) {
+                    e.2.push(r);
+                }
+            }
+            None => {}
+        }
+    }
+    let mut t = String::from("| family | op | cases passed | the others, refused for |\n|---|---|---|---|\n");
+    for ((rank, op), (pass, all, reasons)) in &ops {
+        let fam = FAMILIES.get(*rank).map_or("other", |f| f.0);
+        let mut why: Vec<&str> = reasons.iter().map(String::as_str).take(3).collect();
+        if reasons.len() > 3 {
+            why.push("...");
+        }
+        t += &format!("| {fam} | {op} | {pass} / {all} | {} |\n", why.join("; "));
+    }
+    t
+}
+
+/// docs/guide.md lists the node suite's ops as the allow-list says;
+/// `SMELT_BLESS=1` rewrites the table.
+#[test]
+fn guide_lists_the_node_suite_ops() {
+    let list = allow_list(include_str!("onnx-node-cases.txt"), "onnx-node-cases.txt");
+    let index = std::fs::read_to_string(common::testdata().join("onnx-node/index.tsv")).expect("run scripts/fetch-testdata.sh");
+    let table = node_suite_table(&list, &index);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/guide.md");
+    let guide = std::fs::read_to_string(&path).unwrap();
+    let (open, close) = ("<!-- node suite table: made by tests/onnx_cases.rs -->\n", "<!-- end of the node suite table -->");
+    let start = guide.find(open).expect("docs/guide.md has the node suite table's markers") + open.len();
+    let end = start + guide[start..].find(close).expect("the table's end marker");
+    if guide[start..end] != table {
+        if std::env::var_os("SMELT_BLESS").is_some() {
+            std::fs::write(&path, format!("{}{table}{}", &guide[..start], &guide[end..])).unwrap();
+        } else {
+            panic!("docs/guide.md's table of ONNX ops is out of date: SMELT_BLESS=1 cargo test --test onnx_cases guide_lists");
+        }
+    }
+}

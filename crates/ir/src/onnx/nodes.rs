@@ -529,6 +529,15 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
                 let xv = im.value(x)?;
                 return Ok(vec![Entry { konst: None, value: Some(one_value(im, cx, op, &[xv, yf])?) }]);
             }
+            if !xt.dtype.is_float() && yt.dtype.is_float() {
+                // A float exponent of an integer base: in the exponent's
+                // type, then truncated to the base's (as numpy's astype).
+                let xv = im.value(x)?;
+                let xf = one_value(im, cx, Op::Cast { to: yt.dtype }, &[xv])?;
+                let yv = im.value(y)?;
+                let p = one_value(im, cx, op, &[xf, yv])?;
+                return Ok(vec![Entry { konst: None, value: Some(one_value(im, cx, Op::Cast { to: xt.dtype }, &[p])?) }]);
+            }
         }
         return emit(im, cx, op, &ins);
     }
