@@ -189,6 +189,7 @@ fn attributes(op_type: &str) -> Option<&'static [&'static str]> {
         "Celu" | "Swish" | "ThresholdedRelu" => &["alpha"],
         "ArgMax" | "ArgMin" => &["axis", "keepdims", "select_last_index"],
         "OneHot" => &["axis"],
+        "RotaryEmbedding" => &["interleaved", "num_heads", "rotary_embedding_dim"],
         "DepthToSpace" => &["blocksize", "mode"],
         "SpaceToDepth" => &["blocksize", "mode"],
         "CumSum" => &["exclusive", "reverse"],
@@ -284,6 +285,7 @@ fn arity(op_type: &str, opset: i64) -> Option<(usize, usize, usize)> {
         "Mean" => (1, ANY, 1),
         "ArgMax" | "ArgMin" => (1, 1, 1),
         "Resize" => (1, 4, 1),
+        "RotaryEmbedding" => (3, 4, 1),
         "OneHot" | "InstanceNormalization" | "GroupNormalization" => (3, 3, 1),
         "DepthToSpace" | "SpaceToDepth" => (1, 1, 1),
         "CumSum" => (2, 2, 1),
@@ -633,6 +635,7 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
         "ConvTranspose" => conv_transpose(im, cx),
         "ArgMax" | "ArgMin" => arg_extreme(im, cx),
         "Resize" => resize(im, cx),
+        "RotaryEmbedding" => rotary_embedding(im, cx),
         "OneHot" | "DepthToSpace" | "SpaceToDepth" | "CumSum" | "ReduceProd" | "InstanceNormalization" | "GroupNormalization" => {
             built(im, cx)
         }
@@ -2139,6 +2142,95 @@ fn built(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
             let y = one(im, Op::Binary(BinaryOp::Add), &[y, bv])?;
             one(im, Op::Reshape { shape: ty.shape.clone() }, &[y])?
         }
+    };
+    Ok(vec![Entry { konst: None, value: Some(y) }])
+}
+
+/// RotaryEmbedding (opset 23) as the reference computes it: heads split
+/// out ([B, S, H, D]), the first `rotary_embedding_dim` features rotated
+/// pairwise (halves, or even and odd ones when `interleaved`) by the
+/// cos and sin caches (gathered at `position_ids` when given), the rest
+/// passed through.
+fn rotary_embedding(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
+    let (x, cos, sin) = (cx.need(0)?, cx.need(1)?, cx.need(2)?);
+    let ty = im.ty(x)?;
+    if !ty.dtype.is_float() {
+        return Err(cx.bad(format!("invalid ONNX: the input must be a float tensor, got {ty}")));
+    }
+    let one = |im: &mut Importer, op: Op, vs: &[ValueId]| one_value(im, cx, op, vs);
+    let mut v = im.value(x)?;
+    let (b, s, h, d) = match ty.shape[..] {
+        [b, h, s, d] => {
+            v = one(im, Op::Transpose { perm: vec![0, 2, 1, 3] }, &[v])?;
+            (b, s, h, d)
+        }
+        [b, s, hidden] => {
+            let h = usize::try_from(cx.int("num_heads", 0)?)
+                .ok()
+                .filter(|&h| h > 0 && hidden % h == 0)
+                .ok_or_else(|| cx.bad(format!("invalid ONNX: a 3-D input needs num_heads dividing its {hidden} features")))?;
+            v = one(im, Op::Reshape { shape: vec![b, s, h, hidden / h] }, &[v])?;
+            (b, s, h, hidden / h)
+        }
+        _ => return Err(cx.bad(format!("invalid ONNX: the input must be 3-D or 4-D, got {ty}"))),
+    };
+    let rd = match cx.int("rotary_embedding_dim", 0)? {
+        0 => d,
+        r if r > 0 && (r as usize) <= d && r % 2 == 0 => r as usize,
+        r => return Err(cx.bad(format!("invalid ONNX: rotary_embedding_dim {r} for heads of {d}"))),
+    };
+    let half = rd / 2;
+    let slice = |start: usize, end: usize, step: i64| Op::Slice {
+        axes: vec![3],
+        starts: vec![start as i64],
+        ends: vec![end as i64],
+        steps: vec![step],
+    };
+    let rot = if rd < d { one(im, slice(0, rd, 1), &[v])? } else { v };
+    // The caches at each position: [B, S, 1, D/2].
+    let mut caches = Vec::new();
+    for c in [cos, sin] {
+        let mut cv = im.value(c)?;
+        let ct = im.ty(c)?;
+        if let Some(p) = cx.input(3) {
+            let pv = im.value(p)?;
+            if ct.shape.len() != 2 || ct.shape[1] != half {
+                return Err(cx.bad(format!("invalid ONNX: a cache must be [positions, {half}], got {ct}")));
+            }
+            cv = one(im, Op::Gather { axis: 0 }, &[cv, pv])?;
+        } else if ct.shape != [b, s, half] {
+            return Err(cx.bad(format!("invalid ONNX: without position_ids a cache must be [{b}, {s}, {half}], got {ct}")));
+        }
+        caches.push(one(im, Op::Reshape { shape: vec![b, s, 1, half] }, &[cv])?);
+    }
+    let (cos, sin) = (caches[0], caches[1]);
+    let interleaved = cx.int("interleaved", 0)? != 0;
+    let (x1, x2) = if interleaved {
+        (one(im, slice(0, rd, 2), &[rot])?, one(im, slice(1, rd, 2), &[rot])?)
+    } else {
+        (one(im, slice(0, half, 1), &[rot])?, one(im, slice(half, rd, 1), &[rot])?)
+    };
+    let mul = |im: &mut Importer, a, c| one(im, Op::Binary(BinaryOp::Mul), &[a, c]);
+    let (c1, s2, s1, c2) = (mul(im, cos, x1)?, mul(im, sin, x2)?, mul(im, sin, x1)?, mul(im, cos, x2)?);
+    let real = one(im, Op::Binary(BinaryOp::Sub), &[c1, s2])?;
+    let imag = one(im, Op::Binary(BinaryOp::Add), &[s1, c2])?;
+    let rotated = if interleaved {
+        let r = one(im, Op::Unsqueeze { axes: vec![4] }, &[real])?;
+        let i = one(im, Op::Unsqueeze { axes: vec![4] }, &[imag])?;
+        let pairs = one(im, Op::Concat { axis: 4 }, &[r, i])?;
+        one(im, Op::Reshape { shape: vec![b, s, h, rd] }, &[pairs])?
+    } else {
+        one(im, Op::Concat { axis: 3 }, &[real, imag])?
+    };
+    let mut y = rotated;
+    if rd < d {
+        let rest = one(im, slice(rd, d, 1), &[v])?;
+        y = one(im, Op::Concat { axis: 3 }, &[rotated, rest])?;
+    }
+    let y = if ty.shape.len() == 4 {
+        one(im, Op::Transpose { perm: vec![0, 2, 1, 3] }, &[y])?
+    } else {
+        one(im, Op::Reshape { shape: ty.shape.clone() }, &[y])?
     };
     Ok(vec![Entry { konst: None, value: Some(y) }])
 }
