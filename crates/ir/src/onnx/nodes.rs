@@ -190,6 +190,7 @@ fn attributes(op_type: &str) -> Option<&'static [&'static str]> {
         "ArgMax" | "ArgMin" => &["axis", "keepdims", "select_last_index"],
         "OneHot" => &["axis"],
         "RotaryEmbedding" => &["interleaved", "num_heads", "rotary_embedding_dim"],
+        "TopK" => &["axis", "k", "largest", "sorted"],
         "DepthToSpace" => &["blocksize", "mode"],
         "SpaceToDepth" => &["blocksize", "mode"],
         "CumSum" => &["exclusive", "reverse"],
@@ -286,6 +287,8 @@ fn arity(op_type: &str, opset: i64) -> Option<(usize, usize, usize)> {
         "ArgMax" | "ArgMin" => (1, 1, 1),
         "Resize" => (1, 4, 1),
         "RotaryEmbedding" => (3, 4, 1),
+        "TopK" if opset < 10 => (1, 1, 2),
+        "TopK" => (2, 2, 2),
         "OneHot" | "InstanceNormalization" | "GroupNormalization" => (3, 3, 1),
         "DepthToSpace" | "SpaceToDepth" => (1, 1, 1),
         "CumSum" => (2, 2, 1),
@@ -636,6 +639,7 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
         "ArgMax" | "ArgMin" => arg_extreme(im, cx),
         "Resize" => resize(im, cx),
         "RotaryEmbedding" => rotary_embedding(im, cx),
+        "TopK" => top_k(im, cx),
         "OneHot" | "DepthToSpace" | "SpaceToDepth" | "CumSum" | "ReduceProd" | "InstanceNormalization" | "GroupNormalization" => {
             built(im, cx)
         }
@@ -2233,4 +2237,79 @@ fn rotary_embedding(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
         one(im, Op::Reshape { shape: ty.shape.clone() }, &[y])?
     };
     Ok(vec![Entry { konst: None, value: Some(y) }])
+}
+
+/// TopK (K at most 64): K rounds of the maximum (of x, or of -x for the
+/// smallest) among the positions not yet taken, and its first position;
+/// values and int64 indices in order, ties to the lower index.
+fn top_k(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
+    let x = cx.need(0)?;
+    let ty = im.ty(x)?;
+    if !ty.dtype.is_float() {
+        return Err(cx.unsupported(format!("TopK of {} (smelt computes it for float types)", ty.dtype)));
+    }
+    let r = ty.shape.len();
+    let a = axis(cx, cx.int("axis", -1)?, r.max(1))?;
+    let n = *ty.shape.get(a).ok_or_else(|| cx.bad("invalid ONNX: TopK of a scalar"))?;
+    let k = match cx.opset {
+        o if o < 10 => cx.int("k", 0)?,
+        _ => match const_int_vec(im, cx, 1, "K")?[..] {
+            [k] => k,
+            _ => return Err(cx.bad("invalid ONNX: K must hold one value")),
+        },
+    };
+    let k = usize::try_from(k).ok().filter(|&k| k <= n).ok_or_else(|| cx.bad(format!("invalid ONNX: K={k} for an axis of {n}")))?;
+    if k > 64 || n > 1 << 24 {
+        return Err(cx.unsupported(format!("TopK of {k} of {n} (at most 64 of 2^24)")));
+    }
+    let largest = cx.int("largest", 1)? != 0;
+    let one = |im: &mut Importer, op: Op, vs: &[ValueId]| one_value(im, cx, op, vs);
+    let mut xs = im.value(x)?;
+    if !largest {
+        xs = one(im, Op::Unary(UnaryOp::Neg), &[xs])?;
+    }
+    let mut shape = vec![1; r];
+    shape[a] = n;
+    let pos = constant(im, cx, "positions", Tensor::from_f32(shape.clone(), (0..n).map(|i| i as f32).collect()).cast(ty.dtype))?;
+    let neg_pos = constant(im, cx, "-positions", Tensor::from_f32(shape, (0..n).map(|i| -(i as f32)).collect()).cast(ty.dtype))?;
+    let none = scalar(im, cx, "no position", ty.dtype, -(n as f64) - 1.0)?;
+    let minus_inf = scalar(im, cx, "-inf", ty.dtype, f64::NEG_INFINITY)?;
+    let max = Op::Reduce { op: ReduceOp::Max, axes: vec![a], keepdims: true };
+    let eq = Op::Compare(CompareOp::Equal);
+    let (mut taken, mut values, mut indices): (Option<ValueId>, Vec<ValueId>, Vec<ValueId>) = (None, vec![], vec![]);
+    for _ in 0..k {
+        let avail = match taken {
+            Some(t) => one(im, Op::Where, &[t, minus_inf, xs])?,
+            None => xs,
+        };
+        let m = one(im, max.clone(), &[avail])?;
+        let mut at = one(im, eq.clone(), &[avail, m])?;
+        if let Some(t) = taken {
+            let free = one(im, Op::Not, &[t])?;
+            at = one(im, Op::Logic(LogicOp::And), &[at, free])?;
+        }
+        let cand = one(im, Op::Where, &[at, neg_pos, none])?;
+        let first = one(im, max.clone(), &[cand])?;
+        let idx = one(im, Op::Unary(UnaryOp::Neg), &[first])?;
+        let hit = one(im, eq.clone(), &[pos, idx])?;
+        taken = Some(match taken {
+            Some(t) => one(im, Op::Logic(LogicOp::Or), &[t, hit])?,
+            None => hit,
+        });
+        values.push(if largest { m } else { one(im, Op::Unary(UnaryOp::Neg), &[m])? });
+        indices.push(idx);
+    }
+    let cat = |im: &mut Importer, vs: &[ValueId]| if vs.len() == 1 { Ok(vs[0]) } else { one(im, Op::Concat { axis: a }, vs) };
+    if k == 0 {
+        let mut s = ty.shape.clone();
+        s[a] = 0;
+        return Ok(vec![
+            konst(Tensor::full(&TensorType::new(ty.dtype, s.clone()), 0.0)).remove(0),
+            konst(Tensor::full(&TensorType::new(DType::I64, s), 0.0)).remove(0),
+        ]);
+    }
+    let v = cat(im, &values)?;
+    let i = cat(im, &indices)?;
+    let i = one(im, Op::Cast { to: DType::I64 }, &[i])?;
+    Ok(vec![Entry { konst: None, value: Some(v) }, Entry { konst: None, value: Some(i) }])
 }
