@@ -191,6 +191,7 @@ fn attributes(op_type: &str) -> Option<&'static [&'static str]> {
         "OneHot" => &["axis"],
         "RotaryEmbedding" => &["interleaved", "num_heads", "rotary_embedding_dim"],
         "TopK" => &["axis", "k", "largest", "sorted"],
+        "Einsum" => &["equation"],
         "DepthToSpace" => &["blocksize", "mode"],
         "SpaceToDepth" => &["blocksize", "mode"],
         "CumSum" => &["exclusive", "reverse"],
@@ -287,6 +288,7 @@ fn arity(op_type: &str, opset: i64) -> Option<(usize, usize, usize)> {
         "ArgMax" | "ArgMin" => (1, 1, 1),
         "Resize" => (1, 4, 1),
         "RotaryEmbedding" => (3, 4, 1),
+        "Einsum" => (1, ANY, 1),
         "TopK" if opset < 10 => (1, 1, 2),
         "TopK" => (2, 2, 2),
         "OneHot" | "InstanceNormalization" | "GroupNormalization" => (3, 3, 1),
@@ -640,6 +642,7 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
         "Resize" => resize(im, cx),
         "RotaryEmbedding" => rotary_embedding(im, cx),
         "TopK" => top_k(im, cx),
+        "Einsum" => einsum(im, cx),
         "OneHot" | "DepthToSpace" | "SpaceToDepth" | "CumSum" | "ReduceProd" | "InstanceNormalization" | "GroupNormalization" => {
             built(im, cx)
         }
@@ -2312,4 +2315,122 @@ fn top_k(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
     let i = cat(im, &indices)?;
     let i = one(im, Op::Cast { to: DType::I64 }, &[i])?;
     Ok(vec![Entry { konst: None, value: Some(v) }, Entry { konst: None, value: Some(i) }])
+}
+
+/// Einsum without repeated letters in one operand (diagonals): each
+/// operand transposed to the order of all letters (the output's first,
+/// then the summed ones) with size-1 dims for its missing letters, the
+/// broadcast product, and a sum over the summed letters. `...` stands for
+/// the same leading dims in every operand.
+fn einsum(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
+    let eq: String = cx
+        .string("equation")?
+        .ok_or_else(|| cx.bad("invalid ONNX: Einsum needs an equation"))?
+        .chars()
+        .filter(|c| !c.is_whitespace())
+        .collect();
+    let names: Vec<&str> = cx.node.input.iter().map(|s| s.as_str()).collect();
+    let tys = names.iter().map(|n| im.ty(n)).collect::<Result<Vec<_>, _>>()?;
+    let dtype = tys[0].dtype;
+    if !dtype.is_float() || tys.iter().any(|t| t.dtype != dtype) {
+        return Err(cx.unsupported(format!(
+            "Einsum of {} (smelt computes it for one float type)",
+            tys.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", ")
+        )));
+    }
+    let (lhs, rhs) = match eq.split_once("->") {
+        Some((l, r)) => (l.to_string(), Some(r.to_string())),
+        None => (eq.clone(), None),
+    };
+    let terms: Vec<&str> = lhs.split(',').collect();
+    if terms.len() != names.len() {
+        return Err(cx.bad(format!("invalid ONNX: equation {eq:?} has {} operands, the node {}", terms.len(), names.len())));
+    }
+    // `...` becomes upper-case letters, as many as the widest operand needs.
+    let ell = terms.iter().zip(&tys).map(|(t, ty)| if t.contains("...") { ty.shape.len() + 3 - t.len() } else { 0 }).max().unwrap_or(0);
+    let ell_letters: String = (0..ell).map(|i| (b'A' + i as u8) as char).collect();
+    let expand = |t: &str, rank: usize| -> Result<Vec<char>, IrError> {
+        let t = if t.contains("...") {
+            let own = rank + 3 - t.len();
+            if own > ell || rank + 3 < t.len() {
+                return Err(cx.bad(format!("invalid ONNX: {t:?} does not fit rank {rank}")));
+            }
+            t.replace("...", &ell_letters[ell - own..])
+        } else {
+            t.to_string()
+        };
+        let cs: Vec<char> = t.chars().collect();
+        if cs.iter().any(|c| !c.is_ascii_alphabetic()) {
+            return Err(cx.bad(format!("invalid ONNX: equation {eq:?}")));
+        }
+        Ok(cs)
+    };
+    let mut sizes: HashMap<char, usize> = HashMap::new();
+    let mut ops: Vec<Vec<char>> = Vec::new();
+    for (t, ty) in terms.iter().zip(&tys) {
+        let cs = expand(t, ty.shape.len())?;
+        if cs.len() != ty.shape.len() {
+            return Err(cx.bad(format!("invalid ONNX: {t:?} does not fit {ty}")));
+        }
+        let mut seen = std::collections::HashSet::new();
+        if cs.iter().any(|c| !seen.insert(*c)) {
+            return Err(cx.unsupported(format!("Einsum with a repeated letter in {t:?} (a diagonal)")));
+        }
+        for (c, &d) in cs.iter().zip(&ty.shape) {
+            match sizes.insert(*c, d) {
+                Some(prev) if prev != d => return Err(cx.bad(format!("invalid ONNX: {c} is {prev} and {d} in {eq:?}"))),
+                _ => {}
+            }
+        }
+        ops.push(cs);
+    }
+    let out: Vec<char> = match rhs {
+        Some(r) => {
+            let r = if r.contains("...") { r.replace("...", &ell_letters) } else { r };
+            let cs: Vec<char> = r.chars().collect();
+            if let Some(c) = cs.iter().find(|c| !sizes.contains_key(c)) {
+                return Err(cx.bad(format!("invalid ONNX: output letter {c} of {eq:?} is no operand's")));
+            }
+            cs
+        }
+        None => {
+            // Implicit: the ellipsis, then the letters used once, sorted.
+            let mut once: Vec<char> =
+                sizes.keys().copied().filter(|c| c.is_ascii_lowercase() && ops.iter().flatten().filter(|x| *x == c).count() == 1).collect();
+            once.sort();
+            ell_letters.chars().chain(once).collect()
+        }
+    };
+    let summed: Vec<char> = {
+        let mut s: Vec<char> = sizes.keys().copied().filter(|c| !out.contains(c)).collect();
+        s.sort();
+        s
+    };
+    let all: Vec<char> = out.iter().chain(&summed).copied().collect();
+    let full: Vec<usize> = all.iter().map(|c| sizes[c]).collect();
+    let one = |im: &mut Importer, op: Op, vs: &[ValueId]| one_value(im, cx, op, vs);
+    let mut product: Option<ValueId> = None;
+    for (name, cs) in names.iter().zip(&ops) {
+        let mut v = im.value(name)?;
+        // Its letters in the order of `all`, then size-1 dims for the others.
+        let mut order: Vec<usize> = (0..cs.len()).collect();
+        order.sort_by_key(|&i| all.iter().position(|c| *c == cs[i]));
+        if order.iter().enumerate().any(|(i, &o)| i != o) {
+            v = one(im, Op::Transpose { perm: order }, &[v])?;
+        }
+        let shape: Vec<usize> = all.iter().map(|c| if cs.contains(c) { sizes[c] } else { 1 }).collect();
+        v = one(im, Op::Reshape { shape }, &[v])?;
+        product = Some(match product {
+            None => v,
+            Some(p) => one(im, Op::Binary(BinaryOp::Mul), &[p, v])?,
+        });
+    }
+    let mut y = product.ok_or_else(|| cx.bad("invalid ONNX: Einsum with no operands"))?;
+    if im.g.ty(y).shape != full {
+        y = one(im, Op::Expand { shape: full.clone() }, &[y])?;
+    }
+    if !summed.is_empty() {
+        y = one(im, Op::Reduce { op: ReduceOp::Sum, axes: (out.len()..all.len()).collect(), keepdims: false }, &[y])?;
+    }
+    Ok(vec![Entry { konst: None, value: Some(y) }])
 }
