@@ -257,10 +257,12 @@ impl Program {
             let launch = kernel.launch();
             steps.push(Step { node: g.node(id).name.clone(), origin: g.origin(id).to_vec(), kernel, launch, args });
         }
-        // A constant graph output (or a view of one) is read from the weights.
+        // A constant graph output (or a view of one) is read from the
+        // weights (not a parameter or state: an update may overwrite it).
+        let constant = |n: NodeId| matches!(g.node(n).op.semantic(), Some(smelt_ir::Op::Constant));
         for (_, v) in g.outputs() {
             let root = weight_root(g, *v).unwrap_or(*v);
-            if g.node(root.node).op.is_persistent() && !weight_at.contains_key(&root.node) {
+            if constant(root.node) && !weight_at.contains_key(&root.node) {
                 let ty = g.ty(root);
                 weight_at.insert(root.node, weights_bytes);
                 weights.push(WeightSlot {
@@ -276,7 +278,7 @@ impl Program {
         let io = |v: ValueId, name: String| -> Result<Io, CodegenError> {
             let ty = g.ty(v);
             let root = weight_root(g, v).unwrap_or(v);
-            if let Some(&offset) = weight_at.get(&root.node).filter(|_| g.node(root.node).op.is_persistent()) {
+            if let Some(&offset) = weight_at.get(&root.node).filter(|_| constant(root.node)) {
                 return Ok(Io { name, ty: ty.to_string(), space: Space::Weights, offset, bytes: ty.bytes() });
             }
             // An update's result lives where the value it replaced does.

@@ -205,10 +205,12 @@ impl Select {
         let ty = |d: DType| crate::c_type(d).0;
         let mut s = String::from("#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n\n");
         s += &format!("// {}: {:?}, inputs {:?} -> {:?} {}\n", self.name, self.kind, self.inputs, self.output, self.out);
-        let params: Vec<String> =
-            self.inputs.iter().enumerate().map(|(i, (d, _))| format!("const {}* __restrict__ in{i}", ty(*d))).collect();
+        // Integer arithmetic may be planned in place (its output over an
+        // operand of the same shape): no `__restrict__` there.
+        let restrict = if matches!(self.kind, Kind::IntBinary(_)) { "" } else { " __restrict__" };
+        let params: Vec<String> = self.inputs.iter().enumerate().map(|(i, (d, _))| format!("const {}*{restrict} in{i}", ty(*d))).collect();
         s += &format!(
-            "extern \"C\" __global__ void {}({}, {}* __restrict__ out, unsigned long long n) {{\n",
+            "extern \"C\" __global__ void {}({}, {}*{restrict} out, unsigned long long n) {{\n",
             self.name,
             params.join(", "),
             ty(self.out)
@@ -280,7 +282,8 @@ impl Select {
                     BinaryOp::Div => "    long long v = (b == 0) ? 0 : (b == -1 ? (long long)(0ull - ua) : a / b);\n".to_string(),
                     BinaryOp::Max => "    long long v = a > b ? a : b;\n".to_string(),
                     BinaryOp::Min => "    long long v = a < b ? a : b;\n".to_string(),
-                    _ => "    unsigned long long r = 1ull;\n    if (b < 0) r = 0ull; else while (ub) { if (ub & 1ull) r *= ua; ua *= ua; ub >>= 1; }\n    long long v = (long long)r;\n"
+                    BinaryOp::PRelu => "    long long v = a >= 0 ? a : (long long)(ua * ub);\n".to_string(),
+                    BinaryOp::Pow => "    unsigned long long r = 1ull;\n    if (b < 0) r = 0ull; else while (ub) { if (ub & 1ull) r *= ua; ua *= ua; ub >>= 1; }\n    long long v = (long long)r;\n"
                         .to_string(),
                 };
                 s += &format!("    out[i] = ({})v;\n", ty(self.out));
@@ -405,8 +408,10 @@ impl Select {
                     BinaryOp::Div => x.wrapping_div(y),
                     BinaryOp::Max => x.max(y),
                     BinaryOp::Min => x.min(y),
-                    _ if y < 0 => 0,
-                    _ => {
+                    BinaryOp::PRelu if x >= 0 => x,
+                    BinaryOp::PRelu => x.wrapping_mul(y),
+                    BinaryOp::Pow if y < 0 => 0,
+                    BinaryOp::Pow => {
                         let (mut r, mut base, mut e) = (1i64, x, y as u64);
                         while e > 0 {
                             if e & 1 == 1 {

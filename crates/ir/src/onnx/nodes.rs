@@ -4,8 +4,8 @@ use super::{fold, Entry, Importer};
 use crate::dtype::{DType, TensorType};
 use crate::error::IrError;
 use crate::graph::ValueId;
-use crate::op::{BinaryOp, CompareOp, Conv, LogicOp, Op, Pool, ReduceOp, UnaryOp};
-use crate::tensor::Tensor;
+use crate::op::{BinaryOp, CompareOp, Conv, LogicOp, Op, PadMode, Pool, ReduceOp, UnaryOp};
+use crate::tensor::{Tensor, TensorData};
 use smelt_onnx_proto::{attribute_proto::AttributeType, AttributeProto, NodeProto};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -536,6 +536,13 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
                 let xv = im.value(x)?;
                 return Ok(vec![Entry { konst: None, value: Some(one_value(im, cx, op, &[xv, yf])?) }]);
             }
+            if xt.dtype != yt.dtype && xt.dtype.is_float() == yt.dtype.is_float() {
+                // Two floats or two integers: the exponent in the base's type.
+                let yv = im.value(y)?;
+                let yc = one_value(im, cx, Op::Cast { to: xt.dtype }, &[yv])?;
+                let xv = im.value(x)?;
+                return Ok(vec![Entry { konst: None, value: Some(one_value(im, cx, op, &[xv, yc])?) }]);
+            }
             if !xt.dtype.is_float() && yt.dtype.is_float() {
                 // A float exponent of an integer base: in the exponent's
                 // type, then truncated to the base's (as numpy's astype).
@@ -938,6 +945,7 @@ fn reduce(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
             "ReduceLogSum" | "ReduceLogSumExp" => f64::NEG_INFINITY,
             _ => 0.0,
         };
+        made(cx, &out_ty)?;
         return Ok(konst(Tensor::full(&out_ty, identity)));
     }
     let simple = match op_type {
@@ -1006,8 +1014,21 @@ fn reduce(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
     Ok(vec![Entry { konst: None, value: Some(y) }])
 }
 
+/// Constants that import builds (masks, positions, identities) hold at
+/// most this many elements.
+const MADE_LIMIT: usize = 1 << 26;
+
+/// Refuses to build a constant of `ty` over [`MADE_LIMIT`] elements.
+fn made(cx: &Cx, ty: &TensorType) -> Result<(), IrError> {
+    if ty.numel() > MADE_LIMIT {
+        return Err(cx.too_large(format!("a constant {ty} to build (at most 2^26 elements)")));
+    }
+    Ok(())
+}
+
 /// A constant as a graph value (registered under a name derived from the node).
-fn constant(im: &mut Importer, cx: &Cx, tag: &str, t: Tensor) -> Result<ValueId, IrError> {
+pub(super) fn constant(im: &mut Importer, cx: &Cx, tag: &str, t: Tensor) -> Result<ValueId, IrError> {
+    made(cx, t.ty())?;
     let name = format!("{}:{tag}", cx.name);
     im.env.insert(name.clone(), Entry { konst: Some(Arc::new(t)), value: None });
     im.value(&name)
@@ -1051,6 +1072,7 @@ fn loss(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
     let t1 = one(im, Op::Reshape { shape: t_shape }, &[tv])?;
     let mut c_shape = vec![1; rank];
     c_shape[1] = c;
+    made(cx, &TensorType::new(tt.dtype, c_shape.clone()))?;
     let classes = Tensor::from_i64(c_shape.clone(), (0..c as i64).collect()).cast(tt.dtype);
     let classes = constant(im, cx, "classes", classes)?;
     let hot = one(im, Op::Compare(CompareOp::Equal), &[t1, classes])?;
@@ -1072,10 +1094,13 @@ fn loss(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
     };
     let w = one(im, Op::Where, &[hot, w_full, zero])?;
     let mut w = one(im, over_classes(false), &[w])?;
+    let mut picked = picked;
     if let Some(ii) = cx.attrs.get("ignore_index").map(|a| a.i()) {
         let ii = constant(im, cx, "ignore_index", Tensor::from_i64(vec![], vec![ii]).cast(tt.dtype))?;
         let ignored = one(im, Op::Compare(CompareOp::Equal), &[tv, ii])?;
         w = one(im, Op::Where, &[ignored, zero, w])?;
+        // An ignored element is 0 even where its input is -inf.
+        picked = one(im, Op::Where, &[ignored, zero, picked])?;
     }
     let weighted = one(im, Op::Binary(BinaryOp::Mul), &[picked, w])?;
     let per_element = one(im, Op::Unary(UnaryOp::Neg), &[weighted])?;
@@ -1101,7 +1126,7 @@ fn scalar(im: &mut Importer, cx: &Cx, tag: &str, dtype: DType, v: f64) -> Result
     constant(im, cx, tag, Tensor::full(&TensorType::new(dtype, vec![]), v))
 }
 
-fn one_value(im: &mut Importer, cx: &Cx, op: Op, vs: &[ValueId]) -> Result<ValueId, IrError> {
+pub(super) fn one_value(im: &mut Importer, cx: &Cx, op: Op, vs: &[ValueId]) -> Result<ValueId, IrError> {
     Ok(emit_values(im, cx, op, vs)?[0].value.expect("a value"))
 }
 
@@ -1241,8 +1266,9 @@ fn small_decompositions(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrErro
                 (true, false) => is_p,
                 (false, true) => is_n,
                 (false, false) => {
-                    let f = Tensor::full(&TensorType::new(DType::Bool, im.ty(x)?.shape), 0.0);
-                    return Ok(konst(f));
+                    let t = TensorType::new(DType::Bool, im.ty(x)?.shape);
+                    made(cx, &t)?;
+                    return Ok(konst(Tensor::full(&t, 0.0)));
                 }
             }
         }
@@ -1296,7 +1322,7 @@ fn attention(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
     let (qv, qs) = to_4d(im, q, &qt, hq)?;
     let (mut kv, mut ks) = to_4d(im, k, &kt, hkv)?;
     let (mut vv, mut vs) = to_4d(im, v, &vt, hkv)?;
-    if ks[0] != b || vs[0] != b || ks[1] != vs[1] || ks[2] != vs[2] || ks[3] != qs[3] {
+    if qs[1] == 0 || ks[1] == 0 || ks[0] != b || vs[0] != b || ks[1] != vs[1] || ks[2] != vs[2] || ks[3] != qs[3] {
         return Err(cx.bad(format!("invalid ONNX: Q {qt}, K {kt} and V {vt} do not fit")));
     }
     // The KV cache.
@@ -1360,10 +1386,17 @@ fn attention(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
     // The additive bias: the static limits, a constant [Sq, Skv] ...
     let causal = cx.int("is_causal", 0)? != 0;
     let (left, right) = (cx.int("left_window_size", -1)?, cx.int("right_window_size", -1)?);
+    if left < -1 || right < -1 {
+        return Err(cx.bad(format!("invalid ONNX: window sizes {left} and {right} (-1 or more)")));
+    }
+    // Beyond the keys and queries a window limits nothing.
+    let reach = (qs[2] + ks[2]) as i64;
+    let (left, right) = (left.min(reach), right.min(reach));
     let nonpad = cx.input(6);
     if nonpad.is_some() && past.is_some() {
         return Err(cx.bad("invalid ONNX: nonpad_kv_seqlen cannot be combined with past_key and past_value"));
     }
+    made(cx, &TensorType::new(dt, vec![sq, skv]))?;
     let (sqi, skvi) = (sq as i64, skv as i64);
     let allowed = |i: i64, j: i64, off: i64| {
         let diff = i + off - j;
@@ -1401,6 +1434,7 @@ fn attention(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
         if last < skv {
             let mut pad_shape = mt.shape.clone();
             *pad_shape.last_mut().expect("not a scalar") = skv - last;
+            made(cx, &TensorType::new(dt, pad_shape.clone()))?;
             let pad = constant(im, cx, "mask padding", Tensor::full(&TensorType::new(dt, pad_shape), f64::NEG_INFINITY))?;
             mv = one(im, Op::Concat { axis: mt.shape.len() - 1 }, &[mv, pad])?;
         }
@@ -1481,6 +1515,8 @@ fn attention(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
         y = one(im, Op::Transpose { perm: vec![0, 2, 1, 3] }, &[y])?;
         y = one(im, Op::Reshape { shape: vec![b, sq, h * vs[3]] }, &[y])?;
     }
+    // Modes 0 and 1 give the scores after softcap, as the reference does
+    // (the spec's mode 0 is the raw product; they differ only with softcap).
     let qk_out = match mode {
         0 | 1 => qk,
         2 => with_bias,
@@ -1510,16 +1546,17 @@ fn conv_transpose(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
     let strides = spatial_attr(cx, "strides", n)?;
     let dilations = spatial_attr(cx, "dilations", n)?;
     let group = usize::try_from(cx.int("group", 1)?).ok().filter(|&g| g > 0).ok_or_else(|| cx.bad("group must be positive"))?;
-    if xt.shape[1] != wt.shape[0] || xt.shape[1] % group != 0 {
+    if xt.shape[1] != wt.shape[0] || xt.shape[1] == 0 || xt.shape[1] % group != 0 {
         return Err(cx.bad(format!("input {xt} has not the weight {wt}'s {} input channels in {group} groups", wt.shape[0])));
     }
     let list = |k: &str| -> Result<Option<Vec<i64>>, IrError> { cx.ints(k) };
     let output_padding = list("output_padding")?.unwrap_or_else(|| vec![0; n]);
-    let spatial_in: Vec<i64> = xt.shape[2..].iter().map(|&d| d as i64).collect();
+    // In i128: no attribute can overflow it.
+    let spatial_in: Vec<i128> = xt.shape[2..].iter().map(|&d| d as i128).collect();
     let natural = |i: usize| {
-        strides[i] as i64 * (spatial_in[i] - 1)
-            + output_padding.get(i).copied().unwrap_or(0)
-            + (kernel[i] as i64 - 1) * dilations[i] as i64
+        strides[i] as i128 * (spatial_in[i] - 1)
+            + output_padding.get(i).copied().unwrap_or(0) as i128
+            + (kernel[i] as i128 - 1) * dilations[i] as i128
             + 1
     };
     let auto = cx.string("auto_pad")?.unwrap_or_else(|| "NOTSET".into());
@@ -1527,11 +1564,13 @@ fn conv_transpose(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
     if output_shape.as_ref().is_some_and(|v| v.len() != n) || output_padding.len() != n {
         return Err(cx.bad(format!("invalid ONNX: output_shape and output_padding need {n} values")));
     }
-    let pads: Vec<i64> = match (list("pads")?, auto.as_str()) {
+    let pads: Vec<i128> = match (list("pads")?, auto.as_str()) {
         (None, "SAME_UPPER" | "SAME_LOWER") => {
-            let out = output_shape.get_or_insert_with(|| (0..n).map(|i| spatial_in[i] * strides[i] as i64).collect()).clone();
-            let total: Vec<i64> = (0..n).map(|i| natural(i) - out[i]).collect();
-            let (small, big): (Vec<i64>, Vec<i64>) = total.iter().map(|t| (t / 2, t - t / 2)).unzip();
+            let out = output_shape
+                .get_or_insert_with(|| (0..n).map(|i| (spatial_in[i] * strides[i] as i128).min(i64::MAX as i128) as i64).collect())
+                .clone();
+            let total: Vec<i128> = (0..n).map(|i| natural(i) - out[i] as i128).collect();
+            let (small, big): (Vec<i128>, Vec<i128>) = total.iter().map(|t| (t / 2, t - t / 2)).unzip();
             if auto == "SAME_UPPER" {
                 [small, big].concat()
             } else {
@@ -1539,18 +1578,23 @@ fn conv_transpose(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
             }
         }
         (None, "NOTSET" | "VALID") => vec![0; 2 * n],
-        (Some(p), "NOTSET") if p.len() == 2 * n => p,
+        (Some(p), "NOTSET") if p.len() == 2 * n => p.into_iter().map(i128::from).collect(),
         (Some(p), _) => return Err(cx.bad(format!("invalid ONNX: pads {p:?} with auto_pad {auto}"))),
         (None, other) => return Err(cx.unsupported(format!("auto_pad={other}"))),
     };
-    let out: Vec<i64> = match output_shape {
-        Some(o) => o,
+    let out: Vec<i128> = match output_shape {
+        Some(o) => o.into_iter().map(i128::from).collect(),
         None => (0..n).map(|i| natural(i) - pads[i] - pads[i + n]).collect(),
     };
     if pads.iter().any(|&p| p < 0) || out.iter().any(|&o| o <= 0) {
         return Err(cx.unsupported(format!("pads {pads:?} and output size {out:?} (negative padding)")));
     }
-    let mut shape = vec![xt.shape[0], wt.shape[1] * group];
+    let huge = |v: i128| v > 1 << 40;
+    if pads.iter().copied().any(huge) || out.iter().copied().any(huge) {
+        return Err(cx.too_large(format!("pads {pads:?} and output size {out:?}")));
+    }
+    let channels = wt.shape[1].checked_mul(group).ok_or_else(|| cx.too_large(format!("{} x {group} output channels", wt.shape[1])))?;
+    let mut shape = vec![xt.shape[0], channels];
     shape.extend(out.iter().map(|&o| o as usize));
     let conv = Conv { strides, pads: pads.iter().map(|&p| p as usize).collect(), dilations, group };
     // The forward convolution of the output's shape must give the input's.
@@ -1621,6 +1665,12 @@ fn arg_extreme(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
     let max = |keepdims| Op::Reduce { op: ReduceOp::Max, axes: vec![ax], keepdims };
     let m = one_value(im, cx, max(true), &[xv])?;
     let at = one_value(im, cx, Op::Compare(CompareOp::Equal), &[xv, m])?;
+    // As numpy: where the slice holds a NaN, the (first or last) NaN.
+    let nan = one_value(im, cx, Op::IsNaN, &[xv])?;
+    let nan_f = one_value(im, cx, Op::Cast { to: DType::F32 }, &[nan])?;
+    let any = one_value(im, cx, max(true), &[nan_f])?;
+    let any = one_value(im, cx, Op::Cast { to: DType::Bool }, &[any])?;
+    let at = one_value(im, cx, Op::Where, &[any, nan, at])?;
     let mut shape = vec![1; rank];
     shape[ax] = n;
     // Positions in f32 (exact below 2^24): index for the last, -index for the first.
@@ -1814,15 +1864,12 @@ fn resize(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
         if outw == 0 || inw == 0 {
             return Err(cx.unsupported(format!("an empty resize ({inw} to {outw} along axis {a})")));
         }
-        if inw.saturating_mul(outw) > 1 << 24 {
-            return Err(
-                cx.unsupported(format!("resizing {inw} to {outw} along axis {a} (an interpolation matrix of more than 2^24 entries)"))
-            );
-        }
+        made(cx, &TensorType::new(DType::I64, vec![outw]))?;
         let (fin, fout) = (inw as f64, sc * inw as f64);
-        // m[i * outw + o]: the weight of input i in output o.
-        let mut m = vec![0.0f64; inw * outw];
-        let mut extra = vec![0.0f64; outw];
+        // Per output position its taps (input position, weight), or none
+        // outside tf_crop_and_resize's crop.
+        let mut taps_of: Vec<Vec<(usize, f64)>> = vec![Vec::new(); outw];
+        let mut outside = vec![false; outw];
         for o in 0..outw {
             let y = o as f64;
             let x_ori = match ctm.as_str() {
@@ -1842,8 +1889,8 @@ fn resize(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
                     center * (1.0 - adjustment) + (y + 0.5) / sc - 0.5
                 }
             };
-            if ctm == "tf_crop_and_resize" && (x_ori < 0.0 || x_ori > fin - 1.0) {
-                extra[o] = extrapolation;
+            if ctm == "tf_crop_and_resize" && !(0.0..=fin - 1.0).contains(&x_ori) {
+                outside[o] = true;
                 continue;
             }
             let ratio = if x_ori == x_ori.floor() { 1.0 } else { x_ori - x_ori.floor() };
@@ -1879,31 +1926,61 @@ fn resize(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
                 let sum = if sum == 0.0 { 1.0 } else { sum };
                 c.iter_mut().for_each(|v| *v /= sum);
             }
-            for (t, v) in c.into_iter().enumerate() {
-                let i = (start + t as i64).clamp(0, inw as i64 - 1) as usize;
-                m[i * outw + o] += v;
+            if c.len() > 64 {
+                return Err(cx.unsupported(format!("resizing {inw} to {outw} along axis {a}: {} taps (at most 64)", c.len())));
+            }
+            taps_of[o] = c.into_iter().enumerate().map(|(t, v)| ((start + t as i64).clamp(0, inw as i64 - 1) as usize, v)).collect();
+        }
+        // Each tap a Gather of the input along the axis, times its weights
+        // (nearest: the one tap of weight 1, no product), summed.
+        let mut wshape = vec![1; r];
+        wshape[a] = outw;
+        if mode == "nearest" {
+            for c in taps_of.iter_mut() {
+                if let Some(&best) = c.iter().max_by(|x, y| x.1.total_cmp(&y.1)) {
+                    *c = vec![best];
+                }
             }
         }
-        let mt = Tensor::from_f32(vec![inw, outw], m.into_iter().map(|v| v as f32).collect()).cast(ty.dtype);
-        let mv = constant(im, cx, &format!("interpolation {a}"), mt)?;
-        let last = r - 1;
-        let mut perm: Vec<usize> = (0..r).collect();
-        perm.swap(a, last);
-        if a != last {
-            cur = one_value(im, cx, Op::Transpose { perm: perm.clone() }, &[cur])?;
+        let index = |im: &mut Importer, t: usize, tag: &str| {
+            let idx: Vec<i64> = taps_of.iter().map(|c| c.get(t).map_or(0, |x| x.0 as i64)).collect();
+            constant(im, cx, &format!("{tag} {a} {t}"), Tensor::from_i64(vec![outw], idx))
+        };
+        let src = cur;
+        if mode == "nearest" {
+            let idx = index(im, 0, "nearest")?;
+            cur = one_value(im, cx, Op::Gather { axis: a }, &[src, idx])?;
+        } else {
+            let n = taps_of.iter().map(Vec::len).max().unwrap_or(0);
+            let mut acc: Option<ValueId> = None;
+            for t in 0..n {
+                let idx = index(im, t, "tap")?;
+                let w: Vec<f32> = taps_of.iter().map(|c| c.get(t).map_or(0.0, |x| x.1 as f32)).collect();
+                let w = constant(im, cx, &format!("weights {a} {t}"), Tensor::from_f32(wshape.clone(), w).cast(ty.dtype))?;
+                let g = one_value(im, cx, Op::Gather { axis: a }, &[src, idx])?;
+                let term = one_value(im, cx, Op::Binary(BinaryOp::Mul), &[g, w])?;
+                acc = Some(match acc {
+                    None => term,
+                    Some(p) => one_value(im, cx, Op::Binary(BinaryOp::Add), &[p, term])?,
+                });
+            }
+            cur = match acc {
+                Some(v) => v,
+                None => {
+                    let idx = index(im, 0, "tap")?;
+                    one_value(im, cx, Op::Gather { axis: a }, &[src, idx])?
+                }
+            };
         }
-        cur = one_value(im, cx, Op::MatMul, &[cur, mv])?;
-        if extra.iter().any(|&v| v != 0.0) {
-            let e = constant(
+        if outside.iter().any(|&o| o) {
+            let mask = constant(
                 im,
                 cx,
-                &format!("extrapolation {a}"),
-                Tensor::from_f32(vec![outw], extra.iter().map(|&v| v as f32).collect()).cast(ty.dtype),
+                &format!("outside {a}"),
+                Tensor::new(wshape.clone(), TensorData::Bool(outside.clone())).expect("one per position"),
             )?;
-            cur = one_value(im, cx, Op::Binary(BinaryOp::Add), &[cur, e])?;
-        }
-        if a != last {
-            cur = one_value(im, cx, Op::Transpose { perm }, &[cur])?;
+            let e = scalar(im, cx, "extrapolation", ty.dtype, extrapolation)?;
+            cur = one_value(im, cx, Op::Where, &[mask, e, cur])?;
         }
         shape[a] = outw;
     }
@@ -1949,6 +2026,7 @@ fn built(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
                 return Err(cx.bad(format!("invalid ONNX: indices {it} do not fit data {}", ty)));
             }
             let n = ty.shape[a];
+            made(cx, &TensorType::new(it.dtype, vec![n]))?;
             let cut: Vec<usize> = (0..r).filter(|&d| d != a && it.shape[d] < ty.shape[d]).collect();
             let mut data = xv;
             if !cut.is_empty() {
@@ -1984,13 +2062,29 @@ fn built(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
             if vt.numel() != 2 {
                 return Err(cx.bad(format!("invalid ONNX: values must hold [off, on], got {vt}")));
             }
+            // Every position must be exact in the indices' type.
+            let max_index = match ty.dtype {
+                DType::I8 => i8::MAX as usize,
+                DType::U8 => u8::MAX as usize,
+                DType::I16 => i16::MAX as usize,
+                DType::U16 => u16::MAX as usize,
+                DType::F16 => 2048,
+                DType::BF16 => 256,
+                _ => usize::MAX,
+            };
+            if d > max_index {
+                return Err(cx.unsupported(format!("OneHot of depth {d} with {} indices", ty.dtype)));
+            }
             let iu = one(im, Op::Unsqueeze { axes: vec![a] }, &[xv])?;
             let pos = constant(im, cx, "positions", positions(r + 1, a, d, 0, ty.dtype))?;
-            let neg = constant(im, cx, "negative positions", positions(r + 1, a, d, -(d as i64), ty.dtype))?;
             let eq = Op::Compare(CompareOp::Equal);
-            let h1 = one(im, eq.clone(), &[iu, pos])?;
-            let h2 = one(im, eq, &[iu, neg])?;
-            let hot = one(im, Op::Logic(LogicOp::Or), &[h1, h2])?;
+            let mut hot = one(im, eq.clone(), &[iu, pos])?;
+            // Negative indices count from the end (not for unsigned ones).
+            if !matches!(ty.dtype, DType::U8 | DType::U16 | DType::U32) {
+                let neg = constant(im, cx, "negative positions", positions(r + 1, a, d, -(d as i64), ty.dtype))?;
+                let h2 = one(im, eq, &[iu, neg])?;
+                hot = one(im, Op::Logic(LogicOp::Or), &[hot, h2])?;
+            }
             let vv = im.value(values)?;
             let flat = one(im, Op::Reshape { shape: vec![2] }, &[vv])?;
             let pick = |im: &mut Importer, k: i64| -> Result<ValueId, IrError> {
@@ -2008,12 +2102,15 @@ fn built(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
             let [n, c, h, w] = ty.shape[..] else {
                 return Err(cx.bad(format!("invalid ONNX: {op_type} needs [N, C, H, W], got {ty}")));
             };
+            if b > c.max(h).max(w).max(1) {
+                return Err(cx.bad(format!("invalid ONNX: blocksize {b} for {ty}")));
+            }
             let (shape, perm, out) = if op_type == "DepthToSpace" {
                 if c % (b * b) != 0 {
                     return Err(cx.bad(format!("invalid ONNX: {c} channels do not divide by blocksize^2 = {}", b * b)));
                 }
                 let c2 = c / (b * b);
-                match cx.string("mode")?.as_deref().unwrap_or("DCR") {
+                match cx.string("mode")?.as_deref().map(str::to_ascii_uppercase).as_deref().unwrap_or("DCR") {
                     "DCR" => (vec![n, b, b, c2, h, w], vec![0, 3, 4, 1, 5, 2], vec![n, c2, h * b, w * b]),
                     "CRD" => (vec![n, c2, b, b, h, w], vec![0, 1, 4, 2, 5, 3], vec![n, c2, h * b, w * b]),
                     m => return Err(cx.bad(format!("invalid ONNX: mode {m:?}"))),
@@ -2034,33 +2131,36 @@ fn built(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
             one(im, Op::Reshape { shape: out }, &[v])?
         }
         "CumSum" => {
-            float_only("CumSum")?;
             let ax = const_int_vec(im, cx, 1, "axis")?;
             let [ax] = ax[..] else { return Err(cx.bad("invalid ONNX: axis must hold one value")) };
             let a = axis(cx, ax, r)?;
             let n = ty.shape[a];
-            if n > 4096 {
-                return Err(cx.unsupported(format!("CumSum over {n} elements (at most 4096)")));
-            }
             let (exclusive, reverse) = (cx.int("exclusive", 0)? != 0, cx.int("reverse", 0)? != 0);
-            let m: Vec<f32> = (0..n)
-                .flat_map(|i| (0..n).map(move |o| (i, o)))
-                .map(|(i, o)| match (reverse, exclusive) {
-                    (false, false) => i <= o,
-                    (false, true) => i < o,
-                    (true, false) => i >= o,
-                    (true, true) => i > o,
-                })
-                .map(|keep| if keep { 1.0 } else { 0.0 })
-                .collect();
-            let m = constant(im, cx, "triangle", Tensor::from_f32(vec![n, n], m).cast(ty.dtype))?;
-            let mut perm: Vec<usize> = (0..r).collect();
-            perm.swap(a, r - 1);
-            let moved = a != r - 1;
-            let v = if moved { one(im, Op::Transpose { perm: perm.clone() }, &[xv])? } else { xv };
-            let v = one(im, Op::MatMul, &[v, m])?;
-            if moved {
-                one(im, Op::Transpose { perm }, &[v])?
+            if n == 0 {
+                return reshaping(im, cx, Op::Identity, x);
+            }
+            // A scan in log2(n) steps, each adding the sum shifted by 2^k
+            // positions (zeros shifted in), so every element is the sum of
+            // exactly its prefix, infinities included.
+            let rev = Op::Slice { axes: vec![a], starts: vec![n as i64 - 1], ends: vec![-1], steps: vec![-1] };
+            let shift = |im: &mut Importer, v: ValueId, by: usize| -> Result<ValueId, IrError> {
+                let mut pads = vec![0; 2 * r];
+                pads[a] = by;
+                let p = one(im, Op::Pad { pads, mode: PadMode::Constant(0.0) }, &[v])?;
+                one(im, Op::Slice { axes: vec![a], starts: vec![0], ends: vec![n as i64], steps: vec![1] }, &[p])
+            };
+            let mut v = if reverse { one(im, rev.clone(), &[xv])? } else { xv };
+            if exclusive {
+                v = shift(im, v, 1)?;
+            }
+            let mut by = 1;
+            while by < n {
+                let s = shift(im, v, by)?;
+                v = one(im, Op::Binary(BinaryOp::Add), &[v, s])?;
+                by *= 2;
+            }
+            if reverse {
+                one(im, rev, &[v])?
             } else {
                 v
             }
@@ -2079,7 +2179,9 @@ fn built(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
             let final_shape: Vec<usize> =
                 if keepdims { out.clone() } else { (0..r).filter(|d| !ax.contains(d)).map(|d| ty.shape[d]).collect() };
             if ax.iter().any(|&a| ty.shape[a] == 0) {
-                return Ok(konst(Tensor::full(&TensorType::new(ty.dtype, final_shape), 1.0)));
+                let t = TensorType::new(ty.dtype, final_shape);
+                made(cx, &t)?;
+                return Ok(konst(Tensor::full(&t, 1.0)));
             }
             if ax.iter().map(|&a| ty.shape[a]).product::<usize>() > 256 {
                 return Err(cx.unsupported("ReduceProd over more than 256 elements per output"));
@@ -2124,16 +2226,23 @@ fn built(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
             }
             let spatial: usize = ty.shape[2..].iter().product();
             let grouped = vec![n, g, c / g * spatial];
-            let v = one(im, Op::Reshape { shape: grouped.clone() }, &[xv])?;
+            // GroupNormalization computes its statistics in stash_type (f32).
+            let stash = op_type == "GroupNormalization" && ty.dtype != DType::F32;
+            let work = if stash { stashed(im, cx, x)? } else { xv };
+            let work_dtype = if stash { DType::F32 } else { ty.dtype };
+            let v = one(im, Op::Reshape { shape: grouped.clone() }, &[work])?;
             let mean = |axes: Vec<usize>| Op::Reduce { op: ReduceOp::Mean, axes, keepdims: true };
             let m = one(im, mean(vec![2]), &[v])?;
             let d = one(im, Op::Binary(BinaryOp::Sub), &[v, m])?;
             let sq = one(im, Op::Binary(BinaryOp::Mul), &[d, d])?;
             let var = one(im, mean(vec![2]), &[sq])?;
-            let eps = scalar(im, cx, "epsilon", ty.dtype, cx.float("epsilon", 1e-5)? as f64)?;
+            let eps = scalar(im, cx, "epsilon", work_dtype, cx.float("epsilon", 1e-5)? as f64)?;
             let ve = one(im, Op::Binary(BinaryOp::Add), &[var, eps])?;
             let sd = one(im, Op::Unary(UnaryOp::Sqrt), &[ve])?;
-            let normed = one(im, Op::Binary(BinaryOp::Div), &[d, sd])?;
+            let mut normed = one(im, Op::Binary(BinaryOp::Div), &[d, sd])?;
+            if stash {
+                normed = one(im, Op::Cast { to: ty.dtype }, &[normed])?;
+            }
             let (view, affine_shape) = if per_group {
                 (grouped, vec![1, g, 1])
             } else {

@@ -181,7 +181,9 @@ pub(super) fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
             };
             if cx.extra_outputs_used(im, 1) {
                 // Nothing is dropped: the mask is all true.
-                out.push(konst(Tensor::full(&TensorType::new(DType::Bool, ty.shape), 1.0)).remove(0));
+                let one = super::nodes::constant(im, cx, "true", Tensor::full(&TensorType::new(DType::Bool, vec![]), 1.0))?;
+                let mask = super::nodes::one_value(im, cx, Op::Expand { shape: ty.shape }, &[one])?;
+                out.push(Entry { konst: None, value: Some(mask) });
             }
             Ok(out)
         }
