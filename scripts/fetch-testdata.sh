@@ -12,7 +12,8 @@
 #   .testdata/train_runs/   data sets for `smelt train` and PyTorch's weights
 #                           after 20 steps on them (scripts/make_train_runs.py)
 #   .testdata/onnx-node/    ONNX's node conformance suite, generated from the
-#                           onnx wheel (scripts/make_node_cases.py)
+#                           onnx wheel (scripts/make_node_cases.py), and
+#                           onnx-node-extra/ float32 forms it has in double only
 # Works from any directory; progress goes to stderr.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -99,7 +100,7 @@ else
 fi
 # 8. ONNX's node conformance suite, from the onnx wheel's generators.
 node_stamp=.testdata/onnx-node/index.tsv
-if [[ -f $node_stamp && $node_stamp -nt scripts/make_node_cases.py && $node_stamp -nt $pip_stamp ]]; then
+if [[ -f $node_stamp && -f .testdata/onnx-node-extra/index.tsv && $node_stamp -nt scripts/make_node_cases.py && $node_stamp -nt $pip_stamp ]]; then
     log "node conformance cases up to date"
 else
     log "generating ONNX's node conformance cases (seconds)"

@@ -22,6 +22,7 @@ from onnx import numpy_helper
 from onnx.backend.test.case.node import collect_testcases
 
 OUT = os.path.join(".testdata", "onnx-node")
+EXTRA = os.path.join(".testdata", "onnx-node-extra")
 
 
 def dtype_name(elem_type):
@@ -101,5 +102,63 @@ def main():
     )
 
 
+def extra_cases():
+    """float32 cases for forms the suite has only in double (Einsum's
+    scalar, inner product, ellipsis; CumSum), expected values from numpy
+    in float64: written like the suite's, under EXTRA."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(0)
+    cases = []
+    for name, eq, shapes in [
+        ("einsum_batch_matmul", "bij,bjk->bik", [(2, 3, 4), (2, 4, 5)]),
+        ("einsum_inner_prod", "i,i", [(5,), (5,)]),
+        ("einsum_scalar", "->", [()]),
+        ("einsum_sum", "ij->i", [(3, 4)]),
+        ("einsum_transpose", "ij->ji", [(3, 4)]),
+        ("einsum_implicit", "ij,jk", [(3, 4), (4, 5)]),
+        ("einsum_ellipsis", "...ij,...jk->...ik", [(2, 3, 4), (2, 4, 5)]),
+        ("einsum_outer", "i,j->ij", [(3,), (4,)]),
+        ("einsum_three", "ij,jk,k->i", [(2, 3), (3, 4), (4,)]),
+    ]:
+        xs = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+        y = np.einsum(eq, *[x.astype(np.float64) for x in xs]).astype(np.float32)
+        node = helper.make_node("Einsum", [f"x{i}" for i in range(len(xs))], ["y"], equation=eq)
+        cases.append((name, node, xs, y, [], 12))
+    for shape, axis in [((7,), 0), ((3, 5), 1), ((2, 9, 4), -2)]:
+        for exclusive in (0, 1):
+            for reverse in (0, 1):
+                x = rng.standard_normal(shape).astype(np.float32)
+                x.flat[2] = np.inf
+                v = np.flip(x, axis) if reverse else x
+                # Exclusive: the sum of the elements strictly before.
+                y = np.cumsum(np.concatenate([np.zeros_like(np.take(v, [0], axis)), np.delete(v, -1, axis)], axis) if exclusive else v, axis=axis, dtype=np.float64)
+                y = (np.flip(y, axis) if reverse else y).astype(np.float32)
+                node = helper.make_node("CumSum", ["x0", "axis"], ["y"], exclusive=exclusive, reverse=reverse)
+                ax = numpy_helper.from_array(np.array(axis, dtype=np.int64), "axis")
+                name = f"cumsum_{len(shape)}d_axis{axis}_ex{exclusive}_rev{reverse}"
+                cases.append((name, node, [x], y, [ax], 14))
+    if os.path.exists(EXTRA):
+        shutil.rmtree(EXTRA)
+    rows = []
+    for name, node, xs, y, inits, opset in cases:
+        inputs = [helper.make_tensor_value_info(f"x{i}", TensorProto.FLOAT, list(x.shape)) for i, x in enumerate(xs)]
+        out = helper.make_tensor_value_info("y", TensorProto.FLOAT, list(y.shape))
+        model = helper.make_model(helper.make_graph([node], name, inputs, [out], inits), opset_imports=[helper.make_opsetid("", opset)])
+        model.ir_version = 8
+        d = os.path.join(EXTRA, "test_" + name)
+        s = os.path.join(d, "test_data_set_0")
+        os.makedirs(s)
+        onnx.save(model, os.path.join(d, "model.onnx"))
+        for j, x in enumerate(xs):
+            write_tensor(os.path.join(s, f"input_{j}.pb"), x, f"x{j}")
+        write_tensor(os.path.join(s, "output_0.pb"), y, "y")
+        rows.append(f"test_{name}\tai.onnx\t{node.op_type}\tfloat")
+    with open(os.path.join(EXTRA, "index.tsv"), "w") as f:
+        f.write("# case\tdomain\top\tvalue dtypes\n" + "\n".join(rows) + "\n")
+    print(f"make_node_cases: {len(rows)} extra float32 cases written", file=sys.stderr)
+
+
 if __name__ == "__main__":
     main()
+    extra_cases()

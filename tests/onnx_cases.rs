@@ -512,3 +512,24 @@ fn guide_lists_the_node_suite_ops() {
         }
     }
 }
+
+/// float32 cases of forms the suite has only in double (Einsum's scalar,
+/// inner-product and ellipsis forms; CumSum with infinities), written by
+/// `scripts/make_node_cases.py` with numpy's values: every one passes, on
+/// the CPU and on the emulator.
+#[test]
+fn node_forms_the_suite_has_only_in_double() {
+    let dir = common::testdata().join("onnx-node-extra");
+    let index = std::fs::read_to_string(dir.join("index.tsv")).expect("run scripts/fetch-testdata.sh: no .testdata/onnx-node-extra");
+    let mut failures = Vec::new();
+    let mut ran = 0;
+    for line in index.lines().filter(|l| !l.starts_with('#')) {
+        let case = line.split('\t').next().unwrap();
+        ran += 1;
+        if let Err(e) = run_case(&dir.join(case), true) {
+            failures.push(format!("{case}: {e}"));
+        }
+    }
+    assert!(ran >= 20, "only {ran} cases");
+    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+}
