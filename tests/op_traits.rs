@@ -116,6 +116,15 @@ fn samples() -> Vec<(KernelOp, Vec<TensorType>)> {
     v.push((KernelOp::Op(Op::Pad { pads: vec![0, 0, 1, 0, 0, 0, 0, 2], mode: smelt_ir::PadMode::Constant(-1.5) }), vec![x.clone()]));
     v.push((KernelOp::Op(Op::Expand { shape: vec![3, 4, 5, 5] }), vec![f32t(&[4, 1, 5])]));
     v.push((KernelOp::Op(Op::IsNaN), vec![x.clone()]));
+    // Integer arithmetic and the narrow integer types.
+    for d in [DType::I32, DType::U8, DType::I16] {
+        let t = |shape: &[usize]| TensorType::new(d, shape.to_vec());
+        for bop in [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Max, BinaryOp::Min] {
+            v.push((KernelOp::Op(Op::Binary(bop)), vec![t(&[2, 5]), t(&[5])]));
+        }
+        v.push((KernelOp::Op(Op::Compare(CompareOp::GreaterOrEqual)), vec![t(&[2, 5]), t(&[5])]));
+        v.push((KernelOp::Op(Op::Cast { to: DType::F32 }), vec![t(&[2, 5])]));
+    }
     v.push((KernelOp::Op(Op::Where), vec![b(&[1, 4, 5, 5]), f32t(&[4, 1, 1]), f32t(&[5])]));
     for act in [Act::Gelu, Act::GeluTanh] {
         v.push((
@@ -288,7 +297,7 @@ fn one_node(op: &KernelOp, types: &[TensorType]) -> KernelGraph {
         } else if t.dtype == DType::Bool {
             Tensor::from_i64(t.shape.clone(), (0..t.numel() as i64).map(|k| k % 3).collect()).cast(DType::Bool)
         } else {
-            Tensor::from_i64(t.shape.clone(), (0..t.numel() as i64).map(|k| (k * 3) % 10 - 2).collect())
+            Tensor::from_i64(t.shape.clone(), (0..t.numel() as i64).map(|k| (k * 3) % 10 - 2).collect()).cast(t.dtype)
         };
         ins.push(g.add_constant(format!("c{i}"), data));
     }
