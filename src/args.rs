@@ -66,6 +66,17 @@ pub struct ModelArgs {
     /// conv, gemm...) or a node name, `*` matching any characters. Repeatable.
     #[arg(long = "keep-f32", value_name = "PATTERN")]
     pub keep_f32: Vec<String>,
+    /// Split execution for the smallest arena: run the segments at the
+    /// memory peak by slices of the batch and by bands of rows (each band
+    /// computing the halo rows its convolutions need again), recomputing at
+    /// most 15% more FLOPs. Outputs are unchanged. (`--memory-limit` splits
+    /// only as much as the limit needs.)
+    #[arg(long)]
+    pub min_memory: bool,
+    /// The memory limit that splitting aims at (set by the commands that
+    /// take `--memory-limit`).
+    #[arg(skip)]
+    pub split_limit: Option<usize>,
     #[command(flatten)]
     pub train: TrainArgs,
 }
@@ -233,6 +244,8 @@ impl ModelArgs {
             no_fuse: false,
             precision: Default::default(),
             keep_f32: Vec::new(),
+            min_memory: false,
+            split_limit: None,
             train: TrainArgs::default(),
         }
     }
@@ -255,6 +268,11 @@ impl ModelArgs {
                 gpu: crate::cost::gpu(&self.train.device).unwrap_or_default(),
                 solver: crate::RematSolver::parse(&self.train.remat_solver).unwrap_or_default(),
             }),
+            split: if self.min_memory {
+                Some(smelt_passes::split::Goal::Minimum)
+            } else {
+                self.split_limit.map(smelt_passes::split::Goal::Limit)
+            },
         })
     }
 

@@ -143,6 +143,16 @@ pub fn node_flops(g: &KernelGraph, id: NodeId) -> usize {
     }
 }
 
+/// FLOPs of node `id`'s kernel when it computes (0 for data movement:
+/// copies, slices, concatenations, gathers): what splitting recomputes.
+pub fn compute_flops(g: &KernelGraph, id: NodeId) -> usize {
+    match Kernel::lower(g, id, false) {
+        Ok(Lowered::Kernel(k)) if matches!(*k, Kernel::Layout(_) | Kernel::Select(_)) => 0,
+        Ok(Lowered::Kernel(k)) => k.flops(),
+        _ => 0,
+    }
+}
+
 /// FLOPs of every kernel of `g`.
 pub fn graph_flops(g: &KernelGraph) -> usize {
     g.node_ids().map(|n| node_flops(g, n)).sum()

@@ -20,7 +20,7 @@ use smelt_codegen::{CodegenError, Program};
 use smelt_ir::{onnx, text, zoo, Graph, IrError, KernelGraph, OpSet};
 use smelt_passes::memory::{self, Plan};
 use smelt_passes::train::{TrainConfig, TrainError, TrainStep};
-use smelt_passes::{pipeline, precision, PassError};
+use smelt_passes::{pipeline, precision, split, PassError};
 use std::path::Path;
 use std::time::Instant;
 
@@ -147,6 +147,10 @@ pub struct Options {
     /// Recompute saved activations in the backward pass until the
     /// training step's arena fits this budget (`--remat-budget`).
     pub remat: Option<Remat>,
+    /// Split segments of an inference graph (run them by samples or by
+    /// bands of rows) until its arena meets this goal (`--memory-limit`,
+    /// `--min-memory`).
+    pub split: Option<split::Goal>,
 }
 
 /// Rematerialization under a budget: what [`Session::compile`] recomputes
@@ -262,14 +266,34 @@ pub struct Compiled {
     pub stats: pipeline::Stats,
     /// What was recomputed (`Options::remat`).
     pub remat: Option<RematReport>,
-    /// The plan rematerialization made (the one [`Session::plan`] would).
+    /// What was split (`Options::split`).
+    pub split: Option<SplitReport>,
+    /// The plan rematerialization or splitting made (the one
+    /// [`Session::plan`] would).
     plan: Option<Plan>,
+}
+
+/// What splitting did.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct SplitReport {
+    /// The memory limit, or `None` for the smallest arena.
+    pub limit: Option<usize>,
+    /// The arena before splitting and after.
+    pub arena_before: usize,
+    /// See `arena_before`.
+    pub arena_after: usize,
+    /// The graph's FLOPs before splitting.
+    pub flops_before: usize,
+    /// FLOPs the splits add (halo rows computed twice).
+    pub extra_flops: usize,
+    /// The splits, in the order the search made them.
+    pub splits: Vec<split::Split>,
 }
 
 impl Compiled {
     /// The pipeline's graph, not yet planned.
     pub fn new(graph: KernelGraph, stats: pipeline::Stats) -> Compiled {
-        Compiled { graph, stats, remat: None, plan: None }
+        Compiled { graph, stats, remat: None, split: None, plan: None }
     }
 }
 
@@ -438,7 +462,41 @@ impl Session {
         if let Some(r) = self.options.remat.clone() {
             self.rematerialize(&mut compiled, &r)?;
         }
+        match self.options.split {
+            Some(split::Goal::Limit(_)) if self.train.is_some() => {} // the limit is checked, nothing is split
+            Some(goal) => self.split(&mut compiled, goal)?,
+            None => {}
+        }
         Ok(compiled)
+    }
+
+    /// Splits segments of the compiled inference graph (by samples or by
+    /// bands of rows) until its arena meets `goal` ([`Session::plan`] then
+    /// gives that plan). Nothing is split when the arena already fits.
+    pub fn split(&mut self, compiled: &mut Compiled, goal: split::Goal) -> Result<(), Error> {
+        if self.train.is_some() {
+            return Err(Error::Usage("--min-memory splits an inference graph; a training step recomputes instead (--remat-budget)".into()));
+        }
+        let hint = self.unfused_hint()?;
+        let t = Instant::now();
+        let o = split::choose(&compiled.graph, goal, Some(&hint), &crate::cost::compute_flops)?;
+        if !o.splits.is_empty() {
+            compiled.split = Some(SplitReport {
+                limit: match goal {
+                    split::Goal::Limit(l) => Some(l),
+                    split::Goal::Minimum => None,
+                },
+                arena_before: o.arena_before,
+                arena_after: o.plan.arena,
+                flops_before: o.flops_before,
+                extra_flops: o.extra_flops,
+                splits: o.splits,
+            });
+            compiled.graph = o.graph;
+            compiled.plan = Some(o.plan);
+        }
+        self.timings.plan += t.elapsed().as_secs_f64();
+        Ok(())
     }
 
     /// Recomputes saved activations of the compiled training step until its

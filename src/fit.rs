@@ -630,6 +630,8 @@ impl Fitting {
             no_fuse: false,
             precision: Policy::F32,
             keep_f32: a.keep_f32.clone(),
+            min_memory: false,
+            split_limit: None,
             train: a.train.clone(),
         };
         let Some(optimizer) = m.train.train.clone() else {

@@ -12,7 +12,7 @@ pub mod plan;
 pub mod report;
 pub mod train;
 
-pub use driver::{Compiled, Error, Options, Planned, Recomputed, Remat, RematReport, RematSolver, Session, Timings, Training};
+pub use driver::{Compiled, Error, Options, Planned, Recomputed, Remat, RematReport, RematSolver, Session, SplitReport, Timings, Training};
 
 pub use smelt_codegen as codegen;
 pub use smelt_ir as ir;

@@ -458,6 +458,7 @@ impl Planning {
             "fusion": self.compiled.stats.fusion,
             "training": self.training,
             "recomputation": self.compiled.remat,
+            "split": self.compiled.split,
             "timings_seconds": {"import": t.import, "passes": t.passes, "plan": t.plan, "check": t.check},
         })
     }

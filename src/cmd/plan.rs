@@ -9,7 +9,9 @@ use smelt::report::human_bytes;
 
 /// `smelt plan`.
 pub fn run(a: &PlanArgs) -> Result<bool> {
-    let model = &a.model;
+    let mut model = a.model.clone();
+    model.split_limit = a.memory_limit;
+    let model = &model;
     let p = smelt::plan::Planning::new(model.session()?)?;
     if let Some(path) = &a.svg {
         let train = model.train.train.as_ref().map_or(String::new(), |o| format!(" --train {o}"));

@@ -16,6 +16,7 @@ pub mod pipeline;
 pub mod precision;
 pub mod reduce_fuse;
 pub mod remat;
+pub mod split;
 pub mod train;
 pub mod views;
 

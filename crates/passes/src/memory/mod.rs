@@ -101,6 +101,18 @@ pub fn plan_quick(g: &KernelGraph, hint: Option<&[NodeId]>, given: &[NodeId]) ->
     Ok(plan_candidates(g, schedule::candidates(g, hint, Some(given))?, false))
 }
 
+/// Plans `g` on `order` alone (a schedule of every scheduled node, inputs
+/// first), placing buffers without the local search: a split search's
+/// many candidates.
+pub fn plan_order(g: &KernelGraph, order: Vec<NodeId>) -> Plan {
+    plan_candidates(g, vec![("given", order)], false)
+}
+
+/// Plans `g` on `order` alone, with the local search.
+pub fn plan_given(g: &KernelGraph, order: &[NodeId]) -> Result<Plan, smelt_ir::IrError> {
+    Ok(plan_candidates(g, vec![("split", order.to_vec())], true))
+}
+
 /// Plans `g` on the candidate schedule with the lowest lower bound.
 fn plan_candidates(g: &KernelGraph, schedules: Vec<(&'static str, Vec<NodeId>)>, search: bool) -> Plan {
     struct Best {
