@@ -34,16 +34,17 @@ use std::collections::{HashMap, HashSet};
 pub enum How {
     /// Slices of the batch (axis 0).
     Batch,
-    /// Bands of rows (axis 2 of `[N, C, H, W]`), with halos.
+    /// Bands of rows (the second-last axis: H of `[N, C, H, W]`, or of a
+    /// channel shuffle's `[N, G, C/G, H, W]`), with halos.
     Rows,
 }
 
 impl How {
-    /// The split axis.
-    pub fn axis(self) -> usize {
+    /// The split axis of a tensor of `rank` dimensions (`None`: it has none).
+    pub fn axis(self, rank: usize) -> Option<usize> {
         match self {
-            How::Batch => 0,
-            How::Rows => 2,
+            How::Batch => (rank >= 1).then_some(0),
+            How::Rows => (rank >= 3).then(|| rank - 2),
         }
     }
 
@@ -115,17 +116,24 @@ fn reads(g: &KernelGraph, n: NodeId, how: How) -> Option<Reads> {
     };
     match how {
         How::Rows => {
-            if rank != 4 {
+            if rank < 3 {
                 return None;
             }
+            let first = &g.ty(ins[0]).shape;
+            let same_rows = first.len() >= 3 && first[first.len() - 2..] == out.shape[rank - 2..];
             match &node.op {
-                KernelOp::FusedConv { conv, .. } | KernelOp::Op(Op::Conv(conv)) => conv_window(conv),
-                KernelOp::Op(Op::MaxPool(p)) => pool_window(p),
+                KernelOp::FusedConv { conv, .. } | KernelOp::Op(Op::Conv(conv)) if rank == 4 => conv_window(conv),
+                KernelOp::Op(Op::MaxPool(p)) if rank == 4 => pool_window(p),
                 // A ceil-mode window past the padding is not counted; a band's
                 // bottom pad would be.
-                KernelOp::Op(Op::AveragePool { pool, count_include_pad }) if !(*count_include_pad && pool.ceil_mode) => pool_window(pool),
+                KernelOp::Op(Op::AveragePool { pool, count_include_pad }) if rank == 4 && !(*count_include_pad && pool.ceil_mode) => {
+                    pool_window(pool)
+                }
                 KernelOp::Elementwise { .. } => Some(None),
-                KernelOp::ConcatInPlace { axis } | KernelOp::Op(Op::Concat { axis }) if *axis != 2 => Some(None),
+                KernelOp::ConcatInPlace { axis } | KernelOp::Op(Op::Concat { axis }) if *axis != rank - 2 => Some(None),
+                // A channel shuffle: rows stay rows.
+                KernelOp::Op(Op::Transpose { perm }) if perm[rank - 2] == rank - 2 && perm[rank - 1] == rank - 1 => Some(None),
+                KernelOp::Op(Op::Reshape { .. }) if same_rows => Some(None),
                 KernelOp::Op(op) if pointwise(op) => Some(None),
                 _ => None,
             }
@@ -176,7 +184,8 @@ fn whole_ok(g: &KernelGraph, n: NodeId, port: usize, v: ValueId, how: How) -> bo
         _ => {
             // Broadcast from the right: the split axis of the output is axis
             // `axis - (rank - r)` of a rank-r operand.
-            let (axis, r) = (how.axis(), t.shape.len());
+            let Some(axis) = how.axis(rank) else { return false };
+            let r = t.shape.len();
             axis + r < rank || t.shape[axis + r - rank] == 1
         }
     }
@@ -272,12 +281,13 @@ pub struct Applied {
 /// `g` with each of `segs` split `how` into `parts` (segments disjoint),
 /// `None` when some node cannot be split so. `schedule` is `g`'s.
 pub fn apply(g: &KernelGraph, segs: &[Segment], how: How, parts: usize, schedule: &[NodeId]) -> Result<Option<Applied>, IrError> {
-    let axis = how.axis();
+    let axis_of = |v: ValueId| how.axis(g.ty(v).shape.len());
     // What each segment's nodes read, checked before building anything.
     let mut plans = Vec::new();
     for s in segs {
-        let extent = *g.ty(s.exit).shape.get(axis).unwrap_or(&0);
-        if extent < parts || parts < 2 || g.ty(s.entry).shape.len() <= axis {
+        let (Some(axis), Some(_)) = (axis_of(s.exit), axis_of(s.entry)) else { return Ok(None) };
+        let extent = g.ty(s.exit).shape[axis];
+        if extent < parts || parts < 2 {
             return Ok(None);
         }
         let inside: HashSet<NodeId> = s.nodes.iter().copied().collect();
@@ -292,7 +302,11 @@ pub fn apply(g: &KernelGraph, segs: &[Segment], how: How, parts: usize, schedule
                     let (t, o) = (g.ty(v), &g.node(n).outputs[0]);
                     let same = match how {
                         How::Batch => t.shape.first() == o.shape.first(),
-                        How::Rows => t.shape.len() == o.shape.len() && (r.is_some() && port == 0 || t.shape[axis] == o.shape[axis]),
+                        // Rows: same rank except across a reshape that keeps them.
+                        How::Rows => {
+                            let (a, b) = (t.shape.len(), o.shape.len());
+                            a >= 3 && (r.is_some() && port == 0 || t.shape[a - 2] == o.shape[b - 2])
+                        }
                     };
                     if !same || (r.is_some() && port != 0 && !matches!(g.node(n).op, KernelOp::FusedConv { residual: true, .. })) {
                         return Ok(None);
@@ -362,13 +376,14 @@ fn split_one(
     parts: Vec<(usize, usize)>,
     made: &mut Vec<NodeId>,
 ) -> Result<Option<ValueId>, IrError> {
-    let axis = how.axis();
+    let axis = |v: ValueId| how.axis(g.ty(v).shape.len()).expect("checked by apply");
     let tag = match how {
         How::Batch => "s",
         How::Rows => "r",
     };
     let bug = |msg: String| IrError::Invalid(format!("split of \"{}\": {msg}", g.node(s.exit.node).name));
     let slice = |out: &mut KernelGraph, v: ValueId, r: (usize, usize), name: String, made: &mut Vec<NodeId>| -> Result<ValueId, IrError> {
+        let axis = how.axis(out.ty(v).shape.len()).expect("checked by apply");
         let op = Op::Slice { axes: vec![axis], starts: vec![r.0 as i64], ends: vec![r.1 as i64], steps: vec![1] };
         let n = out.add(KernelOp::Op(op), name, &[v])?;
         made.push(n);
@@ -390,7 +405,7 @@ fn split_one(
                     continue;
                 }
                 let want = match how_read[&n] {
-                    Some(w) if port == 0 => match window_rows(r, w, g.ty(v).shape[axis]) {
+                    Some(w) if port == 0 => match window_rows(r, w, g.ty(v).shape[axis(v)]) {
                         Some((rows, _, _)) => rows,
                         None => return Ok(None),
                     },
@@ -402,7 +417,7 @@ fn split_one(
         // The entry's rows, then each node's band in order.
         let mut val: HashMap<ValueId, (ValueId, (usize, usize))> = HashMap::new();
         let e = need[&s.entry];
-        let full = (0, g.ty(s.entry).shape[axis]);
+        let full = (0, g.ty(s.entry).shape[axis(s.entry)]);
         let ev = if e == full {
             map[&s.entry]
         } else {
@@ -422,7 +437,7 @@ fn split_one(
                 let want = match how_read[&n] {
                     Some(w) if port == 0 => {
                         let (rows, top, bottom) =
-                            window_rows(r, w, g.ty(v).shape[axis]).ok_or_else(|| bug("a band reads padding only".into()))?;
+                            window_rows(r, w, g.ty(v).shape[axis(v)]).ok_or_else(|| bug("a band reads padding only".into()))?;
                         pads = Some((top, bottom));
                         rows
                     }
@@ -439,7 +454,7 @@ fn split_one(
             let new = out.add(op, format!("{}.{tag}{k}", node.name), &ins)?;
             out.set_origin(new, node.origin.clone());
             made.push(new);
-            let got = out.node(new).outputs[0].shape[axis];
+            let got = out.node(new).outputs[0].shape[axis(ValueId { node: n, slot: 0 })];
             if got != r.1 - r.0 {
                 return Err(bug(format!("part {k} of \"{}\" has extent {got}, not {}", node.name, r.1 - r.0)));
             }
@@ -450,6 +465,7 @@ fn split_one(
     // Producers that are kernels read by nothing else write their slices
     // of a contiguous concatenation in place.
     let in_place = how == How::Batch && exits.iter().all(|v| out.node(v.node).op.is_kernel());
+    let axis = axis(s.exit);
     let op = if in_place { KernelOp::ConcatInPlace { axis } } else { KernelOp::Op(Op::Concat { axis }) };
     let c = out.add(op, format!("{}.{}", g.node(s.exit.node).name, how.name()), &exits)?;
     out.set_origin(c, g.node(s.exit.node).origin.clone());
@@ -463,6 +479,10 @@ fn band_op(op: &KernelOp, how: How, extent: usize, pads: Option<(usize, usize)>)
     let mut op = op.clone();
     match (&mut op, how) {
         (KernelOp::Op(Op::Reshape { shape }), How::Batch) => shape[0] = extent,
+        (KernelOp::Op(Op::Reshape { shape }), How::Rows) => {
+            let r = shape.len();
+            shape[r - 2] = extent;
+        }
         (KernelOp::FusedConv { conv, .. } | KernelOp::Op(Op::Conv(conv)), How::Rows) => {
             if let Some((top, bottom)) = pads {
                 conv.pads[0] = top;
@@ -619,13 +639,14 @@ fn search(mut s: State, how: How, goal: Goal, budget: usize, flops: &dyn Fn(&Ker
         let mut best: Option<(Candidate, Applied, Segment, usize)> = None;
         for seg in segments {
             {
-                let extent = g.ty(seg.exit).shape.get(how.axis()).copied().unwrap_or(0);
+                let t = g.ty(seg.exit);
+                let extent = how.axis(t.shape.len()).map_or(0, |a| t.shape[a]);
                 for parts in part_counts(how, extent) {
                     let Some(applied) = apply(g, std::slice::from_ref(&seg), how, parts, &plan.schedule)? else { break };
                     let p = memory::plan_order(&applied.graph, applied.schedule.clone());
                     let before: usize = seg.nodes.iter().map(|&n| flops(g, n)).sum();
                     let after: usize = applied.made[0].iter().map(|&n| flops(&applied.graph, n)).sum();
-                    let c = Candidate { arena: p.arena, extra: after.saturating_sub(before) };
+                    let c = Candidate { arena: p.arena, extra: after.saturating_sub(before), parts };
                     if c.arena >= s.arena || s.extra + c.extra > budget {
                         continue;
                     }
@@ -672,10 +693,12 @@ fn part_counts(how: How, extent: usize) -> Vec<usize> {
 struct Candidate {
     arena: usize,
     extra: usize,
+    parts: usize,
 }
 
 impl Candidate {
-    /// Under a limit: fitting beats not fitting, then fewer FLOPs; short of
+    /// Under a limit: fitting beats not fitting, then fewer FLOPs, then
+    /// fewer parts (fewer launches); short of
     /// it, more bytes saved per FLOP (free splits first, then the largest
     /// saving). Minimum: the smallest arena, then fewer FLOPs.
     fn better(&self, other: &Candidate, now: usize, goal: Goal) -> bool {
@@ -686,7 +709,7 @@ impl Candidate {
                     return a;
                 }
                 if a {
-                    return (self.extra, self.arena) < (other.extra, other.arena);
+                    return (self.extra, self.parts, self.arena) < (other.extra, other.parts, other.arena);
                 }
                 let rate = |c: &Candidate| (now - c.arena) as f64 / (c.extra as f64 + 1.0);
                 rate(self) > rate(other)
