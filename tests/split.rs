@@ -59,3 +59,39 @@ fn a_memory_limit_splits_as_little_as_it_needs() {
     let (_, arena) = check(name, 1, Goal::Limit(limit));
     assert!(arena <= limit, "{arena} > {limit}");
 }
+
+/// The split programs' CUDA C on the emulator (band convolutions with
+/// their own pads, slices and concatenations of rows, in-place
+/// concatenations of samples), every kernel checked against its
+/// description, the outputs against the reference executor of the unsplit
+/// graph; and every kernel through NVRTC.
+#[test]
+fn split_programs_run_on_the_emulator_and_compile() {
+    let nvrtc = common::nvrtc_compiler("split");
+    for (name, batch) in [("shufflenet", 1), ("squeezenet", 2)] {
+        let spec = common::variant(name).join("model.onnx").display().to_string();
+        let g = common::load(&spec, Some(batch));
+        let x = common::random_inputs(&g, 11);
+        let mut s = Session::open(&spec, Options { batch: Some(batch), split: Some(Goal::Minimum), ..Default::default() }).unwrap();
+        let c = s.compile().unwrap();
+        let report = c.split.as_ref().expect("split");
+        let hows: std::collections::BTreeSet<_> = report.splits.iter().map(|s| s.how).collect();
+        assert!(hows.contains(&smelt::passes::split::How::Rows), "{name}: no split by rows");
+        assert!(batch == 1 || hows.contains(&smelt::passes::split::How::Batch), "{name}: no split by samples");
+        let planned = s.plan(&c).unwrap();
+        let program = s.program(&c, &planned).unwrap();
+        if let Some(nv) = &nvrtc {
+            smelt_codegen::program::compile_all(nv, &program.sources(), 2, &|_| {}).unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
+        let blob = program.weights_blob(&c.graph).unwrap();
+        let mut exec = smelt_runtime::emu::executor(program, &blob, &|_| {}).unwrap_or_else(|e| panic!("{e}"));
+        let (outputs, checks) = exec.run_checked(&x, 1e-5).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let bad: Vec<String> = checks.iter().filter(|c| !c.ok).map(|c| format!("{} (node {}): {:.3e} of range", c.kernel, c.node, c.of_range)).collect();
+        assert!(bad.is_empty(), "{name}: kernels disagree with their descriptions:\n{}", bad.join("\n"));
+        let unsplit = Session::open(&spec, Options { batch: Some(batch), ..Default::default() }).unwrap().compile().unwrap();
+        let want = smelt_runtime::cpu::run(&unsplit.graph, &x).unwrap();
+        let r = smelt::compare(&outputs[0], &want[0], 1e-4, 1e-5);
+        assert!(r.ok, "{name}: the split program on the emulator differs from the reference: {r:?}");
+        eprintln!("{name} batch {batch}: {} kernels checked on the emulator", checks.len());
+    }
+}

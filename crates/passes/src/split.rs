@@ -29,7 +29,7 @@ use smelt_ir::{IrError, KernelGraph, KernelOp, NodeId, Op, OpSet, ValueId};
 use std::collections::{HashMap, HashSet};
 
 /// How a segment is split.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum How {
     /// Slices of the batch (axis 0).
@@ -637,6 +637,9 @@ fn search(mut s: State, how: How, goal: Goal, budget: usize, flops: &dyn Fn(&Ker
             }
         }
         let mut best: Option<(Candidate, Applied, Segment, usize)> = None;
+        if std::env::var_os("SMELT_SPLIT_DEBUG").is_some() {
+            eprintln!("round {how:?}: arena {} peak {} ({}), {} segments", s.arena, peak, g.node(plan.schedule[peak]).name, segments.len());
+        }
         for seg in segments {
             {
                 let t = g.ty(seg.exit);
