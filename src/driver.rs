@@ -288,6 +288,9 @@ pub struct SplitReport {
     pub extra_flops: usize,
     /// The splits, in the order the search made them.
     pub splits: Vec<split::Split>,
+    /// Live bytes per step before splitting (the picture's comparison).
+    #[serde(skip)]
+    pub live_before: Vec<usize>,
 }
 
 impl Compiled {
@@ -491,6 +494,7 @@ impl Session {
                 flops_before: o.flops_before,
                 extra_flops: o.extra_flops,
                 splits: o.splits,
+                live_before: o.live_before,
             });
             compiled.graph = o.graph;
             compiled.plan = Some(o.plan);

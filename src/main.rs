@@ -202,7 +202,10 @@ pub(crate) struct PlanArgs {
     /// Draw live bytes per step and the arena layout to FILE (SVG).
     #[arg(long, value_name = "FILE")]
     pub(crate) svg: Option<PathBuf>,
-    /// Fail when the arena exceeds SIZE (B, KiB, MiB, GiB, KB, MB, GB; e.g. 6GiB).
+    /// Fit the arena in SIZE (B, KiB, MiB, GiB, KB, MB, GB; e.g. 6GiB): when the
+    /// whole-op plan is larger, split the segments at its peak (by slices of
+    /// the batch, or by bands of rows) until it fits; fail, naming a batch
+    /// that fits, when nothing does. A training step is only checked.
     #[arg(long, value_name = "SIZE", value_parser = smelt::plan::parse_size)]
     pub(crate) memory_limit: Option<usize>,
     /// Print the time of each phase (import, passes, planning, check).
@@ -267,7 +270,8 @@ pub(crate) struct RunArgs {
     /// runs once).
     #[arg(long, default_value_t = 20)]
     pub(crate) repeat: usize,
-    /// Refuse to run when the activation arena exceeds SIZE (as `smelt plan --memory-limit`).
+    /// Fit the activation arena in SIZE, splitting as `smelt plan
+    /// --memory-limit` does; refuse to run when nothing fits.
     #[arg(long, value_name = "SIZE", value_parser = smelt::plan::parse_size)]
     pub(crate) memory_limit: Option<usize>,
     /// Print JSON instead of text.

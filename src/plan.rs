@@ -299,12 +299,19 @@ fn esc(s: &str) -> String {
 /// the arena layout of `plan` (each buffer a rectangle in time x offset,
 /// the peak marked).
 pub fn svg(title: &str, plan: &Plan, g: &KernelGraph, unfused: Option<&Plan>) -> String {
-    svg_marked(title, plan, g, unfused, None)
+    svg_marked(title, plan, g, unfused, None, None)
 }
 
 /// As [`svg`], with the step where a training step's backward pass starts
 /// marked on both plots.
-pub fn svg_marked(title: &str, plan: &Plan, g: &KernelGraph, unfused: Option<&Plan>, backward_at: Option<usize>) -> String {
+pub fn svg_marked(
+    title: &str,
+    plan: &Plan,
+    g: &KernelGraph,
+    unfused: Option<&Plan>,
+    backward_at: Option<usize>,
+    split: Option<&crate::SplitReport>,
+) -> String {
     let (w, left, top_h, lay_h, pad) = (1100.0, 70.0, 220.0, 420.0, 30.0);
     let plot_w = w - left - 20.0;
     let height = pad + top_h + 2.0 * pad + lay_h + 40.0;
@@ -314,7 +321,8 @@ pub fn svg_marked(title: &str, plan: &Plan, g: &KernelGraph, unfused: Option<&Pl
     let series: Vec<(&str, Vec<usize>, &str)> = unfused
         .map(|u| ("without fusion", u.live_bytes(), "#c44"))
         .into_iter()
-        .chain(std::iter::once(("with fusion", plan.live_bytes(), "#26a")))
+        .chain(split.map(|s| ("with fusion, not split", s.live_before.clone(), "#999")))
+        .chain(std::iter::once((if split.is_some() { "with fusion, split" } else { "with fusion" }, plan.live_bytes(), "#26a")))
         .collect();
     let ymax = series.iter().flat_map(|(_, v, _)| v.iter().copied()).max().unwrap_or(1).max(1);
     let y0 = pad + top_h;
@@ -376,6 +384,28 @@ pub fn svg_marked(title: &str, plan: &Plan, g: &KernelGraph, unfused: Option<&Pl
             ly + lay_h,
             bx - 56.0,
             ly + lay_h + 30.0
+        );
+    }
+    // Split segments: a band over the steps that run their parts.
+    for (i, sp) in split.iter().flat_map(|s| s.splits.iter()).enumerate() {
+        let (a, b) = sp.steps;
+        let x = left + plot_w * a as f64 / steps;
+        let bw = (plot_w * (b - a + 1) as f64 / steps).max(1.0);
+        let what = match sp.how {
+            smelt_passes::split::How::Batch => "samples",
+            smelt_passes::split::How::Rows => "row bands",
+        };
+        s += &format!(
+            "<rect x=\"{x:.1}\" y=\"{ly}\" width=\"{bw:.1}\" height=\"{lay_h}\" fill=\"#fa0\" fill-opacity=\"0.12\" stroke=\"#c80\" stroke-dasharray=\"3 2\"><title>split {}: {} in {} {what}, {} to {}</title></rect>\n<text x=\"{:.1}\" y=\"{:.1}\" fill=\"#a60\" font-size=\"10\">{} x{}</text>\n",
+            i + 1,
+            sp.nodes.len(),
+            sp.parts,
+            esc(&sp.entry),
+            esc(&sp.exit),
+            x + 2.0,
+            ly + 12.0 + 11.0 * (i % 4) as f64,
+            sp.how.name(),
+            sp.parts
         );
     }
     let px = left + plot_w * (plan.peak_step as f64 + 0.5) / steps;
@@ -467,7 +497,8 @@ impl Planning {
     /// arena's layout, where backward starts; `title` heads it.
     pub fn svg(&self, title: &str) -> String {
         let other = (!self.session.options.no_fuse).then_some(&self.planned.unfused_plan);
-        svg_marked(title, &self.planned.plan, &self.compiled.graph, other, self.training.as_ref().map(|t| t.backward_starts_at))
+        let backward = self.training.as_ref().map(|t| t.backward_starts_at);
+        svg_marked(title, &self.planned.plan, &self.compiled.graph, other, backward, self.compiled.split.as_ref())
     }
 
     /// Fails with [`crate::Error::MemoryLimit`] when the arena exceeds

@@ -59,6 +59,7 @@ fn samples() -> Vec<(KernelOp, Vec<TensorType>)> {
         (KernelOp::Op(Op::MatMul), vec![f32t(&[8]), f32t(&[2, 8, 5])]),
         (KernelOp::Op(Op::Concat { axis: 1 }), vec![x.clone(), f32t(&[1, 2, 5, 5])]),
         (KernelOp::ConcatInPlace { axis: 1 }, vec![x.clone(), f32t(&[1, 2, 5, 5])]),
+        (KernelOp::SliceView { axis: 1, start: 1, end: 3 }, vec![x.clone()]),
         (KernelOp::Op(Op::Split { axis: 1, sizes: vec![1, 3] }), vec![x.clone()]),
         (KernelOp::Op(Op::Slice { axes: vec![2], starts: vec![1], ends: vec![4], steps: vec![2] }), vec![x.clone()]),
         (KernelOp::Op(Op::Reshape { shape: vec![1, 100] }), vec![x.clone()]),
@@ -231,6 +232,7 @@ fn covered(op: &KernelOp) {
         | KernelOp::Elementwise { .. }
         | KernelOp::FusedReduction { .. }
         | KernelOp::ConcatInPlace { .. }
+        | KernelOp::SliceView { .. }
         | KernelOp::Attention { .. }
         | KernelOp::GemmEpilogue { .. } => {}
     }

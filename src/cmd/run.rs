@@ -36,7 +36,10 @@ struct Ran {
 
 /// `smelt run`.
 pub fn run(a: &RunArgs) -> Result<bool> {
-    let mut s = a.model.session_with_values()?;
+    // A memory limit splits what runs above it (as `smelt plan --memory-limit`).
+    let mut model = a.model.clone();
+    model.split_limit = a.memory_limit;
+    let mut s = model.session_with_values()?;
     let compiled = s.compile().with_context(|| format!("cannot compile {}", a.model.model))?;
     super::log_time("compile", s.timings.passes);
     // Under a reduced precision, also run in f32 and report the error.

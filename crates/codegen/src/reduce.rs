@@ -110,6 +110,7 @@ impl Reduction {
             | KernelOp::FusedGemm { .. }
             | KernelOp::Elementwise { .. }
             | KernelOp::ConcatInPlace { .. }
+            | KernelOp::SliceView { .. }
             | KernelOp::Attention { .. }
             | KernelOp::GemmEpilogue { .. } => return None,
         };

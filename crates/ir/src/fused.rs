@@ -133,6 +133,7 @@ impl Expr {
             | crate::KernelOp::FusedGemm { .. }
             | crate::KernelOp::FusedReduction { .. }
             | crate::KernelOp::ConcatInPlace { .. }
+            | crate::KernelOp::SliceView { .. }
             | crate::KernelOp::Attention { .. }
             | crate::KernelOp::GemmEpilogue { .. } => None,
         }

@@ -293,6 +293,20 @@ pub fn infer_kernel(op: &KernelOp, ins: &[&TensorType]) -> Result<Vec<TensorType
         KernelOp::FusedGemm { trans_a, trans_b, .. } => gemm(*trans_a, *trans_b, ins, true)?,
         KernelOp::Elementwise { expr } => elementwise(expr, ins)?,
         KernelOp::ConcatInPlace { axis } => concat(*axis, ins)?,
+        KernelOp::SliceView { axis, start, end } => {
+            arity(ins, 1, 1)?;
+            let x = ins[0];
+            let (axis, start, end) = (*axis, *start, *end);
+            if axis >= x.shape.len() || start >= end || end > x.shape[axis] {
+                return Err(format!("slice_view [{start}, {end}) of axis {axis} is outside {x}"));
+            }
+            if x.shape[..axis].iter().product::<usize>() != 1 {
+                return Err(format!("slice_view of axis {axis} of {x} is not contiguous (the dims before it have more than one element)"));
+            }
+            let mut shape = x.shape.clone();
+            shape[axis] = end - start;
+            TensorType::new(x.dtype, shape)
+        }
         KernelOp::Attention { expr, score, perms, .. } => return attention_types(expr, *score, perms, ins).map(|(t, _)| vec![t]),
         KernelOp::GemmEpilogue { product, expr, shape } => {
             if ins.len() < 2 {

@@ -123,6 +123,18 @@ pub enum KernelOp {
         /// elements, as a reshape between them would).
         shape: Vec<usize>,
     },
+    /// Rows `[start, end)` along `axis` of its input, where the dims before
+    /// `axis` have one element in all: contiguous bytes of the input, a
+    /// view at an offset (no kernel). Split execution reads each slice of
+    /// the batch so.
+    SliceView {
+        /// The sliced axis.
+        axis: usize,
+        /// First index.
+        start: usize,
+        /// Exclusive end.
+        end: usize,
+    },
     /// A concatenation whose producers write straight into their slices of
     /// the output: no copy kernel, and the memory planner may alias.
     ConcatInPlace {
@@ -197,6 +209,7 @@ impl OpSet for KernelOp {
             KernelOp::Elementwise { .. } => "elementwise",
             KernelOp::FusedReduction { .. } => "fused_reduction",
             KernelOp::ConcatInPlace { .. } => "concat_in_place",
+            KernelOp::SliceView { .. } => "slice_view",
             KernelOp::Attention { .. } => "attention",
             KernelOp::GemmEpilogue { .. } => "gemm_epilogue",
         }
@@ -215,6 +228,7 @@ impl OpSet for KernelOp {
             | KernelOp::Elementwise { .. }
             | KernelOp::FusedReduction { .. }
             | KernelOp::ConcatInPlace { .. }
+            | KernelOp::SliceView { .. }
             | KernelOp::Attention { .. }
             | KernelOp::GemmEpilogue { .. } => None,
         }

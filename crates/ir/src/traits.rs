@@ -173,6 +173,7 @@ impl KernelOp {
             KernelOp::Elementwise { .. } => t(K::Elementwise, P::Half, I::Any, L::Kernel),
             KernelOp::FusedReduction { .. } => t(K::Reduction, P::Sensitive, I::No, L::Kernel),
             KernelOp::ConcatInPlace { .. } => t(K::Movement, P::Follows, I::No, L::Alias),
+            KernelOp::SliceView { .. } => t(K::View, P::Follows, I::No, L::Nothing),
             // Products in the inputs' precision, the softmax in f32 registers.
             KernelOp::Attention { .. } => t(K::Layer, P::Half, I::No, L::Kernel),
             KernelOp::GemmEpilogue { .. } => Traits { widens_first_operand: true, ..t(K::Layer, P::Half, I::No, L::Kernel) },

@@ -142,7 +142,7 @@ fn reads(g: &KernelGraph, n: NodeId, how: How) -> Option<Reads> {
             let first = g.ty(ins[0]);
             let ok = match &node.op {
                 KernelOp::FusedConv { .. } | KernelOp::Elementwise { .. } => true,
-                KernelOp::ConcatInPlace { axis } => *axis != 0,
+                KernelOp::ConcatInPlace { axis } | KernelOp::SliceView { axis, .. } => *axis != 0,
                 KernelOp::FusedGemm { trans_a, .. } => !trans_a,
                 KernelOp::FusedReduction { reduction, .. } => match reduction.as_ref() {
                     Op::GlobalAveragePool => true,
@@ -165,7 +165,7 @@ fn reads(g: &KernelGraph, n: NodeId, how: How) -> Option<Reads> {
                 },
                 _ => false,
             };
-            (ok && rank >= 1 && first.shape.len() >= 1).then_some(None)
+            (ok && rank >= 1 && !first.shape.is_empty()).then_some(None)
         }
     }
 }
@@ -384,8 +384,14 @@ fn split_one(
     let bug = |msg: String| IrError::Invalid(format!("split of \"{}\": {msg}", g.node(s.exit.node).name));
     let slice = |out: &mut KernelGraph, v: ValueId, r: (usize, usize), name: String, made: &mut Vec<NodeId>| -> Result<ValueId, IrError> {
         let axis = how.axis(out.ty(v).shape.len()).expect("checked by apply");
-        let op = Op::Slice { axes: vec![axis], starts: vec![r.0 as i64], ends: vec![r.1 as i64], steps: vec![1] };
-        let n = out.add(KernelOp::Op(op), name, &[v])?;
+        // Contiguous bytes (a slice of the batch, or rows of one image of one
+        // channel) are a view; other slices a copy.
+        let op = if out.ty(v).shape[..axis].iter().product::<usize>() == 1 {
+            KernelOp::SliceView { axis, start: r.0, end: r.1 }
+        } else {
+            KernelOp::Op(Op::Slice { axes: vec![axis], starts: vec![r.0 as i64], ends: vec![r.1 as i64], steps: vec![1] })
+        };
+        let n = out.add(op, name, &[v])?;
         made.push(n);
         Ok(ValueId { node: n, slot: 0 })
     };
@@ -519,6 +525,9 @@ pub struct Split {
     pub arena_before: usize,
     /// See `arena_before`.
     pub arena_after: usize,
+    /// The first and last steps of the final schedule that run its parts
+    /// (its slices, parts and concatenation, and later splits of them).
+    pub steps: (usize, usize),
 }
 
 /// What the search did.
@@ -536,6 +545,8 @@ pub struct Outcome {
     pub flops_before: usize,
     /// Extra FLOPs of all splits.
     pub extra_flops: usize,
+    /// Live bytes at each step of the plan before any split.
+    pub live_before: Vec<usize>,
 }
 
 /// What the search aims at.
@@ -551,8 +562,11 @@ pub enum Goal {
 /// The most halo FLOPs a search adds, as a fraction of the graph's.
 pub const MAX_EXTRA_FLOPS: f64 = 0.15;
 
-/// Steps before and after the peak that a segment may reach.
+/// Steps before and after the peak that a segment split by rows may reach.
 const WINDOW: usize = 24;
+
+/// Segments split by samples tried per round (the longest).
+const BATCH_SEGMENTS: usize = 8;
 
 /// Splits segments of `g` until its arena meets `goal` (or no split lowers
 /// it). `flops` prices a node. `hint` is the planner's (see
@@ -565,7 +579,8 @@ pub fn choose(
 ) -> Result<Outcome, IrError> {
     let base = memory::plan_with_hint(g, hint)?;
     let flops_before: usize = g.node_ids().map(|n| flops(g, n)).sum();
-    let start = State { graph: g.clone(), schedule: base.schedule.clone(), arena: base.arena, splits: Vec::new(), extra: 0 };
+    let start =
+        State { graph: g.clone(), schedule: base.schedule.clone(), arena: base.arena, splits: Vec::new(), made: Vec::new(), extra: 0 };
     let fits = |s: &State| matches!(goal, Goal::Limit(l) if s.arena <= l);
     let budget = match goal {
         Goal::Limit(_) => usize::MAX,
@@ -591,8 +606,17 @@ pub fn choose(
             }
         }
     }
+    let live_before = base.live_bytes();
     let plan = if best.splits.is_empty() { base } else { memory::plan_given(&best.graph, &best.schedule)? };
-    Ok(Outcome { graph: best.graph, plan, splits: best.splits, arena_before: start.arena, flops_before, extra_flops: best.extra })
+    // Each split's steps: nodes it made, or made from them by a later split
+    // (named after them).
+    let mut splits = best.splits;
+    for (sp, made) in splits.iter_mut().zip(&best.made) {
+        let ours = |name: &str| made.contains(name) || name.char_indices().any(|(i, c)| c == '.' && made.contains(&name[..i]));
+        let steps: Vec<usize> = (0..plan.schedule.len()).filter(|&i| ours(&best.graph.node(plan.schedule[i]).name)).collect();
+        sp.steps = (steps.first().copied().unwrap_or(0), steps.last().copied().unwrap_or(0));
+    }
+    Ok(Outcome { graph: best.graph, plan, splits, arena_before: start.arena, flops_before, extra_flops: best.extra, live_before })
 }
 
 #[derive(Clone)]
@@ -601,6 +625,8 @@ struct State {
     schedule: Vec<NodeId>,
     arena: usize,
     splits: Vec<Split>,
+    /// Names of the nodes each split made.
+    made: Vec<HashSet<String>>,
     extra: usize,
 }
 
@@ -626,6 +652,8 @@ fn search(mut s: State, how: How, goal: Goal, budget: usize, flops: &dyn Fn(&Ker
         let entries: Vec<NodeId> = plan.schedule[lo..=peak].iter().copied().filter(|&n| single(n)).collect();
         let exits: Vec<NodeId> = plan.schedule[peak..=hi].iter().copied().filter(|&n| single(n) && !g.node(n).op.is_input()).collect();
         let mut segments = Vec::new();
+        // Samples: the farthest exits first, each from its earliest entry.
+        let exits: Vec<NodeId> = if how == How::Batch { exits.into_iter().rev().collect() } else { exits };
         for &b in &exits {
             for &a in &entries {
                 if let Some(seg) = segment(g, ValueId { node: a, slot: 0 }, ValueId { node: b, slot: 0 }, &topo) {
@@ -635,11 +663,17 @@ fn search(mut s: State, how: How, goal: Goal, budget: usize, flops: &dyn Fn(&Ker
                     }
                 }
             }
+            if how == How::Batch && segments.len() >= 2 * BATCH_SEGMENTS {
+                break;
+            }
+        }
+        if how == How::Batch {
+            // The longest (no extra FLOPs either way; the longer, the more
+            // whole-batch values it removes).
+            segments.sort_by_key(|s| std::cmp::Reverse(s.nodes.len()));
+            segments.truncate(BATCH_SEGMENTS);
         }
         let mut best: Option<(Candidate, Applied, Segment, usize)> = None;
-        if std::env::var_os("SMELT_SPLIT_DEBUG").is_some() {
-            eprintln!("round {how:?}: arena {} peak {} ({}), {} segments", s.arena, peak, g.node(plan.schedule[peak]).name, segments.len());
-        }
         for seg in segments {
             {
                 let t = g.ty(seg.exit);
@@ -670,7 +704,9 @@ fn search(mut s: State, how: How, goal: Goal, budget: usize, flops: &dyn Fn(&Ker
             extra_flops: c.extra,
             arena_before: s.arena,
             arena_after: c.arena,
+            steps: (0, 0),
         });
+        s.made.push(applied.made[0].iter().map(|&n| applied.graph.node(n).name.clone()).collect());
         s.extra += c.extra;
         s.arena = c.arena;
         s.graph = applied.graph;

@@ -357,6 +357,9 @@ pub fn kernel_attrs_of(op: &KernelOp) -> Vec<(&'static str, Attr)> {
         }
         KernelOp::Elementwise { expr } => vec![("expr", Str(expr.to_string()))],
         KernelOp::ConcatInPlace { axis } => vec![("axis", Int(*axis as i64))],
+        KernelOp::SliceView { axis, start, end } => {
+            vec![("axis", Int(*axis as i64)), ("start", Int(*start as i64)), ("end", Int(*end as i64))]
+        }
         KernelOp::Attention { expr, score, nan_to_zero, perms } => vec![
             ("expr", Str(expr.to_string())),
             ("score", Int(*score as i64)),
@@ -395,6 +398,7 @@ pub fn kernel_op_from(name: &str, mut a: Attrs) -> Result<KernelOp, String> {
         },
         "elementwise" => KernelOp::Elementwise { expr: a.parsed("expr")? },
         "concat_in_place" => KernelOp::ConcatInPlace { axis: a.usize("axis")? },
+        "slice_view" => KernelOp::SliceView { axis: a.usize("axis")?, start: a.usize("start")?, end: a.usize("end")? },
         "attention" => KernelOp::Attention {
             expr: a.parsed("expr")?,
             score: a.usize("score")?,

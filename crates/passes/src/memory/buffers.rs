@@ -2,7 +2,7 @@
 //! buffer is live.
 //!
 //! - A view (reshape, flatten, squeeze, unsqueeze, identity, dropout) shares
-//!   its source's bytes.
+//!   its source's bytes; a `slice_view` shares its slice of them.
 //! - The inputs of an in-place concatenation live in their slices of its
 //!   output (strided intervals when the axis is not the outermost), unless
 //!   the planner chose to copy it: aliasing makes the whole output live from
@@ -133,6 +133,14 @@ pub fn build(
             if node.op.is_view() {
                 // Shares the source's bytes (nothing when the source is a constant).
                 if let Some((gr, iv)) = rel.get(&ins[0]).cloned() {
+                    let iv = match node.op {
+                        KernelOp::SliceView { axis, start, .. } => {
+                            let src = g.ty(ins[0]);
+                            let row = src.bytes() / src.shape[axis].max(1);
+                            sub_intervals(&iv, start * row, bytes(v))
+                        }
+                        _ => iv,
+                    };
                     groups[gr].members.push(v);
                     groups[gr].end = groups[gr].end.max(end);
                     rel.insert(v, (gr, iv));
@@ -222,6 +230,19 @@ pub fn build(
     }
     let rel = rel.into_iter().map(|(v, (gr, iv))| (v, Rel { buffer: id_of[&gr], intervals: iv })).collect();
     (bufs, rel, copies)
+}
+
+/// Bytes `[off, off + len)` of a value laid out over `iv` (in order).
+fn sub_intervals(iv: &[(usize, usize)], off: usize, len: usize) -> Vec<(usize, usize)> {
+    let (mut at, mut out) = (0, Vec::new());
+    for &(a, b) in iv {
+        let (lo, hi) = (off.max(at), (off + len).min(at + b - a));
+        if lo < hi {
+            out.push((a + lo - at, a + hi - at));
+        }
+        at += b - a;
+    }
+    out
 }
 
 /// Sum of live buffer bytes at each of `steps` steps.

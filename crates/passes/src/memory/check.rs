@@ -3,8 +3,9 @@
 //! the graph and the schedule, then verifies that
 //!
 //! 1. the schedule runs every non-constant node once, after its operands;
-//! 2. every value sits inside the arena, views exactly on their source and
-//!    slices of an in-place concatenation exactly on their slice;
+//! 2. every value sits inside the arena, views exactly on their source (a
+//!    `slice_view` on its rows of it) and slices of an in-place
+//!    concatenation exactly on their slice;
 //! 3. no two values live at the same time overlap in the arena (a value is
 //!    live from just after the step that writes it through its last read,
 //!    reads of a step happening before its writes);
@@ -142,7 +143,17 @@ pub fn check(g: &KernelGraph, plan: &Plan) -> Result<(), String> {
             if let Some((s, _)) = iv.iter().find(|(s, _)| s % elem != 0) {
                 return Err(format!("{} is placed at byte {s}, not a multiple of its element size {elem}", name(v)));
             }
-            if node.op.is_view() && Some(iv) != place(ins[0]) {
+            let on_source = !node.op.is_view()
+                || match (&node.op, place(ins[0])) {
+                    // The slice's bytes of its (contiguous) source.
+                    (KernelOp::SliceView { axis, start, end }, Some(&[(s, e)])) => {
+                        let src = g.ty(ins[0]);
+                        let row = src.bytes() / src.shape[*axis].max(1);
+                        e - s == src.bytes() && iv == [(s + start * row, s + end * row)]
+                    }
+                    (_, p) => Some(iv) == p,
+                };
+            if !on_source {
                 return Err(format!("view {} is not placed on its source", name(v)));
             }
         }

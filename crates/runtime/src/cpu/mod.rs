@@ -206,6 +206,7 @@ impl Eval for KernelOp {
         match self {
             KernelOp::Op(op) => eval(op, args, out),
             KernelOp::ConcatInPlace { axis } => Ok(vec![layout::concat(args, *axis, o)]),
+            KernelOp::SliceView { axis, start, .. } => Ok(vec![layout::slice(&args[0], &[*axis], &[*start as i64], &[1], o)]),
             KernelOp::Attention { expr, score, nan_to_zero, perms } => {
                 // The unfused computation: transposes, scores, prologue, softmax, product.
                 let tys: Vec<&TensorType> = args.iter().map(|a| a.ty()).collect();
