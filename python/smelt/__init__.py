@@ -366,6 +366,7 @@ class Model:
         keep_f32: Sequence[str] = (),
         fuse: bool = True,
         memory_limit: Optional[Size] = None,
+        min_memory: bool = False,
         train: Optional[str] = None,
         accumulate: int = 1,
         remat_budget: Optional[Size] = None,
@@ -381,9 +382,12 @@ class Model:
         (forward, loss, backward, update), with ``accumulate`` micro-batches
         of ``batch / accumulate`` and recomputation down to
         ``remat_budget``; other training options (``loss``, ``lr``,
-        ``freeze``, ``batch_norm``...) as the CLI's flags. Over
-        ``memory_limit`` it raises :class:`MemoryLimitError` with the advice
-        and the plan attached.
+        ``freeze``, ``batch_norm``...) as the CLI's flags. An inference
+        plan over ``memory_limit`` is split (segments run by slices of the
+        batch or bands of rows) until it fits; ``min_memory=True`` splits
+        for the smallest arena (see :attr:`Plan.split`). When nothing fits
+        it raises :class:`MemoryLimitError` with the advice and the plan
+        attached.
         """
         _check_training(training, "plan")
         limit = None if memory_limit is None else parse_size(memory_limit)
@@ -399,7 +403,7 @@ class Model:
                 device=device if device != "h100" else None,
                 **training,
             )
-        argv = self._argv(batch, dims, precision=precision, keep_f32=list(keep_f32), no_fuse=not fuse, **step)
+        argv = self._argv(batch, dims, precision=precision, keep_f32=list(keep_f32), no_fuse=not fuse, min_memory=min_memory, **step)
         extra = f" --train {train}" if train else ""
         try:
             doc, svg, notes = _smelt.plan(argv, self._title("plan", batch, extra), limit)
@@ -727,6 +731,14 @@ class Plan(_Result):
         """Where live bytes peak and what is live there."""
         p = self._doc["plan"]
         return Peak(p["peak_step"], p["peak_node"], [dict(t) for t in p["peak_live"]])
+
+    @property
+    def split(self) -> Optional[Dict[str, Any]]:
+        """What split execution did (``memory_limit`` below the whole-op plan,
+        or ``min_memory``): arena before and after, the FLOPs it adds, and
+        each split (``how``: ``batch`` or ``rows``, ``parts``, its nodes);
+        ``None`` when nothing was split."""
+        return self.to_dict()["split"]
 
     @property
     def training(self) -> Optional[Dict[str, Any]]:

@@ -68,7 +68,8 @@ fn inspect(py: Python<'_>, argv: Vec<String>) -> PyResult<String> {
 #[pyo3(signature = (argv, title, memory_limit=None))]
 fn plan(py: Python<'_>, argv: Vec<String>, title: String, memory_limit: Option<usize>) -> PyResult<(String, String, Vec<String>)> {
     let (json, svg, notes, over) = detached(py, || {
-        let m = ModelArgs::parse_from(argv)?;
+        let mut m = ModelArgs::parse_from(argv)?;
+        m.split_limit = memory_limit; // over the whole-op plan: split until it fits
         let p = smelt::plan::Planning::new(m.open(false)?)?;
         let json = p.json(&m.model, m.batch).to_string();
         let over = memory_limit.map(|l| p.check_limit(l)).transpose().err();

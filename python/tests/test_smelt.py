@@ -63,6 +63,18 @@ def test_plan_equals_the_cli(tmp_path):
         assert p["model"] == c["model"] == str(SQUEEZENET)
 
 
+def test_split_plans_equal_the_cli():
+    m = smelt.load(SQUEEZENET, batch=2)
+    whole = m.plan()
+    assert whole.split is None
+    for kw, flags in [({"min_memory": True}, ["--min-memory"]), ({"memory_limit": whole.arena_bytes * 3 // 4}, ["--memory-limit", f"{whole.arena_bytes * 3 // 4}B"])]:
+        p = m.plan(**kw)
+        c = cli("plan", SQUEEZENET, "--batch", 2, *flags)
+        assert p.to_dict()["plan"] == c["plan"] and p.split == c["split"], kw
+        assert p.arena_bytes == p.split["arena_after"] < p.split["arena_before"] == whole.arena_bytes
+        assert "row bands" in p.svg() or "samples" in p.svg()
+
+
 def test_plan_object():
     p = smelt.load("zoo:mobilenet_v2").plan(batch=8)
     assert p.lower_bound_bytes <= p.arena_bytes < p.naive_activation_bytes
