@@ -482,7 +482,8 @@ impl Session {
         }
         let hint = self.unfused_hint()?;
         let t = Instant::now();
-        let o = split::choose(&compiled.graph, goal, Some(&hint), &crate::cost::compute_flops)?;
+        let o = split::choose(&compiled.graph, goal, Some(&hint), &crate::cost::compute_flops)
+            .map_err(|source| Error::Pass(PassError::Bug { pass: "split", source }))?;
         if !o.splits.is_empty() {
             compiled.split = Some(SplitReport {
                 limit: match goal {

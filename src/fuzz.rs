@@ -54,8 +54,10 @@ fn judge(e: Error) -> Verdict {
 }
 
 /// Runs every phase on `bytes`: import, print and parse back, compile,
-/// plan and check, lower and render CUDA C, and run on the CPU (with the
-/// ONNX runner's inputs) when the run's peak is at most `run_bytes`.
+/// plan and check (also split for the smallest arena), lower and render
+/// CUDA C, and run on the CPU (with the ONNX runner's inputs) when the
+/// run's peak is at most `run_bytes`, the split graph too (its outputs must
+/// be the whole graph's).
 pub fn exercise(bytes: &[u8], format: Format, run_bytes: usize) -> Result<Reached, Verdict> {
     let refused = |e: smelt_ir::IrError| Verdict::Refused(e.to_string());
     let graph = match format {
@@ -89,6 +91,15 @@ pub fn exercise(bytes: &[u8], format: Format, run_bytes: usize) -> Result<Reache
         Err(Verdict::Refused(_)) => Reached::Planned,
         Err(bug) => return Err(bug),
     };
+    // Split execution of the same graph: planned, checked and lowered.
+    let split_options = Options { split: Some(crate::passes::split::Goal::Minimum), ..Options::default() };
+    let mut split = Session::from_graph("fuzz", s.source.clone(), split_options).map_err(judge)?;
+    let split_compiled = split.compile().map_err(judge)?;
+    let split_planned = split.plan(&split_compiled).map_err(judge)?;
+    match split.program(&split_compiled, &split_planned).map_err(judge) {
+        Ok(_) | Err(Verdict::Refused(_)) => {}
+        Err(bug) => return Err(bug),
+    }
     let peak = smelt_runtime::cpu::peak_bytes(&compiled.graph).map_err(|e| Verdict::Bug(e.to_string()))?;
     if peak > run_bytes {
         return Ok(reached);
@@ -97,7 +108,23 @@ pub fn exercise(bytes: &[u8], format: Format, run_bytes: usize) -> Result<Reache
     let compiled = s.compile().map_err(judge)?;
     let g = &compiled.graph;
     let inputs: Vec<_> = (0..g.inputs().len()).map(|i| dummy_input(g, i)).collect();
-    smelt_runtime::cpu::run(g, &inputs)
-        .map_err(|e| if e.is_bug() { Verdict::Bug(e.to_string()) } else { Verdict::Refused(e.to_string()) })?;
+    let run = |g: &smelt_ir::KernelGraph| {
+        smelt_runtime::cpu::run(g, &inputs)
+            .map_err(|e| if e.is_bug() { Verdict::Bug(e.to_string()) } else { Verdict::Refused(e.to_string()) })
+    };
+    let whole = run(g)?;
+    if split_compiled.split.is_some() {
+        split.fill_weights().map_err(judge)?;
+        let parts = run(&split.compile().map_err(judge)?.graph)?;
+        for (a, b) in parts.iter().zip(&whole) {
+            // Bands may sum a convolution in another order: a tolerance of
+            // the output's range.
+            let range = b.to_f32_vec().iter().filter(|x| x.is_finite()).fold(0f64, |m, &x| m.max((x as f64).abs()));
+            let c = crate::compare(a, b, 1e-3, 1e-4 * range + 1e-5);
+            if !c.ok && a.ty().dtype.is_float() {
+                return Err(Verdict::Bug(format!("the split graph computes other outputs than the whole one: {c:?}")));
+            }
+        }
+    }
     Ok(Reached::Ran)
 }

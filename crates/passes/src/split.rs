@@ -191,6 +191,19 @@ fn whole_ok(g: &KernelGraph, n: NodeId, port: usize, v: ValueId, how: How) -> bo
     }
 }
 
+/// Whether port `port` of `op` (of `arity` operands) may read a split value:
+/// a layer's data operand (and a fused convolution's residual), not its
+/// weights; any operand of other ops.
+fn splits_port(op: &KernelOp, port: usize, arity: usize) -> bool {
+    match op {
+        KernelOp::FusedConv { residual, .. } => port == 0 || (*residual && port + 1 == arity),
+        KernelOp::FusedGemm { .. }
+        | KernelOp::Op(Op::Conv(_) | Op::Gemm { .. } | Op::BatchNorm { .. } | Op::LayerNorm { .. })
+        | KernelOp::GemmEpilogue { .. } => port == 0,
+        _ => true,
+    }
+}
+
 /// Input rows that output rows `out` read through `w`, clipped to the
 /// input's `extent`, with the pads above and below the band: `None` when
 /// the band reads padding only.
@@ -296,12 +309,23 @@ pub fn apply(g: &KernelGraph, segs: &[Segment], how: How, parts: usize, schedule
             let Some(r) = reads(g, n, how) else { return Ok(None) };
             for (port, v) in g.inputs_of(n).into_iter().enumerate() {
                 let split = v == s.entry || inside.contains(&v.node);
+                if split && !splits_port(&g.node(n).op, port, g.inputs_of(n).len()) {
+                    return Ok(None); // a layer's weight computed in the segment
+                }
                 if split {
                     // A split operand is read at the output's extent (or
                     // through the window, first operand only).
                     let (t, o) = (g.ty(v), &g.node(n).outputs[0]);
                     let same = match how {
-                        How::Batch => t.shape.first() == o.shape.first(),
+                        // Samples: the same leading extent and, except across
+                        // ops that change the rank, the same rank.
+                        How::Batch => {
+                            let reshapes = matches!(
+                                g.node(n).op,
+                                KernelOp::Op(Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze { .. } | Op::Unsqueeze { .. })
+                            );
+                            t.shape.first() == o.shape.first() && (reshapes || t.shape.len() == o.shape.len())
+                        }
                         // Rows: same rank except across a reshape that keeps them.
                         How::Rows => {
                             let (a, b) = (t.shape.len(), o.shape.len());
