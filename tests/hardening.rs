@@ -159,9 +159,10 @@ fn flags_and_messages() {
     // alike are shown to the byte.
     let (code, _, err) = smelt(&["plan", "zoo:mobilenet_v2", "--memory-limit", "1MiB"]);
     assert!(code == 2 && !err.contains("smaller batch"), "{err}");
-    let (_, out, _) = smelt(&["plan", "zoo:mobilenet_v2", "--json"]);
+    // (A training step: an inference plan would be split to fit.)
+    let (_, out, _) = smelt(&["plan", "zoo:resnet8", "--train", "sgd", "--batch", "4", "--json"]);
     let arena = serde_json::from_str::<serde_json::Value>(&out).unwrap()["plan"]["arena_bytes"].as_u64().unwrap();
-    let (code, _, err) = smelt(&["plan", "zoo:mobilenet_v2", "--memory-limit", &format!("{}B", arena - 1)]);
+    let (code, _, err) = smelt(&["plan", "zoo:resnet8", "--train", "sgd", "--batch", "4", "--memory-limit", &format!("{}B", arena - 1)]);
     assert!(code == 2 && err.contains(&format!("({arena} bytes)")) && err.contains(&format!("({} bytes)", arena - 1)), "{err}");
 }
 

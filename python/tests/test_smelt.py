@@ -294,9 +294,9 @@ def test_errors_raise_their_types():
     with pytest.raises(smelt.UsageError, match="not a size"):
         m.plan(memory_limit="lots")
     with pytest.raises(smelt.MemoryLimitError) as e:
-        m.plan(batch=8, memory_limit="12MiB")
+        m.plan(batch=8, memory_limit="5MiB")  # below what splitting reaches at batch 8
     err = e.value
-    assert err.limit == 12 << 20 and err.arena == err.plan.arena_bytes > err.limit
+    assert err.limit == 5 << 20 and err.arena == err.plan.arena_bytes > err.limit
     assert err.smaller_batch is not None and err.smaller_batch[0] < 8 and err.smaller_batch[1] <= err.limit
     assert any("smaller batch" in a for a in err.advice)
     assert "peak" in str(err)

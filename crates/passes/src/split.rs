@@ -629,6 +629,17 @@ pub fn choose(
                 break;
             }
         }
+        if !fits(&best) {
+            // Nothing fits: the smallest arena the search reaches, for the
+            // error's figures (FLOPs not counted).
+            let mut s = start.clone();
+            for how in [How::Rows, How::Batch] {
+                s = search(s, how, Goal::Minimum, usize::MAX, flops)?;
+            }
+            if s.arena < best.arena {
+                best = s;
+            }
+        }
     }
     let live_before = base.live_bytes();
     let plan = if best.splits.is_empty() { base } else { memory::plan_given(&best.graph, &best.schedule)? };
