@@ -157,14 +157,14 @@ fn plan_reports_and_checks() {
 fn memory_limit_failure_names_the_peak_and_the_knobs() {
     let m = common::light_model("resnet50");
     // 20 MiB fits once the peak's layers are split; 6 MiB does not (the
-    // whole batch of images alone is 4.6 MiB) until batch 2.
+    // whole batch of images alone is 4.6 MiB), a smaller batch does.
     let (code, out, err) = run(&["plan", m.to_str().unwrap(), "--batch", "8", "--memory-limit", "20MiB"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("split execution (--memory-limit 20.0 MiB)"), "{out}");
     let (code, _, err) = run(&["plan", m.to_str().unwrap(), "--batch", "8", "--memory-limit", "6MiB"]);
     assert_eq!(code, 2);
     assert!(err.contains("memory limit is 6.0 MiB") && err.contains("peak:") && err.contains("f32[8,3,224,224]"), "{err}");
-    assert!(err.contains("--batch 2 needs") && err.contains("mixed precision"), "{err}");
+    assert!(err.contains("a smaller batch: --batch ") && err.contains("mixed precision"), "{err}");
     let (code, _, _) = run(&["plan", m.to_str().unwrap(), "--memory-limit", "1GB"]);
     assert_eq!(code, 0);
     let (code, _, err) = run(&["plan", m.to_str().unwrap(), "--memory-limit", "6 parsecs"]);

@@ -198,3 +198,34 @@ fn plan_explains_a_split() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--remat-budget"));
 }
+
+/// The torchvision-style zoo models (random weights): both modes, run on
+/// the CPU, give the whole model's outputs.
+#[test]
+fn zoo_models_split_and_match() {
+    for (spec, limit) in [("zoo:resnet50", 4_800_000), ("zoo:mobilenet_v2", 4_000_000)] {
+        let open = |goal: Option<Goal>| {
+            let mut s = Session::open(spec, Options { split: goal, ..Default::default() }).unwrap();
+            s.fill_weights().unwrap();
+            s
+        };
+        let g = common::load(spec, None);
+        let x = common::random_inputs(&g, 3);
+        let mut outs = Vec::new();
+        for goal in [None, Some(Goal::Minimum), Some(Goal::Limit(limit))] {
+            let mut s = open(goal);
+            let c = s.compile().unwrap();
+            let planned = s.plan(&c).unwrap();
+            assert!(goal.is_none() || c.split.is_some(), "{spec} {goal:?}: nothing split");
+            if let Some(Goal::Limit(l)) = goal {
+                assert!(planned.plan.arena <= l, "{spec}: {} over {l}", planned.plan.arena);
+            }
+            let program = s.program(&c, &planned).unwrap();
+            outs.push(program.run_cpu(&program.weights_blob(&c.graph).unwrap(), &x).unwrap());
+        }
+        for o in &outs[1..] {
+            let c = smelt::compare(&o[0], &outs[0][0], 1e-4, 1e-5);
+            assert!(c.ok, "{spec}: {c:?}");
+        }
+    }
+}

@@ -176,9 +176,10 @@ fn whole_ok(g: &KernelGraph, n: NodeId, port: usize, v: ValueId, how: How) -> bo
     let node = g.node(n);
     let t = g.ty(v);
     let rank = node.outputs[0].shape.len();
+    let residual = matches!(node.op, KernelOp::FusedConv { residual: true, .. }) && port + 1 == g.inputs_of(n).len();
     match (&node.op, how) {
-        // Weights and biases of layers.
-        (KernelOp::FusedConv { .. } | KernelOp::Op(Op::Conv(_)), _) => port >= 1,
+        // Weights and biases of layers (a residual is read as the output).
+        (KernelOp::FusedConv { .. } | KernelOp::Op(Op::Conv(_)), _) if !residual => port >= 1,
         (KernelOp::FusedGemm { .. } | KernelOp::Op(Op::Gemm { .. }), How::Batch) => port == 1 || t.shape.len() < 2 || t.shape[0] == 1,
         (KernelOp::Op(Op::BatchNorm { .. }), _) => port >= 1,
         _ => {
@@ -629,7 +630,7 @@ pub fn choose(
                 break;
             }
         }
-        if !fits(&best) {
+        if matches!(goal, Goal::Limit(_)) && !fits(&best) {
             // Nothing fits: the smallest arena the search reaches, for the
             // error's figures (FLOPs not counted).
             let mut s = start.clone();
