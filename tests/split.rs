@@ -229,3 +229,30 @@ fn zoo_models_split_and_match() {
         }
     }
 }
+
+/// A transformer's feed-forward blocks split by tokens (the rows of the
+/// flattened batch): BERT-base at sequence 64, run on the CPU, gives the
+/// whole model's outputs.
+#[test]
+fn transformer_feed_forward_blocks_split_by_tokens() {
+    let spec = "zoo:bert_base";
+    let mut outs = Vec::new();
+    for goal in [None, Some(Goal::Minimum)] {
+        let options = Options { dims: vec![("sequence".into(), 64)], split: goal, ..Default::default() };
+        let mut s = Session::open(spec, options).unwrap();
+        s.fill_weights().unwrap();
+        let c = s.compile().unwrap();
+        let planned = s.plan(&c).unwrap();
+        if goal.is_some() {
+            let r = c.split.as_ref().expect("split");
+            assert!(r.splits.iter().all(|s| s.how == smelt::passes::split::How::Batch) && r.arena_after < r.arena_before, "{r:?}");
+        }
+        let program = s.program(&c, &planned).unwrap();
+        let x: Vec<Tensor> = (0..c.graph.inputs().len()).map(|i| smelt::dummy_input(&c.graph, i)).collect();
+        outs.push(program.run_cpu(&program.weights_blob(&c.graph).unwrap(), &x).unwrap());
+    }
+    for (a, b) in outs[1].iter().zip(&outs[0]) {
+        let c = smelt::compare(a, b, 1e-4, 1e-5);
+        assert!(c.ok, "{c:?}");
+    }
+}

@@ -144,6 +144,14 @@ fn reads(g: &KernelGraph, n: NodeId, how: How) -> Option<Reads> {
                 KernelOp::FusedConv { .. } | KernelOp::Elementwise { .. } => true,
                 KernelOp::ConcatInPlace { axis } | KernelOp::SliceView { axis, .. } => *axis != 0,
                 KernelOp::FusedGemm { trans_a, .. } => !trans_a,
+                // Rows of a product (tokens of a flattened batch too: a
+                // transformer's feed-forward block) and its epilogue.
+                KernelOp::GemmEpilogue { product, .. } => match product.as_ref() {
+                    Op::Gemm { trans_a, .. } => !trans_a,
+                    Op::MatMul => true,
+                    _ => false,
+                },
+                KernelOp::Attention { perms, .. } => perms.iter().all(|p| p.first().is_none_or(|&d| d == 0)),
                 KernelOp::FusedReduction { reduction, .. } => match reduction.as_ref() {
                     Op::GlobalAveragePool => true,
                     Op::Softmax { axis } | Op::LogSoftmax { axis } | Op::LayerNorm { axis, .. } => *axis != 0,
@@ -158,12 +166,12 @@ fn reads(g: &KernelGraph, n: NodeId, how: How) -> Option<Reads> {
                     | Op::LayerNorm { axis, .. } => *axis != 0,
                     Op::Reshape { shape } => shape.first() == first.shape.first() && rank >= 1,
                     Op::Gemm { trans_a, .. } => !trans_a,
+                    Op::MatMul => true,
                     Op::Transpose { perm } => perm.first() == Some(&0),
                     Op::Squeeze { axes } | Op::Unsqueeze { axes } => !axes.contains(&0),
                     Op::Slice { axes, .. } => !axes.contains(&0),
                     op => pointwise(op),
                 },
-                _ => false,
             };
             (ok && rank >= 1 && !first.shape.is_empty()).then_some(None)
         }
@@ -182,6 +190,10 @@ fn whole_ok(g: &KernelGraph, n: NodeId, port: usize, v: ValueId, how: How) -> bo
         (KernelOp::FusedConv { .. } | KernelOp::Op(Op::Conv(_)), _) if !residual => port >= 1,
         (KernelOp::FusedGemm { .. } | KernelOp::Op(Op::Gemm { .. }), How::Batch) => port == 1 || t.shape.len() < 2 || t.shape[0] == 1,
         (KernelOp::Op(Op::BatchNorm { .. }), _) => port >= 1,
+        // A product's right operand: a matrix (not batched), or broadcast.
+        (KernelOp::Op(Op::MatMul) | KernelOp::GemmEpilogue { .. }, How::Batch) if port == 1 => {
+            t.shape.len() <= 2 || (t.shape.len() < rank || t.shape[0] == 1)
+        }
         _ => {
             // Broadcast from the right: the split axis of the output is axis
             // `axis - (rank - r)` of a rank-r operand.
@@ -198,9 +210,9 @@ fn whole_ok(g: &KernelGraph, n: NodeId, port: usize, v: ValueId, how: How) -> bo
 fn splits_port(op: &KernelOp, port: usize, arity: usize) -> bool {
     match op {
         KernelOp::FusedConv { residual, .. } => port == 0 || (*residual && port + 1 == arity),
-        KernelOp::FusedGemm { .. }
-        | KernelOp::Op(Op::Conv(_) | Op::Gemm { .. } | Op::BatchNorm { .. } | Op::LayerNorm { .. })
-        | KernelOp::GemmEpilogue { .. } => port == 0,
+        KernelOp::FusedGemm { .. } | KernelOp::Op(Op::Conv(_) | Op::Gemm { .. } | Op::BatchNorm { .. } | Op::LayerNorm { .. }) => port == 0,
+        // A matrix product's operands and an epilogue's (not a Gemm's B).
+        KernelOp::GemmEpilogue { product, .. } => port != 1 || matches!(product.as_ref(), Op::MatMul),
         _ => true,
     }
 }
@@ -334,6 +346,13 @@ pub fn apply(g: &KernelGraph, segs: &[Segment], how: How, parts: usize, schedule
                         }
                     };
                     if !same || (r.is_some() && port != 0 && !matches!(g.node(n).op, KernelOp::FusedConv { residual: true, .. })) {
+                        return Ok(None);
+                    }
+                    // A product's right operand is split only as a batch of
+                    // matrices beside the left one (a matrix's rows are not
+                    // the output's).
+                    let product = matches!(&g.node(n).op, KernelOp::Op(Op::MatMul) | KernelOp::GemmEpilogue { .. });
+                    if product && port == 1 && !(t.shape.len() == o.shape.len() && o.shape.len() >= 3) {
                         return Ok(None);
                     }
                 } else if !whole_ok(g, n, port, v, how) {
@@ -509,7 +528,7 @@ fn split_one(
 fn band_op(op: &KernelOp, how: How, extent: usize, pads: Option<(usize, usize)>) -> KernelOp {
     let mut op = op.clone();
     match (&mut op, how) {
-        (KernelOp::Op(Op::Reshape { shape }), How::Batch) => shape[0] = extent,
+        (KernelOp::Op(Op::Reshape { shape }) | KernelOp::GemmEpilogue { shape, .. }, How::Batch) => shape[0] = extent,
         (KernelOp::Op(Op::Reshape { shape }), How::Rows) => {
             let r = shape.len();
             shape[r - 2] = extent;
@@ -604,8 +623,15 @@ pub fn choose(
 ) -> Result<Outcome, IrError> {
     let base = memory::plan_with_hint(g, hint)?;
     let flops_before: usize = g.node_ids().map(|n| flops(g, n)).sum();
-    let start =
-        State { graph: g.clone(), schedule: base.schedule.clone(), arena: base.arena, splits: Vec::new(), made: Vec::new(), extra: 0 };
+    let start = State {
+        graph: g.clone(),
+        schedule: base.schedule.clone(),
+        arena: base.arena,
+        splits: Vec::new(),
+        made: Vec::new(),
+        extra: 0,
+        area: base.live_bytes().iter().filter(|&&b| b >= base.arena).count(),
+    };
     let fits = |s: &State| matches!(goal, Goal::Limit(l) if s.arena <= l);
     let budget = match goal {
         Goal::Limit(_) => usize::MAX,
@@ -664,6 +690,8 @@ struct State {
     /// Names of the nodes each split made.
     made: Vec<HashSet<String>>,
     extra: usize,
+    /// Steps at which live bytes reach the arena.
+    area: usize,
 }
 
 /// Greedy rounds of splits `how` from `s`.
@@ -692,7 +720,8 @@ fn search(mut s: State, how: How, goal: Goal, budget: usize, flops: &dyn Fn(&Ker
         let exits: Vec<NodeId> = if how == How::Batch { exits.into_iter().rev().collect() } else { exits };
         for &b in &exits {
             for &a in &entries {
-                if let Some(seg) = segment(g, ValueId { node: a, slot: 0 }, ValueId { node: b, slot: 0 }, &topo) {
+                let seg = segment(g, ValueId { node: a, slot: 0 }, ValueId { node: b, slot: 0 }, &topo);
+                if let Some(seg) = seg.filter(|s| s.nodes.iter().all(|&n| reads(g, n, how).is_some())) {
                     segments.push(seg);
                     if how == How::Batch {
                         break;
@@ -719,8 +748,13 @@ fn search(mut s: State, how: How, goal: Goal, budget: usize, flops: &dyn Fn(&Ker
                     let p = memory::plan_order(&applied.graph, applied.schedule.clone());
                     let before: usize = seg.nodes.iter().map(|&n| flops(g, n)).sum();
                     let after: usize = applied.made[0].iter().map(|&n| flops(&applied.graph, n)).sum();
-                    let c = Candidate { arena: p.arena, extra: after.saturating_sub(before), parts };
-                    if c.arena >= s.arena || s.extra + c.extra > budget {
+                    let area = p.live_bytes().iter().filter(|&&b| b >= p.arena.min(s.arena)).count();
+                    let c = Candidate { arena: p.arena, extra: after.saturating_sub(before), parts, area };
+                    // Lower, or (samples, free) as high but at fewer steps: a
+                    // model of identical layers (a transformer's) peaks in
+                    // each, split one at a time.
+                    let lower = c.arena < s.arena || (how == How::Batch && c.arena == s.arena && c.area < s.area);
+                    if !lower || s.extra + c.extra > budget {
                         continue;
                     }
                     if best.as_ref().is_none_or(|(b, ..)| c.better(b, s.arena, goal)) {
@@ -745,6 +779,7 @@ fn search(mut s: State, how: How, goal: Goal, budget: usize, flops: &dyn Fn(&Ker
         s.made.push(applied.made[0].iter().map(|&n| applied.graph.node(n).name.clone()).collect());
         s.extra += c.extra;
         s.arena = c.arena;
+        s.area = c.area;
         s.graph = applied.graph;
         s.schedule = applied.schedule;
     }
@@ -754,11 +789,11 @@ fn search(mut s: State, how: How, goal: Goal, budget: usize, flops: &dyn Fn(&Ker
 /// Part counts tried for a split axis of `extent`.
 fn part_counts(how: How, extent: usize) -> Vec<usize> {
     let all: &[usize] = match how {
-        How::Batch => &[2, 4, 8, 16, 32, 64, 128, 256],
+        How::Batch => &[2, 4, 8, 16, 32, 64],
         How::Rows => &[2, 3, 4, 6, 8, 12, 16],
     };
     let mut v: Vec<usize> = all.iter().copied().filter(|&p| p <= extent).collect();
-    if how == How::Batch && extent > 1 && !v.contains(&extent) && extent <= 256 {
+    if how == How::Batch && extent > 1 && !v.contains(&extent) && extent <= 64 {
         v.push(extent);
     }
     v
@@ -769,6 +804,7 @@ struct Candidate {
     arena: usize,
     extra: usize,
     parts: usize,
+    area: usize,
 }
 
 impl Candidate {
@@ -787,9 +823,10 @@ impl Candidate {
                     return (self.extra, self.parts, self.arena) < (other.extra, other.parts, other.arena);
                 }
                 let rate = |c: &Candidate| (now - c.arena) as f64 / (c.extra as f64 + 1.0);
-                rate(self) > rate(other)
+                let (a, b) = (rate(self), rate(other));
+                a > b || (a == b && self.area < other.area)
             }
-            Goal::Minimum => (self.arena, self.extra) < (other.arena, other.extra),
+            Goal::Minimum => (self.arena, self.extra, self.area, self.parts) < (other.arena, other.extra, other.area, other.parts),
         }
     }
 }
