@@ -211,14 +211,21 @@ def median_ms(torch, fn, iters):
 
 
 def bench_torch(torch, batch, mode, iters=30):
+    """`mode`: eager, torch.compile, or `eager channels-last autocast
+    float16` (cuDNN on tensor cores: what smelt's mixed-f16 must match)."""
     model = torch_resnet50(torch)
+    tc = "autocast" in mode
+    if tc:
+        model = model.to(memory_format=torch.channels_last)
     torch.cuda.synchronize()
     weights = torch.cuda.memory_allocated()
     x = torch.randn(batch, 3, 224, 224, device="cuda")
+    if tc:
+        x = x.to(memory_format=torch.channels_last)
     t0 = time.time()
     if mode == "torch.compile":
         model = torch.compile(model)
-    with torch.no_grad():
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16, enabled=tc):
         for _ in range(3):
             model(x)
         torch.cuda.synchronize()
@@ -251,6 +258,8 @@ def speed(a):
         return
     for batch in speed_batches(a):
         torch_inference_row(torch, batch, "eager")
+        if not a.quick:
+            torch_inference_row(torch, batch, "eager channels-last autocast float16")
 
 
 def torch_inference_row(torch, batch, mode):

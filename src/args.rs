@@ -161,8 +161,9 @@ pub struct TrainArgs {
     /// s a plan, and not monotone in the budget by construction).
     #[arg(long, value_name = "SOLVER", default_value = "greedy", value_parser = ["greedy", "exact"], requires = "step")]
     pub remat_solver: String,
-    /// The GPU whose roofline (FP32 rate, bandwidth, SMs, launch overhead)
-    /// prices a recomputation: h100, h200, a100, v100 or l4.
+    /// The GPU whose roofline (FP32 and tensor-core rates, bandwidth, SMs,
+    /// launch overhead) prices a recomputation and `smelt compile
+    /// --report`'s estimate: h100, h200, a100, v100 or l4.
     #[arg(long, value_name = "GPU", default_value = "h100", value_parser = crate::cost::GPU_NAMES)]
     pub device: String,
     /// Take batch, accumulation, precision, optimizer and recomputation

@@ -3,12 +3,16 @@
 //! device run. `smelt fit` ranks recipes with it and rematerialization
 //! weighs what it recomputes with it.
 //!
-//! Each kernel takes `max(flops / compute roof, bytes / bandwidth)`,
-//! both roofs scaled down when the kernel launches fewer threads than the
-//! GPU holds at once (a small micro-batch leaves SMs idle), plus a launch
-//! overhead. The compute roof is the FP32 rate of the CUDA cores: smelt's
-//! kernels do not use tensor cores yet, half operands included (they are
-//! widened and multiplied on the FP32 pipes).
+//! Each kernel takes `max(compute, memory)` plus a launch overhead
+//! ([`estimate`]). Compute is the FLOPs its tiles execute (partial tiles
+//! padded) over its roof: the tensor cores' f16/bf16 rate for kernels on
+//! tensor cores, the CUDA cores' FP32 rate for the others, scaled down by
+//! the SMs a launch leaves idle (the last wave of blocks) and, below the
+//! warps an SM needs to hide latency, by the warps resident on each.
+//! Memory is the bytes it reads and writes over the bandwidth, scaled down
+//! when the launch has fewer threads than the GPU holds. Occupancy comes
+//! from ptxas's registers and shared memory when they are known, else from
+//! the threads alone.
 
 use serde::Serialize;
 use smelt_codegen::kernel::{Kernel, Lowered};
@@ -23,12 +27,24 @@ pub struct Gpu {
     pub model: &'static str,
     /// FP32 rate of the CUDA cores, FLOP/s.
     pub flops: f64,
+    /// Dense f16/bf16 rate of the tensor cores with f32 accumulation,
+    /// FLOP/s (the V100's is f16 only: bf16 needs compute_80).
+    pub tensor_flops: f64,
     /// Memory bandwidth, bytes/s.
     pub bandwidth: f64,
     /// Streaming multiprocessors.
     pub sms: usize,
     /// Resident threads per SM.
     pub threads_per_sm: usize,
+    /// The share of the tensor-core rate that `mma.sync` (what `wmma`
+    /// compiles to) reaches: Hopper's full rate needs its asynchronous
+    /// `wgmma`, and `mma.sync` gets about two thirds of it (FlashAttention-3,
+    /// Shah et al. 2024, section 1).
+    pub mma_sync: f64,
+    /// Resident blocks per SM.
+    pub blocks_per_sm: usize,
+    /// Shared memory per SM, bytes.
+    pub shared_per_sm: usize,
     /// Seconds per kernel launch.
     pub launch: f64,
     /// Device memory, bytes.
@@ -46,9 +62,13 @@ pub const GPUS: [Gpu; 5] = [
         name: "h100",
         model: "H100 SXM 80GB",
         flops: 67e12,
+        tensor_flops: 989e12,
         bandwidth: 3.35e12,
         sms: 132,
         threads_per_sm: 2048,
+        mma_sync: 0.67,
+        blocks_per_sm: 32,
+        shared_per_sm: 228 * 1024,
         launch: 4e-6,
         memory: 80 * GIB,
         link: 450e9,
@@ -57,9 +77,13 @@ pub const GPUS: [Gpu; 5] = [
         name: "h200",
         model: "H200 SXM 141GB",
         flops: 67e12,
+        tensor_flops: 989e12,
         bandwidth: 4.8e12,
         sms: 132,
         threads_per_sm: 2048,
+        mma_sync: 0.67,
+        blocks_per_sm: 32,
+        shared_per_sm: 228 * 1024,
         launch: 4e-6,
         memory: 141 * GIB,
         link: 450e9,
@@ -68,9 +92,13 @@ pub const GPUS: [Gpu; 5] = [
         name: "a100",
         model: "A100 SXM 80GB",
         flops: 19.5e12,
+        tensor_flops: 312e12,
         bandwidth: 2.04e12,
         sms: 108,
         threads_per_sm: 2048,
+        mma_sync: 1.0,
+        blocks_per_sm: 32,
+        shared_per_sm: 164 * 1024,
         launch: 4e-6,
         memory: 80 * GIB,
         link: 300e9,
@@ -79,9 +107,13 @@ pub const GPUS: [Gpu; 5] = [
         name: "v100",
         model: "V100 SXM2 32GB",
         flops: 15.7e12,
+        tensor_flops: 125e12,
         bandwidth: 0.9e12,
         sms: 80,
         threads_per_sm: 2048,
+        mma_sync: 1.0,
+        blocks_per_sm: 32,
+        shared_per_sm: 96 * 1024,
         launch: 4e-6,
         memory: 32 * GIB,
         link: 150e9,
@@ -90,9 +122,13 @@ pub const GPUS: [Gpu; 5] = [
         name: "l4",
         model: "L4 24GB",
         flops: 30.3e12,
+        tensor_flops: 121e12,
         bandwidth: 0.3e12,
         sms: 58,
         threads_per_sm: 1536,
+        mma_sync: 1.0,
+        blocks_per_sm: 24,
+        shared_per_sm: 100 * 1024,
         launch: 4e-6,
         memory: 24 * GIB,
         link: 32e9,
@@ -122,12 +158,107 @@ pub fn node_time(g: &KernelGraph, id: NodeId, gpu: &Gpu) -> f64 {
     kernel_time(&k, bytes, gpu)
 }
 
+/// What the roofline model says of one kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Estimate {
+    /// Seconds, launch overhead included.
+    pub seconds: f64,
+    /// The compute roof it runs against (tensor or CUDA cores), FLOP/s.
+    pub roof: f64,
+    /// What limits it.
+    pub bound: Bound,
+    /// Resident threads per SM over the SM's maximum.
+    pub occupancy: f64,
+    /// Blocks per SM at once.
+    pub blocks_per_sm: usize,
+    /// Useful FLOPs over the FLOPs its tiles execute.
+    pub tile_efficiency: f64,
+}
+
+/// What limits a kernel's time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Bound {
+    /// Its FLOPs.
+    Compute,
+    /// Its bytes.
+    Memory,
+    /// The launch overhead (it does almost nothing).
+    Launch,
+}
+
+/// Registers per thread and static shared memory per block, from ptxas.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Resources {
+    /// Registers per thread.
+    pub registers: usize,
+    /// Shared memory per block, bytes.
+    pub shared: usize,
+}
+
+/// Warps an SM needs resident to keep its pipes busy: tensor-core kernels
+/// issue few, long instructions (two warps per SM sub-partition); CUDA-core
+/// kernels need half the SM's threads.
+fn warps_needed(tensor_cores: bool, gpu: &Gpu) -> f64 {
+    if tensor_cores {
+        8.0
+    } else {
+        gpu.threads_per_sm as f64 / 64.0
+    }
+}
+
+/// The roofline estimate of kernel `k` moving `bytes` on `gpu`, with its
+/// ptxas resources when known.
+pub fn estimate(k: &Kernel, bytes: usize, gpu: &Gpu, res: Option<Resources>) -> Estimate {
+    let l = k.launch();
+    let block = l.block.iter().product::<usize>().max(1);
+    let blocks = l.grid.iter().product::<usize>().max(1);
+    // Blocks per SM: threads, the block limit, registers (allocated per
+    // warp in units of 256) and shared memory.
+    let mut per_sm = (gpu.threads_per_sm / block).min(gpu.blocks_per_sm);
+    if let Some(r) = res {
+        let per_warp = (r.registers.max(1) * 32).div_ceil(256) * 256;
+        per_sm = per_sm.min(65536 / (per_warp * block.div_ceil(32)).max(1));
+        if r.shared > 0 {
+            per_sm = per_sm.min(gpu.shared_per_sm / (r.shared + 1024));
+        }
+    }
+    let per_sm = per_sm.max(1);
+    let occupancy = (per_sm * block) as f64 / gpu.threads_per_sm as f64;
+    let tc = k.tensor_cores();
+    let roof = if tc { gpu.tensor_flops * gpu.mma_sync } else { gpu.flops };
+    // Compute: the busiest SM runs ceil(blocks / sms) blocks, at most
+    // per_sm at a time.
+    let on_busiest = blocks.div_ceil(gpu.sms);
+    let sm_fill = blocks as f64 / (on_busiest * gpu.sms) as f64;
+    let warps = (on_busiest.min(per_sm) * block) as f64 / 32.0;
+    let latency_fill = (warps / warps_needed(tc, gpu)).min(1.0);
+    let tiled = k.tiled_flops().max(k.flops());
+    let compute = tiled as f64 / (roof * sm_fill * latency_fill);
+    // Memory: the SMs the launch occupies, each needing 16 warps of loads
+    // in flight to take its share of the bandwidth.
+    let mem_fill = (sm_fill * (warps / 16.0).min(1.0)).max(1e-3);
+    let memory = bytes as f64 / (gpu.bandwidth * mem_fill);
+    let bound = if compute.max(memory) < gpu.launch {
+        Bound::Launch
+    } else if compute >= memory {
+        Bound::Compute
+    } else {
+        Bound::Memory
+    };
+    Estimate {
+        seconds: compute.max(memory) + gpu.launch,
+        roof,
+        bound,
+        occupancy,
+        blocks_per_sm: per_sm,
+        tile_efficiency: k.flops() as f64 / tiled.max(1) as f64,
+    }
+}
+
 /// Estimated seconds of kernel `k` moving `bytes` on `gpu`.
 pub fn kernel_time(k: &Kernel, bytes: usize, gpu: &Gpu) -> f64 {
-    let l = k.launch();
-    let threads = (l.grid.iter().product::<usize>() * l.block.iter().product::<usize>()) as f64;
-    let fill = (threads / (gpu.sms * gpu.threads_per_sm) as f64).clamp(1e-3, 1.0);
-    (k.flops() as f64 / (gpu.flops * fill)).max(bytes as f64 / (gpu.bandwidth * fill)) + gpu.launch
+    estimate(k, bytes, gpu, None).seconds
 }
 
 /// Estimated seconds of every node of `g` on `gpu`.

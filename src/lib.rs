@@ -10,6 +10,7 @@ pub mod fit;
 pub mod fuzz;
 pub mod plan;
 pub mod report;
+pub mod roofline;
 pub mod train;
 
 pub use driver::{Compiled, Error, Options, Planned, Recomputed, Remat, RematReport, RematSolver, Session, SplitReport, Timings, Training};

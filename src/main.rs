@@ -66,7 +66,7 @@ pub(crate) use smelt::args::{FitArgs, ModelArgs};
     version,
     about,
     long_about,
-    after_help = "Examples:\n  smelt inspect model.onnx --batch 8\n  smelt compile model.onnx --dump-ir fuse\n  smelt compile model.onnx --batch 8 --out build/ --ptxas-stats\n  smelt plan model.onnx --batch 8 --svg memory.svg --memory-limit 6GiB\n  smelt plan model.onnx --batch 8 --precision mixed-f16\n  smelt run model.onnx --backend cuda --profile\n  smelt run model.onnx --backend emulator --check-kernels\n  smelt run model.onnx --input input_0.pb --expect output_0.pb\n  smelt print zoo:mobilenet_v2 > mobilenet.tir\n  smelt run mobilenet.tir --json\n  smelt train model.onnx --data train.npz --val val.npz --optimizer adam --batch 32 --epochs 5 --save trained.onnx\n  smelt fit model.onnx --train adam --batch 256 --memory-limit 16GiB --precision auto --save-recipe recipe.json\n  smelt train model.onnx --recipe recipe.json --data train.npz"
+    after_help = "Examples:\n  smelt inspect model.onnx --batch 8\n  smelt compile model.onnx --dump-ir fuse\n  smelt compile model.onnx --batch 8 --out build/ --ptxas-stats\n  smelt compile zoo:resnet50 --batch 32 --precision mixed-f16 --report --device h100\n  smelt plan model.onnx --batch 8 --svg memory.svg --memory-limit 6GiB\n  smelt plan model.onnx --batch 8 --precision mixed-f16\n  smelt run model.onnx --backend cuda --profile\n  smelt run model.onnx --backend emulator --check-kernels\n  smelt run model.onnx --input input_0.pb --expect output_0.pb\n  smelt print zoo:mobilenet_v2 > mobilenet.tir\n  smelt run mobilenet.tir --json\n  smelt train model.onnx --data train.npz --val val.npz --optimizer adam --batch 32 --epochs 5 --save trained.onnx\n  smelt fit model.onnx --train adam --batch 256 --memory-limit 16GiB --precision auto --save-recipe recipe.json\n  smelt train model.onnx --recipe recipe.json --data train.npz"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -87,7 +87,7 @@ enum Command {
     /// prologues into pooling, reduce and softmax), concat (in-place
     /// concatenation), final-dce. Statistics of each pass go to standard error.
     ///
-    /// With --out DIR (or --ptxas-stats), also generate code: every kernel of
+    /// With --out DIR (or --ptxas-stats, or --report), also generate code: every kernel of
     /// the fused, planned graph becomes CUDA C, compiled to PTX with NVRTC
     /// in parallel (cached on disk, in $SMELT_CACHE_DIR or
     /// ~/.cache/smelt/kernels). DIR receives kernels/NAME.cu and
@@ -181,9 +181,18 @@ pub(crate) struct CompileArgs {
     /// Assemble each kernel with ptxas ($SMELT_PTXAS or on PATH; PyPI nvidia-cuda-nvcc-cu12) and print registers and spills.
     #[arg(long)]
     pub(crate) ptxas_stats: bool,
-    /// The ptxas target for --ptxas-stats.
+    /// The ptxas target for --ptxas-stats and --report.
     #[arg(long, default_value = smelt_codegen::ptxas::DEFAULT_SM)]
     pub(crate) sm: String,
+    /// Print every launch on --device's roofline: FLOPs, bytes moved,
+    /// FLOPs per byte, what bounds it (memory or compute), estimated time,
+    /// share of its roof (tensor cores or CUDA cores), tile efficiency,
+    /// registers, spills and occupancy (from ptxas when it is found), then a
+    /// line per kind of kernel and the model's estimated time. An estimate,
+    /// not a measurement (with --json: the "report" field).
+    #[arg(long)]
+    pub(crate) report: bool,
+
     /// Also write the weights blob (DIR/weights.bin, laid out as plan.json says).
     #[arg(long, requires = "out")]
     pub(crate) weights: bool,

@@ -331,3 +331,68 @@ fn set_gives_a_graph_input_that_an_op_needs_at_compile_time() {
         assert!(err.contains(want), "{set}: {err}");
     }
 }
+
+/// `smelt compile --report`: every launch on the roofline, ResNet-50's
+/// convolutions all on tensor cores under mixed-f16 and none in f32, no
+/// launch faster than its roofs allow, the parts summing to the whole, and
+/// occupancy from ptxas's registers and shared memory.
+#[test]
+fn compile_report_puts_every_launch_on_the_roofline() {
+    if !smelt_codegen::nvrtc_available() {
+        assert!(std::env::var_os("SMELT_REQUIRE_NVRTC").is_none(), "SMELT_REQUIRE_NVRTC is set but libnvrtc cannot be loaded");
+        eprintln!("SKIP: libnvrtc not found; `smelt compile --report` needs it");
+        return;
+    }
+    let report = |precision: &str, device: &str| {
+        let out = smelt()
+            .args(["compile", "zoo:resnet50", "--batch", "32", "--precision", precision, "--report", "--device", device, "--json"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["report"].clone()
+    };
+    for (precision, on_tc) in [("mixed-f16", true), ("mixed-bf16", true), ("f32", false)] {
+        let r = report(precision, "h100");
+        let conv = &r["by_kind"]["conv"];
+        assert_eq!(conv["launches"], 53, "{precision}: {conv}");
+        assert_eq!(conv["on_tensor_cores"].as_u64().unwrap(), if on_tc { 53 } else { 0 }, "{precision}: {conv}");
+        let (bw, tc, fp32) = (
+            r["device"]["bandwidth"].as_f64().unwrap(),
+            r["device"]["tensor_flops"].as_f64().unwrap(),
+            r["device"]["flops"].as_f64().unwrap(),
+        );
+        let launches = r["launches"].as_array().unwrap();
+        let mut total = 0.0;
+        for l in launches {
+            let (s, flops, bytes) = (l["seconds"].as_f64().unwrap(), l["flops"].as_f64().unwrap(), l["bytes"].as_f64().unwrap());
+            let roof = if l["tensor_cores"].as_bool().unwrap() { tc } else { fp32 };
+            assert!(s >= flops / roof && s >= bytes / bw, "{precision}: faster than the roofs: {l}");
+            assert!(l["of_roof"].as_f64().unwrap() <= 1.0 + 1e-9, "{l}");
+            let occ = l["occupancy"].as_f64().unwrap();
+            assert!(occ > 0.0 && occ <= 1.0, "{l}");
+            assert!(l["registers"].as_u64().is_some_and(|r| r > 0) || std::env::var_os("SMELT_PTXAS").is_none(), "{l}");
+            total += s;
+        }
+        assert!((total - r["seconds"].as_f64().unwrap()).abs() <= 1e-9 * total, "{precision}: launches do not sum to the whole");
+        if on_tc && std::env::var_os("SMELT_PTXAS").is_some() {
+            // 128 threads of a tensor-core conv at 72 registers: 7 blocks
+            // of the 16 the threads allow (65536 / (4 warps x 2304)).
+            let big = launches.iter().find(|l| l["kernel"].as_str().unwrap().starts_with("conv1x1_bias_relu_n32c1024h14w14_m256")).unwrap();
+            let regs = big["registers"].as_u64().unwrap() as usize;
+            let blocks = (65536 / (4 * (regs * 32).div_ceil(256) * 256)).min(16);
+            assert!((big["occupancy"].as_f64().unwrap() - (blocks * 128) as f64 / 2048.0).abs() < 1e-9, "{big}");
+        }
+    }
+    // The same program is slower on an A100 and its convs nearer the roof
+    // (a lower tensor rate against a similar bandwidth).
+    let (h, a) = (report("mixed-f16", "h100"), report("mixed-f16", "a100"));
+    assert!(a["seconds"].as_f64() > h["seconds"].as_f64());
+    assert!(a["conv_of_tensor_roof"].as_f64() > h["conv_of_tensor_roof"].as_f64());
+    // Text: the table, a line per kind and the summary.
+    let (code, text, err) = run(&["compile", "zoo:resnet50", "--batch", "32", "--precision", "mixed-f16", "--report"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        text.contains("conv3x3_bias_relu_n32c64h56w56_m64_f16") && text.contains("\nconv ") && text.contains("of the tensor-core roof"),
+        "{text}"
+    );
+}

@@ -374,6 +374,22 @@ extern "C" __global__ void tile(const __half* __restrict__ a, const __half* __re
             assert_eq!(d[i * 16 + j], 2.0 * acc, "d[{i}][{j}]");
         }
     }
+    // A fragment is the warp's: one that differs between lanes is an error.
+    let bad = hand_written(
+        "lanes",
+        &src.replace("extern \"C\" __global__ void tile", "extern \"C\" __global__ void lanes")
+            .replace("wmma::mma_sync(acc, fa, fb, acc);", "acc.x[0] = (float)threadIdx.x;\n    wmma::mma_sync(acc, fa, fb, acc);"),
+    );
+    let mut d = vec![0u8; 1024];
+    let e = launch_raw(
+        &bad,
+        [1, 1, 1],
+        [32, 1, 1],
+        &mut [RawArg::Buffer(&mut ab), RawArg::Buffer(&mut bb), RawArg::Buffer(&mut cb), RawArg::Buffer(&mut d)],
+    )
+    .expect_err("lane-dependent fragments must be refused")
+    .to_string();
+    assert!(e.contains("operands differ"), "{e}");
 }
 
 /// Threads of a warp at different barriers (half at `__syncthreads`, half
@@ -391,4 +407,84 @@ extern "C" __global__ void diverge(float* __restrict__ out) {
     let mut out = vec![0u8; 128];
     let e = launch_raw(&k, [1, 1, 1], [32, 1, 1], &mut [RawArg::Buffer(&mut out)]).expect_err("a divergent barrier");
     assert!(e.to_string().contains("deadlocks"), "{e}");
+}
+
+/// Tensor-core kernels (f16 and bf16 convolutions and GEMMs on `wmma`), on
+/// shapes that are not multiples of the tiles: a 3-channel first layer
+/// (depth 27), a strided 1x1, a grouped conv, a residual block (bias,
+/// residual and activation fused), a linear layer, a Gemm with both
+/// operands transposed and a scale, a batched MatMul with a broadcast
+/// operand. Each kernel equals its description (the fragments accumulate in
+/// ascending k, as the description does) and the outputs the CPU reference
+/// executor's.
+#[test]
+fn tensor_core_kernels_match_their_descriptions() {
+    use smelt_codegen::kernel::Kernel;
+    let graphs: Vec<(&str, Graph)> = vec![
+        ("conv3x3 of 3 channels", chain(&[2, 3, 9, 11], |b, x| b.conv(x, 20, 3, 1, 1), false)),
+        ("strided conv1x1 + relu", chain(&[1, 24, 10, 10], |b, x| b.conv(x, 72, 1, 2, 0).and_then(|y| b.relu(y)), false)),
+        ("grouped conv", chain(&[1, 32, 7, 7], |b, x| b.conv_g(x, 32, 3, 1, 1, 2), false)),
+        (
+            "residual block",
+            chain(
+                &[1, 16, 8, 8],
+                |b, x| {
+                    let y = b.conv(x, 16, 3, 1, 1)?;
+                    let y = b.batch_norm(y, 1.0)?;
+                    let y = b.add(y, x)?;
+                    b.relu(y)
+                },
+                false,
+            ),
+        ),
+        ("linear", chain(&[3, 40], |b, x| b.linear(x, 70), false)),
+        (
+            "gemm of transposes",
+            chain(
+                &[40, 5],
+                |b, x| {
+                    let w = b.weight("w".into(), &[70, 40], |r| r.normal());
+                    b.op(Op::Gemm { trans_a: true, trans_b: true, alpha: 0.5, beta: 1.0 }, &[x, w])
+                },
+                false,
+            ),
+        ),
+        (
+            "batched matmul",
+            chain(
+                &[2, 3, 17, 24],
+                |b, x| {
+                    let w = b.weight("w".into(), &[24, 33], |r| r.normal());
+                    b.op(Op::MatMul, &[x, w])
+                },
+                false,
+            ),
+        ),
+    ];
+    for (what, g) in &graphs {
+        let x = common::random_inputs(g, 3);
+        for policy in ["f16", "bf16"] {
+            let what = format!("{what} ({policy})");
+            let e = emulate(g, false, policy, &x);
+            assert_kernels_agree(&what, &e);
+            let mut products = 0;
+            for id in e.graph.node_ids() {
+                match Kernel::of(&e.graph, id) {
+                    Some(Kernel::Conv(c)) => {
+                        assert!(c.tensor_cores(), "{what}: {} is not on tensor cores", c.name);
+                        products += 1;
+                    }
+                    Some(Kernel::Gemm(m)) => {
+                        assert!(m.tensor_cores, "{what}: {} is not on tensor cores", m.name);
+                        products += 1;
+                    }
+                    _ => {}
+                }
+            }
+            assert_eq!(products, 1, "{what}: one product kernel");
+            let want = smelt_runtime::cpu::run(&e.graph, &x).unwrap();
+            let r = smelt::precision_error(&e.outputs[0], &want[0]);
+            assert!(r.max_abs_over_range <= 1e-2, "{what}: {:.2e} of range from the CPU reference executor", r.max_abs_over_range);
+        }
+    }
 }

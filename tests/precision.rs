@@ -43,6 +43,7 @@ fn compiled_kernels(program: &Program) -> String {
 fn mixed_precision_on_the_light_models() {
     let nv = nvrtc();
     let mut sources = Vec::new();
+    let mut tensor_core = std::collections::HashSet::new();
     for name in common::LIGHT {
         let v = common::variant(name);
         let plain = common::load(v.join("model.onnx").to_str().unwrap(), None);
@@ -88,15 +89,39 @@ fn mixed_precision_on_the_light_models() {
                 let out = program.run_cpu(&program.weights_blob(&g).unwrap(), std::slice::from_ref(&image)).unwrap();
                 let c = smelt::precision_error(&out[0], &got[0]);
                 assert!(c.max_abs_over_range <= tol && c.argmax_agree == c.rows, "{name}: program vs reference {c:?}");
-                sources.extend(program.sources());
             }
+            // Every half convolution wide enough for a GEMM tile and every
+            // half GEMM runs on tensor cores (the f32 classifier and
+            // depthwise convolutions do not).
+            let program = Program::build(&g, &plan).unwrap();
+            for k in program.steps.iter().map(|s| &s.kernel) {
+                let (product, on_tc) = match k {
+                    smelt_codegen::Kernel::Conv(c) => (c.dtype == half && c.algo != smelt_codegen::conv::Algo::Direct, c.tensor_cores()),
+                    smelt_codegen::Kernel::Gemm(m) => (m.dtype == half, m.tensor_cores),
+                    _ => (false, false),
+                };
+                assert_eq!(product, on_tc, "{name} {policy}: {} on tensor cores: {on_tc}", k.name());
+                if on_tc {
+                    tensor_core.insert(k.name().to_string());
+                }
+            }
+            sources.extend(program.sources());
         }
     }
+    assert!(tensor_core.len() > 100, "{} tensor-core kernels", tensor_core.len());
     if let Some(nv) = nv {
         sources.sort();
         sources.dedup();
         let done = smelt_codegen::program::compile_all(&nv, &sources, 2, &|_| {}).unwrap_or_else(|e| panic!("{e}"));
-        println!("{} distinct mixed-f16 kernels of the nine light models compiled with NVRTC", done.len());
+        println!(
+            "{} distinct mixed-f16 and mixed-bf16 kernels of the nine light models compiled with NVRTC, {} on tensor cores",
+            done.len(),
+            tensor_core.len()
+        );
+        // Their PTX multiplies on tensor cores.
+        for ((name, _), c) in sources.iter().zip(&done) {
+            assert_eq!(c.ptx.contains("wmma.mma.sync"), tensor_core.contains(name), "{name}: wmma.mma.sync in its PTX");
+        }
         common::ptxas_has_no_spills(&done);
     }
 }

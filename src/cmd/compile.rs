@@ -8,7 +8,7 @@ use smelt::report::human_bytes;
 
 /// `smelt compile`.
 pub fn run(a: &CompileArgs) -> Result<bool> {
-    if a.out.is_some() || a.ptxas_stats {
+    if a.out.is_some() || a.ptxas_stats || a.report {
         return codegen(a);
     }
     let want = a.dump_ir.clone().unwrap_or_else(|| "final".into());
@@ -54,9 +54,15 @@ fn codegen(o: &CompileArgs) -> Result<bool> {
     let (compile_s, cached, threads) = (build.compile_seconds, build.from_cache, build.threads);
 
     let mut ptxas = Vec::new();
-    if o.ptxas_stats {
-        let exe = smelt_codegen::ptxas::find()
-            .context("--ptxas-stats needs ptxas: pip install nvidia-cuda-nvcc-cu12 and set SMELT_PTXAS to its nvidia/cuda_nvcc/bin/ptxas, or put it on PATH")?;
+    // --report uses ptxas when it is there; --ptxas-stats needs it.
+    let exe = match smelt_codegen::ptxas::find() {
+        Some(exe) => Some(exe),
+        None if o.ptxas_stats => {
+            bail!("--ptxas-stats needs ptxas: pip install nvidia-cuda-nvcc-cu12 and set SMELT_PTXAS to its nvidia/cuda_nvcc/bin/ptxas, or put it on PATH")
+        }
+        None => None,
+    };
+    if let Some(exe) = exe.filter(|_| o.ptxas_stats || o.report) {
         let bar = super::bar(sources.len(), "{spinner} ptxas {bar:30} {pos}/{len}", o.json);
         for c in kernels {
             ptxas.extend(smelt_codegen::ptxas::stats(&exe, &c.ptx, &o.sm)?);
@@ -74,9 +80,12 @@ fn codegen(o: &CompileArgs) -> Result<bool> {
         }
     }
     let spilling = ptxas.iter().filter(|s| s.spill_stores + s.spill_loads > 0).count();
+    let gpu = smelt::cost::gpu(&o.model.train.device).context("unknown --device")?;
+    let report = o.report.then(|| smelt::roofline::report(program, &gpu, &ptxas));
     if o.json {
         let mut v = build.json(&model.model, o.out.as_deref());
         v["ptxas"] = serde_json::to_value(o.ptxas_stats.then_some(&ptxas))?;
+        v["report"] = serde_json::to_value(&report)?;
         outln!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(true);
     }
@@ -97,6 +106,9 @@ fn codegen(o: &CompileArgs) -> Result<bool> {
             o.sm,
             if spilling == 0 { "no kernel spills".to_string() } else { format!("{spilling} kernels spill") }
         );
+    }
+    if let Some(r) = &report {
+        outln!("{}", smelt::roofline::text(r));
     }
     outln!(
         "{}: {} kernel launches, {} distinct kernels compiled for {arch} in {:.2} s ({} from the cache, {} threads)",

@@ -8,6 +8,12 @@
 //!   computes a 64x64 output tile through 16-deep shared-memory tiles, each
 //!   thread a 4x4 micro-tile in registers; the im2col element is decoded
 //!   from (k, p) while the tile is loaded, padding read as zero.
+//! - [`Algo::TensorCore`]: the same implicit GEMM on tensor cores, for f16
+//!   and bf16: a block of 4 warps computes a 64x64 tile, each warp a 32x32
+//!   quarter as 2x2 `wmma` 16x16x16 products with f32 accumulators, fed
+//!   from 16-deep shared-memory tiles of the operands' own type (no
+//!   conversion on load); the accumulators go through shared memory to the
+//!   epilogue, so stores are coalesced.
 //! - [`Algo::Direct`]: one thread per output element walking its window;
 //!   for depthwise and other convs whose groups have too few output
 //!   channels to fill a GEMM tile.
@@ -25,14 +31,18 @@ pub const BM: usize = 64;
 pub const BN: usize = 64;
 /// Depth of a shared-memory tile.
 pub const BK: usize = 16;
-/// Threads per block, for both algorithms.
+/// Threads per block of the implicit GEMM and the direct algorithm.
 pub const THREADS: usize = 256;
+/// Threads per block of the tensor-core algorithm (4 warps).
+pub const TC_THREADS: usize = 128;
 
 /// How the convolution is computed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Algo {
     /// Implicit GEMM with shared-memory tiles.
     ImplicitGemm,
+    /// Implicit GEMM on tensor cores (`wmma`, f16 or bf16 operands).
+    TensorCore,
     /// One thread per output element.
     Direct,
 }
@@ -103,7 +113,14 @@ impl Conv {
         let output = [out.shape[0], out.shape[1], oh, ow];
         let groups = c.group.max(1);
         let mg = output[1] / groups;
-        let algo = if mg < 8 { Algo::Direct } else { Algo::ImplicitGemm };
+        let x_dtype = g.ty(ins[0]).dtype;
+        let algo = if mg < 8 {
+            Algo::Direct
+        } else if tensor_core_type(dtype) && x_dtype == dtype {
+            Algo::TensorCore
+        } else {
+            Algo::ImplicitGemm
+        };
         let mut name = format!("conv{}x{}", kernel[0], kernel[1]);
         if strides != [1, 1] {
             name += &format!("_s{}", strides[0].max(strides[1]));
@@ -132,7 +149,6 @@ impl Conv {
         if dtype != DType::F32 {
             name += &format!("_{dtype}");
         }
-        let x_dtype = g.ty(ins[0]).dtype;
         if !x_dtype.is_float() {
             return None;
         }
@@ -175,8 +191,16 @@ impl Conv {
     /// Launch geometry: grid (x, y, z) of blocks of [`THREADS`] threads.
     pub fn grid(&self) -> [usize; 3] {
         match self.algo {
-            Algo::ImplicitGemm => [self.p().div_ceil(BN), self.mg().div_ceil(BM), self.groups],
+            Algo::ImplicitGemm | Algo::TensorCore => [self.p().div_ceil(BN), self.mg().div_ceil(BM), self.groups],
             Algo::Direct => [self.numel().div_ceil(THREADS), 1, 1],
+        }
+    }
+
+    /// Threads per block.
+    pub fn threads(&self) -> usize {
+        match self.algo {
+            Algo::TensorCore => TC_THREADS,
+            Algo::ImplicitGemm | Algo::Direct => THREADS,
         }
     }
 
@@ -201,7 +225,11 @@ impl Conv {
         let [_, m, oh, ow] = self.output;
         let ([kh, kw], [sh, sw], [ph, pw], [dh, dw]) = (self.kernel, self.strides, self.pads, self.dilations);
         let (cg, mg, k, p) = (self.cg(), self.mg(), self.k(), self.p());
-        let mut s = String::from("#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n\n");
+        let mut s = String::from("#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n");
+        if self.algo == Algo::TensorCore {
+            s += "#include <mma.h>\nusing namespace nvcuda;\n";
+        }
+        s += "\n";
         s += &format!(
             "// {}: act={} (conv{kh}x{kw} stride {sh}x{sw} pad {ph}x{pw} dilation {dh}x{dw} groups {} of x[{n},{c},{h},{w}]{}{}) -> [{n},{m},{oh},{ow}], {:?}\n",
             self.name,
@@ -241,6 +269,21 @@ impl Conv {
             e += &format!("{indent}out[o] = {store}(v);\n");
             e
         };
+        // One BK x BN tile of im2col(x) into shared `bs` by `threads`
+        // threads, each element of type `vt` (`zero` in the padding) read
+        // through `conv`.
+        let im2col_tile = |threads: usize, vt: &str, zero: &str, conv: &str| {
+            let mut t = format!("        #pragma unroll\n        for (int i = tid; i < {}; i += {threads}) {{\n", BK * BN);
+            t += &format!("            int kk = i / {BN}, pp = i % {BN}, gk = k0 + kk, gp = p0 + pp;\n            {vt} v = {zero};\n");
+            t += &format!("            if (gk < {k} && gp < {p}) {{\n");
+            t += &format!("                int ci = gk / {}, r = gk / {kw} % {kh}, q = gk % {kw};\n", kh * kw);
+            t += &format!("                int nb = gp / {}, oy = gp / {ow} % {oh}, ox = gp % {ow};\n", oh * ow);
+            t += &format!("                int iy = oy * {sh} - {ph} + r * {dh}, ix = ox * {sw} - {pw} + q * {dw};\n");
+            t += &format!(
+                "                if (iy >= 0 && iy < {h} && ix >= 0 && ix < {w}) v = {conv}(x[(((unsigned long long)nb * {c} + g * {cg} + ci) * {h} + iy) * {w} + ix]);\n            }}\n"
+            );
+            t + "            bs[kk][pp] = v;\n        }\n        __syncthreads();\n"
+        };
         match self.algo {
             Algo::Direct => {
                 s += &format!(
@@ -270,16 +313,7 @@ impl Conv {
                 s += &format!("        #pragma unroll\n        for (int i = tid; i < {}; i += {THREADS}) {{\n", BM * BK);
                 s += &format!("            int mm = i / {BK}, kk = i % {BK}, gm = m0 + mm, gk = k0 + kk;\n");
                 s += &format!("            as[kk][mm] = (gm < {mg} && gk < {k}) ? {load}(w[wg + (unsigned long long)gm * {k} + gk]) : 0.0f;\n        }}\n");
-                s += &format!("        #pragma unroll\n        for (int i = tid; i < {}; i += {THREADS}) {{\n", BK * BN);
-                s += &format!("            int kk = i / {BN}, pp = i % {BN}, gk = k0 + kk, gp = p0 + pp;\n            float v = 0.0f;\n");
-                s += &format!("            if (gk < {k} && gp < {p}) {{\n");
-                s += &format!("                int ci = gk / {}, r = gk / {kw} % {kh}, q = gk % {kw};\n", kh * kw);
-                s += &format!("                int nb = gp / {}, oy = gp / {ow} % {oh}, ox = gp % {ow};\n", oh * ow);
-                s += &format!("                int iy = oy * {sh} - {ph} + r * {dh}, ix = ox * {sw} - {pw} + q * {dw};\n");
-                s += &format!(
-                    "                if (iy >= 0 && iy < {h} && ix >= 0 && ix < {w}) v = {xload}(x[(((unsigned long long)nb * {c} + g * {cg} + ci) * {h} + iy) * {w} + ix]);\n            }}\n"
-                );
-                s += "            bs[kk][pp] = v;\n        }\n        __syncthreads();\n";
+                s += &im2col_tile(THREADS, "float", "0.0f", xload);
                 s += &format!("        #pragma unroll\n        for (int kk = 0; kk < {BK}; ++kk) {{\n");
                 s += "            float a[4], b[4];\n            #pragma unroll\n            for (int i = 0; i < 4; ++i) a[i] = as[kk][tm + 16 * i];\n";
                 s += "            #pragma unroll\n            for (int j = 0; j < 4; ++j) b[j] = bs[kk][tn + 16 * j];\n";
@@ -298,9 +332,52 @@ impl Conv {
                 s += &epilogue("            ", "acc[i][j]");
                 s += "        }\n    }\n";
             }
+            Algo::TensorCore => {
+                let (lda, ldb, ldc) = (BK + 8, BN + 8, BN + 4);
+                s += &format!("    // A = w[{mg} x {k}] per group, B = im2col(x)[{k} x {p}] in {ty}; 4 warps, each 2x2 wmma 16x16x16 products (f32 accumulators).\n");
+                s += &format!("    __shared__ __align__(32) {ty} as[{BM}][{lda}];\n    __shared__ __align__(32) {ty} bs[{BK}][{ldb}];\n    __shared__ __align__(32) float cs[{BM}][{ldc}];\n");
+                s += "    const int tid = threadIdx.x, wm = tid / 64 * 32, wn = tid / 32 % 2 * 32;\n";
+                s += &format!("    const int g = blockIdx.z, m0 = blockIdx.y * {BM}, p0 = blockIdx.x * {BN};\n");
+                s += &format!(
+                    "    const unsigned long long wg = (unsigned long long)g * {mg} * {k};\n    const {ty} zero = {store}(0.0f);\n"
+                );
+                s += "    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];\n";
+                s += "    #pragma unroll\n    for (int i = 0; i < 2; ++i)\n        #pragma unroll\n        for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);\n";
+                s += &format!("    for (int k0 = 0; k0 < {k}; k0 += {BK}) {{\n");
+                s += &format!("        #pragma unroll\n        for (int i = tid; i < {}; i += {TC_THREADS}) {{\n", BM * BK);
+                s += &format!("            int mm = i / {BK}, kk = i % {BK}, gm = m0 + mm, gk = k0 + kk;\n");
+                s += &format!(
+                    "            as[mm][kk] = (gm < {mg} && gk < {k}) ? w[wg + (unsigned long long)gm * {k} + gk] : zero;\n        }}\n"
+                );
+                s += &im2col_tile(TC_THREADS, ty, "zero", "");
+                s += &format!("        wmma::fragment<wmma::matrix_a, 16, 16, 16, {ty}, wmma::row_major> a[2];\n");
+                s += &format!("        wmma::fragment<wmma::matrix_b, 16, 16, 16, {ty}, wmma::row_major> b[2];\n");
+                s += &format!("        #pragma unroll\n        for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(a[i], &as[wm + 16 * i][0], {lda});\n");
+                s += &format!("        #pragma unroll\n        for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(b[j], &bs[0][wn + 16 * j], {ldb});\n");
+                s += "        #pragma unroll\n        for (int i = 0; i < 2; ++i)\n            #pragma unroll\n            for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);\n";
+                s += "        __syncthreads();\n    }\n";
+                s += &format!("    #pragma unroll\n    for (int i = 0; i < 2; ++i)\n        #pragma unroll\n        for (int j = 0; j < 2; ++j) wmma::store_matrix_sync(&cs[wm + 16 * i][wn + 16 * j], acc[i][j], {ldc}, wmma::mem_row_major);\n");
+                s += "    __syncthreads();\n";
+                s += &format!("    for (int i = tid; i < {}; i += {TC_THREADS}) {{\n", BM * BN);
+                s += &format!("        int mm = i / {BN}, pp = i % {BN}, gm = m0 + mm, gp = p0 + pp;\n");
+                s += &format!("        if (gm >= {mg} || gp >= {p}) continue;\n        int co = g * {mg} + gm;\n");
+                s += &format!(
+                    "        unsigned long long o = ((unsigned long long)(gp / {}) * {m} + co) * {} + gp % {};\n",
+                    oh * ow,
+                    oh * ow,
+                    oh * ow
+                );
+                s += &epilogue("        ", "cs[mm][pp]");
+                s += "    }\n";
+            }
         }
         s += "}\n";
         s
+    }
+
+    /// Whether it runs on tensor cores.
+    pub fn tensor_cores(&self) -> bool {
+        self.algo == Algo::TensorCore
     }
 
     /// Runs the description on the CPU as the kernel computes it: for each
@@ -358,4 +435,10 @@ impl Conv {
         let out_shape = if shape == 3 { vec![self.output[0], m, ow] } else { self.output.to_vec() };
         Tensor::from_f32(out_shape, out).cast(self.dtype)
     }
+}
+
+/// Whether tensor cores multiply operands of type `d` (f16 and bf16, with
+/// f32 accumulation).
+pub fn tensor_core_type(d: DType) -> bool {
+    matches!(d, DType::F16 | DType::BF16)
 }

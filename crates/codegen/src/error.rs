@@ -56,6 +56,16 @@ pub enum CodegenError {
         /// What is missing.
         detail: String,
     },
+    /// A header a kernel includes is in none of the include folders.
+    #[error("kernel {kernel} includes {header}, which no folder of SMELT_CUDA_INCLUDE holds: {hint}")]
+    MissingHeader {
+        /// The kernel's name.
+        kernel: String,
+        /// The header.
+        header: String,
+        /// Where to get it.
+        hint: String,
+    },
     /// ptxas failed or could not be run.
     #[error("ptxas: {0}")]
     Ptxas(String),
@@ -77,6 +87,7 @@ impl CodegenError {
         match self {
             CodegenError::Compile { .. } | CodegenError::Nvrtc { .. } => true,
             CodegenError::NvrtcUnavailable
+            | CodegenError::MissingHeader { .. }
             | CodegenError::Cache { .. }
             | CodegenError::NoKernel { .. }
             | CodegenError::Unsupported { .. }

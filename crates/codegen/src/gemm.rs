@@ -1,6 +1,9 @@
 //! GEMM kernels as data: `act(alpha * op(A) @ op(B) + beta * C)` with
 //! 16x16 shared-memory tiles, one thread per output element, the bias and
-//! activation applied in registers; batched (`MatMul` with numpy batch
+//! activation applied in registers; or, for f16 and bf16 operands, on
+//! tensor cores: 64x64 tiles per block of 4 warps, each warp 2x2 `wmma`
+//! 16x16x16 products with f32 accumulators, the epilogue read back from
+//! shared memory; batched (`MatMul` with numpy batch
 //! broadcasting) over the grid's z dimension, each operand's batch offset
 //! from its own strides, so a broadcast operand is never copied. The same
 //! description renders to CUDA C and runs on the CPU.
@@ -10,6 +13,12 @@ use smelt_ir::{Act, DType, Expr, KernelGraph, KernelOp, NodeId, Op, Tensor, Tens
 
 /// The tile edge.
 pub const TILE: usize = 16;
+/// The tile edge of the tensor-core kernel.
+pub const TC_TILE: usize = 64;
+/// Threads per block of the tensor-core kernel (4 warps).
+pub const TC_THREADS: usize = 128;
+/// Depth of a tensor-core shared-memory tile.
+const TC_K: usize = 16;
 
 /// A GEMM kernel (Gemm, fused Gemm with an activation).
 #[derive(Clone, Debug, PartialEq)]
@@ -47,6 +56,8 @@ pub struct Gemm {
     /// An elementwise expression applied to each result before it is
     /// stored (a `gemm_epilogue`), if any.
     pub epilogue: Option<Epilogue>,
+    /// On tensor cores (A and B both f16, or both bf16).
+    pub tensor_cores: bool,
 }
 
 /// What a `gemm_epilogue` applies to each result: `expr` with `$0` the
@@ -132,6 +143,7 @@ impl Gemm {
             batch_strides: (Vec::new(), Vec::new()),
             output: vec![m, n],
             epilogue: None,
+            tensor_cores: crate::conv::tensor_core_type(out.dtype) && a.dtype == out.dtype,
         })
     }
 
@@ -173,6 +185,7 @@ impl Gemm {
             batch_strides,
             output: out.shape.clone(),
             epilogue: None,
+            tensor_cores: crate::conv::tensor_core_type(out.dtype),
         })
     }
 
@@ -181,9 +194,19 @@ impl Gemm {
         self.batch.iter().product()
     }
 
-    /// Launch geometry: (grid x, grid y) of TILE x TILE blocks.
+    /// Launch geometry: (grid x, grid y) of output tiles.
     pub fn grid(&self) -> (usize, usize) {
-        (self.n.div_ceil(TILE), self.m.div_ceil(TILE))
+        let t = if self.tensor_cores { TC_TILE } else { TILE };
+        (self.n.div_ceil(t), self.m.div_ceil(t))
+    }
+
+    /// Threads per block (x, y).
+    pub fn block(&self) -> [usize; 2] {
+        if self.tensor_cores {
+            [TC_THREADS, 1]
+        } else {
+            [TILE, TILE]
+        }
     }
 
     /// The CUDA C source: `extern "C" __global__ void NAME(a, b, [c,] out)`.
@@ -208,10 +231,18 @@ impl Gemm {
                 format!("b[{bo}(unsigned long long)({r}) * {n} + ({c})]")
             }
         };
-        let mut s = String::from("#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n\n");
+        let mut s = String::from("#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n");
+        if self.tensor_cores {
+            s += "#include <mma.h>\nusing namespace nvcuda;\n";
+        }
+        s += "\n";
         s += &format!(
-            "// {}: act={} (alpha {:?} * op(A)[{m}x{k}] @ op(B)[{k}x{n}] + beta {:?} * C), {TILE}x{TILE} tiles\n",
-            self.name, self.act, self.alpha, self.beta
+            "// {}: act={} (alpha {:?} * op(A)[{m}x{k}] @ op(B)[{k}x{n}] + beta {:?} * C), {}\n",
+            self.name,
+            self.act,
+            self.alpha,
+            self.beta,
+            if self.tensor_cores { format!("{TC_TILE}x{TC_TILE} tiles on tensor cores") } else { format!("{TILE}x{TILE} tiles") }
         );
         let mut bias = if self.bias.is_some() { format!("const {ty}* __restrict__ c, ") } else { String::new() };
         let mut out_ty = ty;
@@ -235,43 +266,95 @@ impl Gemm {
             "extern \"C\" __global__ void {}(const {aty}* __restrict__ a, const {ty}* __restrict__ b, {bias}{out_ty}* __restrict__ out) {{\n",
             self.name
         );
-        s += &format!("    __shared__ float as[{TILE}][{TILE}];\n    __shared__ float bs[{TILE}][{TILE}];\n");
-        s += &format!("    int tx = threadIdx.x, ty = threadIdx.y;\n    int row = blockIdx.y * {TILE} + ty, col = blockIdx.x * {TILE} + tx;\n    float acc = 0.0f;\n");
+        // The result at (row, col) from its accumulator `acc`: alpha, bias,
+        // activation, the epilogue, the store.
+        let finish = |ind: &str, acc: &str, exit: &str| {
+            let mut e = format!("{ind}if (row >= {m} || col >= {n}) {exit};\n{ind}float v = {} * {acc};\n", crate::c_f32(self.alpha));
+            if let Some(st) = &self.bias {
+                e += &format!(
+                    "{ind}v += {} * {load}(c[(unsigned long long)row * {} + (unsigned long long)col * {}]);\n",
+                    crate::c_f32(self.beta),
+                    st[0],
+                    st[1]
+                );
+            }
+            e += &format!("{ind}v = {};\n", act_c(self.act, "v"));
+            match &self.epilogue {
+                Some(ep) => {
+                    let args: String = (1..ep.inputs.len()).map(|i| format!(", in{i}")).collect();
+                    e += &format!("{ind}unsigned long long f = {oo}(unsigned long long)row * {n} + col;\n");
+                    e += &format!("{ind}out[f] = {};\n", crate::store_c(ep.out, &format!("epilogue_{}(v{args}, f)", self.name)));
+                }
+                None => e += &format!("{ind}out[{oo}(unsigned long long)row * {n} + col] = {store}(v);\n"),
+            }
+            e
+        };
         // This block's matrix: each operand's offset from its batch strides.
+        let mut offsets = String::new();
         if batched {
-            s += &format!("    unsigned long long z = blockIdx.z, ao = 0, bo = 0, oo = z * {}ull;\n", m * n);
+            offsets += &format!("    unsigned long long z = blockIdx.z, ao = 0, bo = 0, oo = z * {}ull;\n", m * n);
         }
         for d in (0..self.batch.len()).rev() {
             let (sa, sb) = (self.batch_strides.0[d], self.batch_strides.1[d]);
-            s += &format!("    ao += (z % {0}ull) * {sa}ull; bo += (z % {0}ull) * {sb}ull; z /= {0}ull;\n", self.batch[d]);
+            offsets += &format!("    ao += (z % {0}ull) * {sa}ull; bo += (z % {0}ull) * {sb}ull; z /= {0}ull;\n", self.batch[d]);
         }
+        if self.tensor_cores {
+            let (t, tk) = (TC_TILE, TC_K);
+            let (lda, ldb, ldc) = (tk + 8, t + 8, t + 4);
+            s += &format!("    // 4 warps, each 2x2 wmma 16x16x16 products of {ty} (f32 accumulators) per {tk}-deep step.\n");
+            s += &format!("    __shared__ __align__(32) {ty} as[{t}][{lda}];\n    __shared__ __align__(32) {ty} bs[{tk}][{ldb}];\n    __shared__ __align__(32) float cs[{t}][{ldc}];\n");
+            s += &format!("    const int tid = threadIdx.x, wm = tid / 64 * 32, wn = tid / 32 % 2 * 32;\n    const int m0 = blockIdx.y * {t}, n0 = blockIdx.x * {t};\n");
+            s += &offsets;
+            s += &format!("    const {ty} zero = {store}(0.0f);\n");
+            s += "    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];\n";
+            s += "    #pragma unroll\n    for (int i = 0; i < 2; ++i)\n        #pragma unroll\n        for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);\n";
+            s += &format!("    for (int t = 0; t < {k}; t += {tk}) {{\n");
+            // Consecutive threads read consecutive elements of each operand.
+            let (ar, ac) = if self.trans_a { (format!("i % {t}"), format!("i / {t}")) } else { (format!("i / {tk}"), format!("i % {tk}")) };
+            s += &format!("        #pragma unroll\n        for (int i = tid; i < {}; i += {TC_THREADS}) {{\n", t * tk);
+            s += &format!("            int r = {ar}, q = {ac}, row = m0 + r, kk = t + q;\n");
+            s += &format!("            as[r][q] = (row < {m} && kk < {k}) ? {} : zero;\n        }}\n", a_at("row", "kk"));
+            let (br, bc) = if self.trans_b { (format!("i % {tk}"), format!("i / {tk}")) } else { (format!("i / {t}"), format!("i % {t}")) };
+            s += &format!("        #pragma unroll\n        for (int i = tid; i < {}; i += {TC_THREADS}) {{\n", t * tk);
+            s += &format!("            int r = {br}, q = {bc}, kk = t + r, col = n0 + q;\n");
+            s += &format!("            bs[r][q] = (kk < {k} && col < {n}) ? {} : zero;\n        }}\n", b_at("kk", "col"));
+            s += "        __syncthreads();\n";
+            s += &format!("        wmma::fragment<wmma::matrix_a, 16, 16, 16, {ty}, wmma::row_major> fa[2];\n");
+            s += &format!("        wmma::fragment<wmma::matrix_b, 16, 16, 16, {ty}, wmma::row_major> fb[2];\n");
+            s += &format!(
+                "        #pragma unroll\n        for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(fa[i], &as[wm + 16 * i][0], {lda});\n"
+            );
+            s += &format!(
+                "        #pragma unroll\n        for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(fb[j], &bs[0][wn + 16 * j], {ldb});\n"
+            );
+            s += "        #pragma unroll\n        for (int i = 0; i < 2; ++i)\n            #pragma unroll\n            for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);\n";
+            s += "        __syncthreads();\n    }\n";
+            s += &format!("    #pragma unroll\n    for (int i = 0; i < 2; ++i)\n        #pragma unroll\n        for (int j = 0; j < 2; ++j) wmma::store_matrix_sync(&cs[wm + 16 * i][wn + 16 * j], acc[i][j], {ldc}, wmma::mem_row_major);\n");
+            s += "    __syncthreads();\n";
+            s += &format!(
+                "    for (int i = tid; i < {}; i += {TC_THREADS}) {{\n        int row = m0 + i / {t}, col = n0 + i % {t};\n",
+                t * t
+            );
+            s += &finish("        ", &format!("cs[i / {t}][i % {t}]"), "continue");
+            s += "    }\n}\n";
+            return s;
+        }
+        s += &format!("    __shared__ float as[{TILE}][{TILE}];\n    __shared__ float bs[{TILE}][{TILE}];\n");
+        s += &format!("    int tx = threadIdx.x, ty = threadIdx.y;\n    int row = blockIdx.y * {TILE} + ty, col = blockIdx.x * {TILE} + tx;\n    float acc = 0.0f;\n");
+        s += &offsets;
         s += &format!("    for (int t = 0; t < {k}; t += {TILE}) {{\n");
         s += &format!("        as[ty][tx] = (row < {m} && t + tx < {k}) ? {aload}({}) : 0.0f;\n", a_at("row", "t + tx"));
         s += &format!("        bs[ty][tx] = (t + ty < {k} && col < {n}) ? {load}({}) : 0.0f;\n", b_at("t + ty", "col"));
         s += &format!("        __syncthreads();\n        #pragma unroll\n        for (int j = 0; j < {TILE}; ++j) acc += as[ty][j] * bs[j][tx];\n        __syncthreads();\n    }}\n");
-        s += &format!("    if (row >= {m} || col >= {n}) return;\n    float v = {} * acc;\n", crate::c_f32(self.alpha));
-        if let Some(st) = &self.bias {
-            s += &format!(
-                "    v += {} * {load}(c[(unsigned long long)row * {} + (unsigned long long)col * {}]);\n",
-                crate::c_f32(self.beta),
-                st[0],
-                st[1]
-            );
-        }
-        s += &format!("    v = {};\n", act_c(self.act, "v"));
-        match &self.epilogue {
-            Some(e) => {
-                let args: String = (1..e.inputs.len()).map(|i| format!(", in{i}")).collect();
-                s += &format!("    unsigned long long f = {oo}(unsigned long long)row * {n} + col;\n");
-                s += &format!("    out[f] = {};\n}}\n", crate::store_c(e.out, &format!("epilogue_{}(v{args}, f)", self.name)));
-            }
-            None => s += &format!("    out[{oo}(unsigned long long)row * {n} + col] = {store}(v);\n}}\n"),
-        }
+        s += &finish("    ", "acc", "return");
+        s += "}\n";
         s
     }
 
     /// Runs the description on the CPU as the kernel does (f32 accumulation
-    /// in ascending k, then alpha, bias, activation).
+    /// in ascending k, then alpha, bias, activation). The tensor-core
+    /// kernel's products of halves are exact in f32 and its fragments
+    /// accumulate in ascending k too, so one description serves both.
     pub fn run_cpu(&self, inputs: &[&Tensor]) -> Tensor {
         let (av, bv) = (inputs[0].to_f32_vec(), inputs[1].to_f32_vec());
         let cv = self.bias.as_ref().map(|_| inputs[2].to_f32_vec());

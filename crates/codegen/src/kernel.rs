@@ -4,7 +4,7 @@
 use crate::attention::Attention;
 use crate::conv::Conv;
 use crate::elementwise::Elementwise;
-use crate::gemm::{Gemm, TILE};
+use crate::gemm::Gemm;
 use crate::grad::Grad;
 use crate::layout::Layout;
 use crate::pool::Pool;
@@ -203,10 +203,10 @@ impl Kernel {
             Kernel::Update(k) => linear(k.n),
             Kernel::Attention(k) => Launch { grid: k.grid(), block: [crate::attention::ROWS, 1, 1], count: None },
             Kernel::Gemm(k) => {
-                let (x, y) = k.grid();
-                Launch { grid: [x.max(1), y.max(1), k.batches().max(1)], block: [TILE, TILE, 1], count: None }
+                let ((x, y), [bx, by]) = (k.grid(), k.block());
+                Launch { grid: [x.max(1), y.max(1), k.batches().max(1)], block: [bx, by, 1], count: None }
             }
-            Kernel::Conv(k) => Launch { grid: k.grid().map(|d| d.max(1)), block: [crate::conv::THREADS, 1, 1], count: None },
+            Kernel::Conv(k) => Launch { grid: k.grid().map(|d| d.max(1)), block: [k.threads(), 1, 1], count: None },
         }
     }
 
@@ -223,6 +223,32 @@ impl Kernel {
             Kernel::Attention(k) => 2 * k.macs(),
             Kernel::Grad(k) => 2 * k.macs(),
             Kernel::Update(k) => 10 * k.n,
+        }
+    }
+
+    /// Whether its products run on tensor cores.
+    pub fn tensor_cores(&self) -> bool {
+        match self {
+            Kernel::Conv(k) => k.tensor_cores(),
+            Kernel::Gemm(k) => k.tensor_cores,
+            _ => false,
+        }
+    }
+
+    /// FLOPs it executes, the padding of partial tiles included: a tiled
+    /// product computes whole tiles whatever the problem's edges (equal to
+    /// [`Kernel::flops`] for kernels without tiles).
+    pub fn tiled_flops(&self) -> usize {
+        let up = |x: usize, t: usize| x.div_ceil(t) * t;
+        match self {
+            Kernel::Gemm(k) => {
+                let t = if k.tensor_cores { crate::gemm::TC_TILE } else { crate::gemm::TILE };
+                2 * up(k.m, t) * up(k.n, t) * up(k.k, crate::gemm::TILE) * k.batches()
+            }
+            Kernel::Conv(k) if k.algo != crate::conv::Algo::Direct => {
+                2 * k.groups * up(k.mg(), crate::conv::BM) * up(k.p(), crate::conv::BN) * up(k.k(), crate::conv::BK)
+            }
+            _ => self.flops(),
         }
     }
 

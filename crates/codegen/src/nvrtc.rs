@@ -30,7 +30,7 @@ pub struct Compiled {
 impl Default for Compiler {
     fn default() -> Self {
         let include_paths = std::env::var("SMELT_CUDA_INCLUDE")
-            .map(|p| std::env::split_paths(&p).map(|p| p.display().to_string()).collect())
+            .map(|p| with_nvcc_headers(std::env::split_paths(&p).map(|p| p.display().to_string()).collect()))
             .unwrap_or_default();
         Compiler { arch: DEFAULT_ARCH.to_string(), include_paths, cache: Some(Cache::new(Cache::default_dir())) }
     }
@@ -45,6 +45,15 @@ impl Compiler {
 
     /// Compiles `source` (whose kernels are named after `name`) to PTX.
     pub fn compile(&self, name: &str, source: &str) -> Result<Compiled, CodegenError> {
+        // bf16 fragments of `wmma` exist from compute_80 (A100) on.
+        let arch: usize = self.arch.trim_start_matches("compute_").trim_start_matches("sm_").parse().unwrap_or(usize::MAX);
+        if arch < 80 && source.contains("#include <mma.h>") && source.contains("__nv_bfloat16, wmma::") {
+            return Err(CodegenError::Unsupported {
+                node: name.into(),
+                op: "bf16 on tensor cores".into(),
+                detail: format!("{} has no bf16 tensor cores: use --arch compute_80 or newer, or --precision mixed-f16", self.arch),
+            });
+        }
         let options = self.options();
         // Header folders differ between machines but not the PTX: leave
         // them out of the key, so a cache filled here serves a GPU machine.
@@ -64,6 +73,15 @@ impl Compiler {
         if !crate::nvrtc_available() {
             return Err(CodegenError::NvrtcUnavailable);
         }
+        // The tensor-core kernels' `mma.h` includes `crt/mma.h`, which the
+        // runtime wheel lacks: say which wheel has it.
+        if source.contains("#include <mma.h>") && !self.include_paths.iter().any(|p| std::path::Path::new(p).join("crt/mma.h").is_file()) {
+            return Err(CodegenError::MissingHeader {
+                kernel: name.into(),
+                header: "crt/mma.h".into(),
+                hint: "the tensor-core kernels need it: install the PyPI wheel nvidia-cuda-nvcc-cu12 and add its include folder to SMELT_CUDA_INCLUDE".into(),
+            });
+        }
         if source.contains('\0') {
             return Err(CodegenError::Nvrtc { kernel: name.into(), msg: "the source contains a NUL byte".into() });
         }
@@ -81,6 +99,25 @@ impl Compiler {
         }
         Ok(Compiled { ptx, cached: false })
     }
+}
+
+/// `paths`, and beside a PyPI runtime wheel's include folder
+/// (`nvidia/cuda_runtime/include`), the nvcc wheel's (`nvidia/cuda_nvcc/include`,
+/// which holds `crt/mma.h`) when it is installed and not already listed.
+fn with_nvcc_headers(mut paths: Vec<String>) -> Vec<String> {
+    let has_crt = |p: &str| std::path::Path::new(p).join("crt/mma.h").is_file();
+    if paths.iter().any(|p| has_crt(p)) {
+        return paths;
+    }
+    let extra: Vec<String> = paths
+        .iter()
+        .map(std::path::Path::new)
+        .filter(|p| p.ends_with("cuda_runtime/include"))
+        .filter_map(|p| Some(p.parent()?.parent()?.join("cuda_nvcc/include").to_str()?.to_string()))
+        .filter(|p| has_crt(p))
+        .collect();
+    paths.extend(extra);
+    paths
 }
 
 /// The first `name.cu(LINE)` the log mentions, with that line of `source`.

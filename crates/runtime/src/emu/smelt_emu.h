@@ -28,6 +28,7 @@
 #define __forceinline__ inline __attribute__((always_inline))
 #define __shared__ static thread_local
 #define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
 
 struct uint3 { unsigned int x, y, z; };
 struct dim3 { unsigned int x, y, z; };
@@ -60,10 +61,22 @@ inline __half __float2half(float f) {
     return r;
 }
 inline __half __float2half_rn(float f) { return __float2half(f); }
+// Exact, from the bits (the compiler's `_Float16` widening is a libgcc
+// call on hosts without F16C): a NaN comes back quiet, as the hardware's.
 inline float __half2float(__half h) {
-    _Float16 v;
-    std::memcpy(&v, &h.x, 2);
-    return (float)v;
+    uint32_t sign = (uint32_t)(h.x & 0x8000u) << 16, e = (h.x >> 10) & 0x1fu, m = h.x & 0x3ffu, u;
+    if (e == 0x1fu) {
+        u = sign | 0x7f800000u | (m << 13) | (m ? 0x400000u : 0u);
+    } else if (e != 0) {
+        u = sign | ((e + 112u) << 23) | (m << 13);
+    } else {
+        float f = (float)m * 0x1p-24f;  // zero or subnormal: exact in f32
+        std::memcpy(&u, &f, 4);
+        u |= sign;
+    }
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
 }
 
 struct __nv_bfloat16 { unsigned short x; };
@@ -385,7 +398,6 @@ void load_tile(F& f, P p, unsigned int ldm, bool col) {
     __syncwarp();
     for (int r = 0; r < F::rows; ++r)
         for (int c = 0; c < F::cols; ++c) f.x[r * F::cols + c] = col ? p[(unsigned long long)c * ldm + r] : p[(unsigned long long)r * ldm + c];
-    __syncwarp();
 }
 template <class Use, int M, int N, int K, class T, class P>
 void load_matrix_sync(fragment<Use, M, N, K, T, row_major>& f, P p, unsigned int ldm) { load_tile(f, p, ldm, false); }
@@ -403,21 +415,68 @@ void store_matrix_sync(P p, const fragment<accumulator, M, N, K, T, void>& f, un
             unsigned long long at = l == mem_col_major ? (unsigned long long)c * ldm + r : (unsigned long long)r * ldm + c;
             p[at] = f.x[r * N + c];
         }
-    __syncwarp();
+}
+// The product, computed once per warp by its first live lane: a fragment is
+// the warp's, so every other lane checks that its operands are the
+// leader's (a lane-dependent fragment is an error) and takes the result.
+struct MmaSlot {
+    const void* a;
+    const void* b;
+    const void* c;
+    unsigned int turn;
+    float out[256];
+};
+template <int M, int N, int K, class TD>
+void take(fragment<accumulator, M, N, K, TD, void>& d, const float* out) {
+    if constexpr (std::is_same<TD, float>::value) {
+        std::memcpy(d.x, out, sizeof d.x);
+    } else {
+        for (int i = 0; i < M * N; ++i) d.x[i] = from_f<TD>(out[i]);
+    }
 }
 template <int M, int N, int K, class TA, class LA, class TB, class LB, class TC, class TD>
 void mma_sync(fragment<accumulator, M, N, K, TD, void>& d, const fragment<matrix_a, M, N, K, TA, LA>& a,
               const fragment<matrix_b, M, N, K, TB, LB>& b, const fragment<accumulator, M, N, K, TC, void>& c) {
-    __syncwarp();
-    TD out[M * N];
-    for (int i = 0; i < M; ++i)
-        for (int j = 0; j < N; ++j) {
-            float acc = to_f(c.x[i * N + j]);
-            for (int k = 0; k < K; ++k) acc += to_f(a.x[i * K + k]) * to_f(b.x[k * N + j]);
-            out[i * N + j] = from_f<TD>(acc);
+    static_assert(M * N <= 256, "a wmma tile of at most 256 elements");
+    static thread_local MmaSlot slots[32];
+    MmaSlot& slot = slots[smelt_emu::warp()];
+    bool leader = (unsigned int)__builtin_ctz(smelt_emu::live_lanes()) == smelt_emu::lane();
+    // The leader writes the slot only after every lane took the previous
+    // product (the second barrier below), and its own `d` (which may be
+    // `c`) only after the others compared their `c` with it.
+    if (leader) {
+        float fa[M * K], fb[K * N];
+        for (int i = 0; i < M * K; ++i) fa[i] = to_f(a.x[i]);
+        for (int i = 0; i < K * N; ++i) fb[i] = to_f(b.x[i]);
+        // Each result accumulates in ascending k (the loop over j only
+        // lets the host vectorize).
+        for (int i = 0; i < M; ++i) {
+            float* acc = &slot.out[i * N];
+            for (int j = 0; j < N; ++j) acc[j] = to_f(c.x[i * N + j]);
+            for (int k = 0; k < K; ++k) {
+                float av = fa[i * K + k];
+                for (int j = 0; j < N; ++j) acc[j] += av * fb[k * N + j];
+            }
         }
-    for (int i = 0; i < M * N; ++i) d.x[i] = out[i];
+        slot.a = &a;
+        slot.b = &b;
+        slot.c = &c;
+        slot.turn = (slot.turn + 1) % 32;
+    }
     __syncwarp();
+    if (!leader) {
+        // One lane a call compares its operands, in turn: a lane-dependent
+        // fragment differs on every call, so it is caught within 32 calls
+        // at a 31st of the cost of comparing every lane every time.
+        if (slot.turn == smelt_emu::lane() &&
+            (std::memcmp(slot.a, &a, sizeof a) != 0 || std::memcmp(slot.b, &b, sizeof b) != 0 || std::memcmp(slot.c, &c, sizeof c) != 0)) {
+            smelt_emu::fail("wmma::mma_sync: lane %u's operands differ from lane %u's (a fragment is the warp's)",
+                            smelt_emu::lane(), (unsigned int)__builtin_ctz(smelt_emu::live_lanes()));
+        }
+        take(d, slot.out);
+    }
+    __syncwarp();
+    if (leader) take(d, slot.out);
 }
 }  // namespace wmma
 }  // namespace nvcuda

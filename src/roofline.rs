@@ -1,0 +1,229 @@
+//! `smelt compile --report`: each launch of a program on a GPU's roofline
+//! (its FLOPs, bytes moved, arithmetic intensity, what bounds it, the
+//! estimated time), with ptxas's registers, spills and the occupancy they
+//! allow, and a summary per kind of kernel. An estimate from the model in
+//! [`crate::cost`], not a measurement.
+
+use crate::cost::{Bound, Gpu, Resources};
+use serde::Serialize;
+use smelt_codegen::ptxas::Stats;
+use smelt_codegen::Program;
+use std::collections::BTreeMap;
+
+/// One launch.
+#[derive(Clone, Debug, Serialize)]
+pub struct Row {
+    /// The node it computes.
+    pub node: String,
+    /// The kernel.
+    pub kernel: String,
+    /// `conv`, `gemm`, `elementwise`...
+    pub kind: &'static str,
+    /// Whether its products run on tensor cores.
+    pub tensor_cores: bool,
+    /// Useful FLOPs (multiply-adds count two; elementwise kernels one per
+    /// operation of their expression).
+    pub flops: usize,
+    /// Bytes of its operands and result.
+    pub bytes: usize,
+    /// FLOPs per byte.
+    pub intensity: f64,
+    /// What bounds it.
+    pub bound: Bound,
+    /// Estimated seconds.
+    pub seconds: f64,
+    /// Useful FLOP/s over its compute roof (tensor or CUDA cores).
+    pub of_roof: f64,
+    /// Useful FLOPs over those its tiles execute.
+    pub tile_efficiency: f64,
+    /// Resident threads per SM over the maximum.
+    pub occupancy: f64,
+    /// ptxas's registers per thread, if it ran.
+    pub registers: Option<usize>,
+    /// ptxas's spill bytes (stores and loads), if it ran.
+    pub spill_bytes: Option<usize>,
+    /// Static shared memory per block, if ptxas ran.
+    pub shared: Option<usize>,
+}
+
+/// The launches of one kind together.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Group {
+    /// Launches.
+    pub launches: usize,
+    /// Of which on tensor cores.
+    pub on_tensor_cores: usize,
+    /// Useful FLOPs.
+    pub flops: usize,
+    /// Bytes moved.
+    pub bytes: usize,
+    /// Estimated seconds.
+    pub seconds: f64,
+}
+
+/// The whole report.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    /// The GPU it is estimated on.
+    pub device: Gpu,
+    /// Every launch in order.
+    pub launches: Vec<Row>,
+    /// Per kind of kernel.
+    pub by_kind: BTreeMap<&'static str, Group>,
+    /// Estimated seconds of the whole program.
+    pub seconds: f64,
+    /// Useful FLOPs of the whole program.
+    pub flops: usize,
+    /// The share of those FLOPs on tensor cores.
+    pub tensor_core_flops: f64,
+    /// The convolutions' useful FLOP/s over the tensor cores' roof, when
+    /// there are convolutions.
+    pub conv_of_tensor_roof: Option<f64>,
+    /// The best the convolutions could do with the same bytes: their FLOPs
+    /// over the tensor-core roof, over the sum of each one's
+    /// `max(FLOPs / tensor roof, bytes / bandwidth)` (a perfect kernel
+    /// still moves its operands once).
+    pub conv_attainable_of_tensor_roof: Option<f64>,
+    /// Whether registers, spills and occupancy come from ptxas (else
+    /// occupancy counts threads only).
+    pub ptxas: bool,
+}
+
+/// The report of `program` on `gpu`, with ptxas's statistics when it ran.
+pub fn report(program: &Program, gpu: &Gpu, ptxas: &[Stats]) -> Report {
+    let stats: BTreeMap<&str, &Stats> = ptxas.iter().map(|s| (s.kernel.as_str(), s)).collect();
+    let mut launches = Vec::new();
+    let mut by_kind: BTreeMap<&'static str, Group> = BTreeMap::new();
+    for step in &program.steps {
+        let k = &step.kernel;
+        let st = stats.get(k.name()).copied();
+        let res = st.map(|s| Resources { registers: s.registers, shared: s.shared });
+        let bytes: usize = step.args.iter().map(|a| a.bytes).sum();
+        let e = crate::cost::estimate(k, bytes, gpu, res);
+        let flops = k.flops();
+        let row = Row {
+            node: step.node.clone(),
+            kernel: k.name().to_string(),
+            kind: k.kind(),
+            tensor_cores: k.tensor_cores(),
+            flops,
+            bytes,
+            intensity: flops as f64 / bytes.max(1) as f64,
+            bound: e.bound,
+            seconds: e.seconds,
+            of_roof: flops as f64 / e.seconds / e.roof,
+            tile_efficiency: e.tile_efficiency,
+            occupancy: e.occupancy,
+            registers: st.map(|s| s.registers),
+            spill_bytes: st.map(|s| s.spill_stores + s.spill_loads),
+            shared: st.map(|s| s.shared),
+        };
+        let g = by_kind.entry(row.kind).or_default();
+        g.launches += 1;
+        g.on_tensor_cores += usize::from(row.tensor_cores);
+        g.flops += flops;
+        g.bytes += bytes;
+        g.seconds += row.seconds;
+        launches.push(row);
+    }
+    let seconds = launches.iter().map(|r| r.seconds).sum();
+    let flops: usize = launches.iter().map(|r| r.flops).sum();
+    let tc: usize = launches.iter().filter(|r| r.tensor_cores).map(|r| r.flops).sum();
+    let conv_of_tensor_roof = by_kind.get("conv").filter(|g| g.seconds > 0.0).map(|g| g.flops as f64 / g.seconds / gpu.tensor_flops);
+    let convs = launches.iter().filter(|r| r.kind == "conv");
+    let attainable: f64 = convs.clone().map(|r| (r.flops as f64 / gpu.tensor_flops).max(r.bytes as f64 / gpu.bandwidth)).sum();
+    let conv_flops: usize = convs.map(|r| r.flops).sum();
+    let conv_attainable_of_tensor_roof = (attainable > 0.0).then(|| conv_flops as f64 / attainable / gpu.tensor_flops);
+    Report {
+        device: *gpu,
+        conv_attainable_of_tensor_roof,
+        launches,
+        by_kind,
+        seconds,
+        flops,
+        tensor_core_flops: tc as f64 / flops.max(1) as f64,
+        conv_of_tensor_roof,
+        ptxas: !ptxas.is_empty(),
+    }
+}
+
+/// The report as text: a table of launches, one line per kind, a summary.
+pub fn text(r: &Report) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let opt = |v: Option<usize>| v.map_or("-".to_string(), |v| v.to_string());
+    let _ = writeln!(
+        s,
+        "{:<44} {:>3} {:>9} {:>9} {:>8} {:>7} {:>9} {:>6} {:>5} {:>5} {:>5} {:>6}",
+        format!("launch on {} (estimate)", r.device.model),
+        "tc",
+        "GFLOP",
+        "MB",
+        "FLOP/B",
+        "bound",
+        "µs",
+        "%roof",
+        "tile%",
+        "regs",
+        "spill",
+        "occ%"
+    );
+    for l in &r.launches {
+        let name = if l.kernel.len() > 44 { format!("{}…", &l.kernel[..43]) } else { l.kernel.clone() };
+        let _ = writeln!(
+            s,
+            "{name:<44} {:>3} {:>9.3} {:>9.2} {:>8.1} {:>7} {:>9.1} {:>6.1} {:>5.0} {:>5} {:>5} {:>6.0}",
+            if l.tensor_cores { "yes" } else { "" },
+            l.flops as f64 / 1e9,
+            l.bytes as f64 / 1e6,
+            l.intensity,
+            bound_name(l.bound),
+            l.seconds * 1e6,
+            100.0 * l.of_roof,
+            100.0 * l.tile_efficiency,
+            opt(l.registers),
+            opt(l.spill_bytes),
+            100.0 * l.occupancy
+        );
+    }
+    let _ = writeln!(s, "\n{:<12} {:>8} {:>8} {:>10} {:>10} {:>10} {:>7}", "kind", "launches", "on tc", "GFLOP", "MB", "ms", "share");
+    for (kind, g) in &r.by_kind {
+        let _ = writeln!(
+            s,
+            "{kind:<12} {:>8} {:>8} {:>10.2} {:>10.1} {:>10.3} {:>6.1}%",
+            g.launches,
+            g.on_tensor_cores,
+            g.flops as f64 / 1e9,
+            g.bytes as f64 / 1e6,
+            g.seconds * 1e3,
+            100.0 * g.seconds / r.seconds.max(f64::MIN_POSITIVE)
+        );
+    }
+    let _ = write!(
+        s,
+        "\nestimated {:.3} ms on {} ({:.1} GFLOP, {:.1}% of them on tensor cores",
+        r.seconds * 1e3,
+        r.device.model,
+        r.flops as f64 / 1e9,
+        100.0 * r.tensor_core_flops
+    );
+    if let Some(c) = r.conv_of_tensor_roof {
+        let _ = write!(s, "; convolutions at {:.0}% of the tensor-core roof, {:.2}x from it", 100.0 * c, 1.0 / c);
+    }
+    if let Some(c) = r.conv_attainable_of_tensor_roof {
+        let _ = write!(s, ", where moving their bytes once allows {:.0}%", 100.0 * c);
+    }
+    s += ")\n";
+    if !r.ptxas {
+        s += "ptxas did not run: occupancy counts threads only, registers and spills unknown (install nvidia-cuda-nvcc-cu12 and set SMELT_PTXAS)\n";
+    }
+    s
+}
+
+fn bound_name(b: Bound) -> &'static str {
+    match b {
+        Bound::Compute => "compute",
+        Bound::Memory => "memory",
+        Bound::Launch => "launch",
+    }
+}
