@@ -488,3 +488,38 @@ fn tensor_core_kernels_match_their_descriptions() {
         }
     }
 }
+
+/// Layer norms and softmaxes over rows of a few hundred are normalized by a
+/// block each (a tree fold in shared memory): they match their
+/// descriptions and the CPU reference, a fused prologue included, with
+/// rows that are and are not a multiple of the block.
+#[test]
+fn block_per_row_norms_match_their_descriptions() {
+    use smelt_codegen::kernel::Kernel;
+    let layer_norm = |b: &mut Builder, x: ValueId, n: usize| {
+        let scale = b.weight("scale".into(), &[n], |r| 1.0 + 0.1 * r.normal());
+        let bias = b.weight("bias".into(), &[n], |r| 0.1 * r.normal());
+        b.op(Op::LayerNorm { axis: 2, epsilon: 1e-5 }, &[x, scale, bias])
+    };
+    let graphs: Vec<(&str, Graph)> = vec![
+        ("layer norm of 768", chain(&[2, 5, 768], |b, x| layer_norm(b, x, 768), false)),
+        ("relu then layer norm of 300", chain(&[3, 4, 300], |b, x| layer_norm(b, x, 300), true)),
+        ("softmax of 1000", chain(&[4, 1000], |b, x| b.softmax(x), false)),
+        ("relu then softmax of 257", chain(&[2, 3, 257], |b, x| b.softmax(x), true)),
+    ];
+    for (what, g) in &graphs {
+        let x = common::random_inputs(g, 5);
+        for policy in ["f32", "f16"] {
+            let what = format!("{what} ({policy})");
+            let e = emulate(g, false, policy, &x);
+            assert_kernels_agree(&what, &e);
+            let blocks =
+                e.graph.node_ids().filter(|&id| matches!(Kernel::of(&e.graph, id), Some(Kernel::Reduction(r)) if r.by_block())).count();
+            assert_eq!(blocks, 1, "{what}: one normalization by block");
+            let want = smelt_runtime::cpu::run(&e.graph, &x).unwrap();
+            let r = smelt::precision_error(&e.outputs[0], &want[0]);
+            let tol = if policy == "f32" { 1e-5 } else { 1e-2 };
+            assert!(r.max_abs_over_range <= tol, "{what}: {:.2e} of range from the CPU reference executor", r.max_abs_over_range);
+        }
+    }
+}

@@ -73,6 +73,12 @@ pub const BLOCK_THREADS: usize = 256;
 /// thread each: there are then usually many rows).
 const BLOCK_MIN_LEN: usize = 1024;
 
+/// Rows of a layer norm or a softmax over the last axis at least this long
+/// are normalized by a block each: a transformer's few thousand rows of
+/// hidden size would otherwise occupy a few thousand threads of a GPU that
+/// holds a quarter million.
+const BLOCK_MIN_NORM_LEN: usize = 256;
+
 /// Folds `len` values as a block of [`BLOCK_THREADS`] does: thread t takes
 /// `value(t)`, `value(t + BLOCK_THREADS)`, ... in order, then the threads'
 /// partial results pair up in a tree (t with t + 128, then t + 64, ...).
@@ -166,9 +172,14 @@ impl Reduction {
     }
 
     /// Whether each row is reduced by a block of [`BLOCK_THREADS`] (a long
-    /// sum, mean or max, or a large average pool).
+    /// sum, mean or max, a large average pool, a layer norm or a softmax
+    /// over contiguous rows of a few hundred).
     pub fn by_block(&self) -> bool {
-        matches!(self.kind, Kind::Reduce { .. } | Kind::GlobalAveragePool) && self.rows().1 >= BLOCK_MIN_LEN
+        let (_, len, inner) = self.rows();
+        match self.kind {
+            Kind::Reduce { .. } | Kind::GlobalAveragePool => len >= BLOCK_MIN_LEN,
+            Kind::LayerNorm { .. } | Kind::Softmax { .. } => inner == 1 && len >= BLOCK_MIN_NORM_LEN,
+        }
     }
 
     /// (rows, row length, inner stride): row r, element k is at flat index
@@ -243,6 +254,10 @@ impl Reduction {
         };
         s += &format!("    unsigned long long base = {base};\n");
         let store = |v: &str| crate::store_c(self.out, v);
+        if block && matches!(self.kind, Kind::LayerNorm { .. } | Kind::Softmax { .. }) {
+            s += &self.block_norm_c(&args, len);
+            return s;
+        }
         if block {
             let (init, fold, at) = match self.kind {
                 Kind::Reduce { op: ReduceOp::Max, .. } => ("__int_as_float(0xff800000)", "fmaxf(a, b)", decompose_c("k", &reduced)),
@@ -312,6 +327,52 @@ impl Reduction {
         s
     }
 
+    /// The body of a layer norm or softmax whose row a block normalizes:
+    /// each statistic folded as [`block_fold`] does, then every thread
+    /// writes its elements of the row.
+    fn block_norm_c(&self, args: &str, len: usize) -> String {
+        let (f, t) = (&self.name, BLOCK_THREADS);
+        let store = |v: &str| crate::store_c(self.out, v);
+        // Folds `init`, then `fold(a, b)` of each thread's `term` (an
+        // expression of `v`, the element k's value), into `dst` for all.
+        let fold = |dst: &str, init: &str, term: &str, fold: &str| {
+            let mut c = format!("    acc = {init};\n");
+            c += &format!("    for (unsigned long long k = t; k < {len}ull; k += {t}ull) {{ float v = value_{f}({args}, base + k); float a = acc, b = {term}; acc = {fold}; }}\n");
+            c += "    part[t] = acc;\n    __syncthreads();\n";
+            c += &format!(
+                "    for (unsigned int s = {}u; s > 0u; s >>= 1) {{\n        if (t < s) {{ float a = part[t], b = part[t + s]; part[t] = {fold}; }}\n        __syncthreads();\n    }}\n",
+                t / 2
+            );
+            c + &format!("    const float {dst} = part[0];\n    __syncthreads();\n")
+        };
+        let mut c = format!("    __shared__ float part[{t}];\n    const unsigned int t = threadIdx.x;\n    float acc;\n");
+        match self.kind {
+            Kind::LayerNorm { epsilon, bias, .. } => {
+                let load = |d: DType, x: &str| format!("{}({x})", crate::c_type(d).1);
+                c += &fold("sum", "0.0f", "v", "a + b");
+                c += &format!("    const float mean = sum / {len}.0f;\n");
+                c += &fold("var", "0.0f", "(v - mean) * (v - mean)", "a + b");
+                c += &format!("    const float inv = rsqrtf(var / {len}.0f + {});\n", crate::c_f32(epsilon));
+                let b = if bias { format!(" + {}", load(self.extra[1], "bias[k]")) } else { String::new() };
+                c += &format!(
+                    "    for (unsigned long long k = t; k < {len}ull; k += {t}ull) out[base + k] = {};\n}}\n",
+                    store(&format!("(value_{f}({args}, base + k) - mean) * inv * {}{b}", load(self.extra[0], "scale[k]")))
+                );
+            }
+            Kind::Softmax { log, .. } => {
+                c += &fold("m", "__int_as_float(0xff800000)", "v", "fmaxf(a, b)");
+                c += &fold("sum", "0.0f", "expf(v - m)", "a + b");
+                let v = if log { "value - m - logf(sum)" } else { "expf(value - m) / sum" };
+                c += &format!(
+                    "    for (unsigned long long k = t; k < {len}ull; k += {t}ull) {{\n        float value = value_{f}({args}, base + k);\n        out[base + k] = {};\n    }}\n}}\n",
+                    store(v)
+                );
+            }
+            _ => unreachable!("only layer norms and softmaxes normalize by block"),
+        }
+        c
+    }
+
     /// Runs the description on the CPU as the kernel does (f32 arithmetic,
     /// the prologue recomputed at each read).
     pub fn run_cpu(&self, inputs: &[&Tensor]) -> Tensor {
@@ -342,6 +403,28 @@ impl Reduction {
         let block = self.by_block();
         for r in 0..rows {
             let base = decompose(r, &kept);
+            match self.kind {
+                Kind::LayerNorm { epsilon, bias, .. } if block => {
+                    let mean = block_fold(len, 0.0, |k| value(base + k), |a, b| a + b) / len as f32;
+                    let var = block_fold(len, 0.0, |k| (value(base + k) - mean) * (value(base + k) - mean), |a, b| a + b);
+                    let inv = 1.0 / (var / len as f32 + epsilon).sqrt();
+                    for k in 0..len {
+                        let b = if bias { extra[1][k] } else { 0.0 };
+                        out[base + k] = (value(base + k) - mean) * inv * extra[0][k] + b;
+                    }
+                    continue;
+                }
+                Kind::Softmax { log, .. } if block => {
+                    let m = block_fold(len, f32::NEG_INFINITY, |k| value(base + k), f32::max);
+                    let sum = block_fold(len, 0.0, |k| (value(base + k) - m).exp(), |a, b| a + b);
+                    for k in 0..len {
+                        let v = value(base + k);
+                        out[base + k] = if log { v - m - sum.ln() } else { (v - m).exp() / sum };
+                    }
+                    continue;
+                }
+                _ => {}
+            }
             if block {
                 out[r] = match self.kind {
                     Kind::Reduce { op: ReduceOp::Max, .. } => {
