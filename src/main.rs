@@ -192,6 +192,10 @@ pub(crate) struct CompileArgs {
     /// not a measurement (with --json: the "report" field).
     #[arg(long)]
     pub(crate) report: bool,
+    /// With --report, also draw it: every launch on --device's roofline
+    /// (FLOPs per byte against estimated FLOP/s), as an SVG.
+    #[arg(long, value_name = "FILE.svg", requires = "report")]
+    pub(crate) svg: Option<PathBuf>,
 
     /// Also write the weights blob (DIR/weights.bin, laid out as plan.json says).
     #[arg(long, requires = "out")]

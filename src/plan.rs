@@ -291,7 +291,7 @@ pub fn over_limit(r: &MemoryReport, limit: usize, batch: Option<usize>, smaller_
     m
 }
 
-fn esc(s: &str) -> String {
+pub(crate) fn esc(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }
 

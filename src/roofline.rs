@@ -227,3 +227,87 @@ fn bound_name(b: Bound) -> &'static str {
         Bound::Launch => "launch",
     }
 }
+
+/// The report as a roofline picture: log-log FLOPs per byte against FLOP/s,
+/// the memory roof, the CUDA cores' and the tensor cores' roofs, and each
+/// launch as a dot at its estimated rate (filled: on tensor cores),
+/// coloured by kind.
+pub fn svg(title: &str, r: &Report) -> String {
+    let (w, h, left, right, top, bottom) = (900.0, 560.0, 80.0, 170.0, 40.0, 50.0);
+    let (pw, ph) = (w - left - right, h - top - bottom);
+    let (x_lo, x_hi) = (-2.0f64, 4.0f64); // log10 FLOP/B
+    let gpu = &r.device;
+    let y_hi = (gpu.tensor_flops * 2.0).log10().ceil();
+    let y_lo = y_hi - 7.0;
+    let px = |x: f64| left + pw * ((x.max(1e-300).log10() - x_lo) / (x_hi - x_lo)).clamp(0.0, 1.0);
+    let py = |y: f64| top + ph * (1.0 - ((y.max(1e-300).log10() - y_lo) / (y_hi - y_lo)).clamp(0.0, 1.0));
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{left}\" y=\"22\" font-size=\"15\" font-weight=\"bold\">{}</text>\n",
+        crate::plan::esc(title)
+    );
+    for e in (x_lo as i32)..=(x_hi as i32) {
+        let x = px(10f64.powi(e));
+        s += &format!("<line x1=\"{x:.1}\" x2=\"{x:.1}\" y1=\"{top}\" y2=\"{}\" stroke=\"#eee\"/><text x=\"{x:.1}\" y=\"{}\" text-anchor=\"middle\">1e{e}</text>\n", top + ph, top + ph + 16.0);
+    }
+    for e in (y_lo as i32)..=(y_hi as i32) {
+        let y = py(10f64.powi(e));
+        s += &format!("<line x1=\"{left}\" x2=\"{}\" y1=\"{y:.1}\" y2=\"{y:.1}\" stroke=\"#eee\"/><text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">1e{e}</text>\n", left + pw, left - 6.0, y + 4.0);
+    }
+    s += &format!("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">FLOPs per byte moved</text>\n", left + pw / 2.0, h - 12.0);
+    s += &format!(
+        "<text x=\"16\" y=\"{}\" transform=\"rotate(-90 16 {})\" text-anchor=\"middle\">FLOP/s (estimated)</text>\n",
+        top + ph / 2.0,
+        top + ph / 2.0
+    );
+    // The roofs: bandwidth times intensity up to each compute roof.
+    for (label, roof, color) in [
+        ("tensor cores (f16/bf16)", gpu.tensor_flops, "#a33"),
+        ("tensor cores by mma.sync", gpu.tensor_flops * gpu.mma_sync, "#d77"),
+        ("CUDA cores (f32)", gpu.flops, "#36a"),
+    ] {
+        let ridge = roof / gpu.bandwidth;
+        let lo = 10f64.powf(x_lo);
+        s += &format!(
+            "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"2\" points=\"{:.1},{:.1} {:.1},{:.1} {:.1},{:.1}\"/>\n",
+            px(lo),
+            py(lo * gpu.bandwidth),
+            px(ridge),
+            py(roof),
+            left + pw,
+            py(roof)
+        );
+        s += &format!("<text x=\"{}\" y=\"{:.1}\" fill=\"{color}\">{label}</text>\n", left + pw + 6.0, py(roof) + 4.0);
+    }
+    let colors = ["#2a7", "#a3a", "#e80", "#36a", "#777", "#c44", "#088", "#660", "#333", "#b62"];
+    let kinds: Vec<&str> = r.by_kind.keys().copied().collect();
+    for l in &r.launches {
+        let color = colors[kinds.iter().position(|k| *k == l.kind).unwrap_or(0) % colors.len()];
+        let (x, y) = (px(l.intensity.max(1e-2)), py(l.flops as f64 / l.seconds));
+        let fill = if l.tensor_cores { color } else { "white" };
+        s += &format!(
+            "<circle cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"4\" fill=\"{fill}\" stroke=\"{color}\" stroke-width=\"1.5\"><title>{} ({}): {:.1} µs, {:.0} FLOP/B, {}</title></circle>\n",
+            crate::plan::esc(&l.kernel),
+            l.node,
+            l.seconds * 1e6,
+            l.intensity,
+            if l.tensor_cores { "tensor cores" } else { "CUDA cores" }
+        );
+    }
+    for (i, k) in kinds.iter().enumerate() {
+        let y = top + 120.0 + 18.0 * i as f64;
+        s += &format!(
+            "<circle cx=\"{}\" cy=\"{:.1}\" r=\"4\" fill=\"white\" stroke=\"{}\" stroke-width=\"1.5\"/><text x=\"{}\" y=\"{:.1}\">{k}</text>\n",
+            left + pw + 12.0,
+            y - 4.0,
+            colors[i % colors.len()],
+            left + pw + 22.0,
+            y
+        );
+    }
+    s += &format!(
+        "<text x=\"{}\" y=\"{:.1}\">filled: on tensor cores</text>\n</svg>\n",
+        left + pw + 6.0,
+        top + 130.0 + 18.0 * kinds.len() as f64
+    );
+    s
+}

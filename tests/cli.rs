@@ -389,10 +389,20 @@ fn compile_report_puts_every_launch_on_the_roofline() {
     assert!(a["seconds"].as_f64() > h["seconds"].as_f64());
     assert!(a["conv_of_tensor_roof"].as_f64() > h["conv_of_tensor_roof"].as_f64());
     // Text: the table, a line per kind and the summary.
-    let (code, text, err) = run(&["compile", "zoo:resnet50", "--batch", "32", "--precision", "mixed-f16", "--report"]);
+    let svg = std::env::temp_dir().join(format!("smelt-roofline-{}.svg", std::process::id()));
+    let (code, text, err) =
+        run(&["compile", "zoo:resnet50", "--batch", "32", "--precision", "mixed-f16", "--report", "--svg", svg.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");
     assert!(
         text.contains("conv3x3_bias_relu_n32c64h56w56_m64_f16") && text.contains("\nconv ") && text.contains("of the tensor-core roof"),
         "{text}"
     );
+    // The picture: a dot per launch (with its kernel named) and the roofs.
+    let pic = std::fs::read_to_string(&svg).unwrap();
+    let _ = std::fs::remove_file(&svg);
+    let launches = h["launches"].as_array().unwrap();
+    assert!(pic.starts_with("<svg") && pic.trim_end().ends_with("</svg>"));
+    assert_eq!(pic.matches("<title>").count(), launches.len(), "one dot per launch");
+    assert_eq!(pic.matches("<polyline").count(), 3, "memory roof meeting three compute roofs");
+    assert!(launches.iter().all(|l| pic.contains(&format!("<title>{} (", l["kernel"].as_str().unwrap()))));
 }

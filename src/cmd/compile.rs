@@ -82,6 +82,10 @@ fn codegen(o: &CompileArgs) -> Result<bool> {
     let spilling = ptxas.iter().filter(|s| s.spill_stores + s.spill_loads > 0).count();
     let gpu = smelt::cost::gpu(&o.model.train.device).context("unknown --device")?;
     let report = o.report.then(|| smelt::roofline::report(program, &gpu, &ptxas));
+    if let (Some(r), Some(path)) = (&report, &o.svg) {
+        let title = format!("{}: every launch on the {} roofline (estimate)", o.model.model, gpu.model);
+        std::fs::write(path, smelt::roofline::svg(&title, r)).with_context(|| format!("cannot write {}", path.display()))?;
+    }
     if o.json {
         let mut v = build.json(&model.model, o.out.as_deref());
         v["ptxas"] = serde_json::to_value(o.ptxas_stats.then_some(&ptxas))?;
