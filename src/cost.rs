@@ -10,9 +10,9 @@
 //! the SMs a launch leaves idle (the last wave of blocks) and, below the
 //! warps an SM needs to hide latency, by the warps resident on each.
 //! Memory is the bytes it reads and writes over the bandwidth, scaled down
-//! when the launch has fewer threads than the GPU holds. Occupancy comes
-//! from ptxas's registers and shared memory when they are known, else from
-//! the threads alone.
+//! by the SMs the launch leaves idle and, below 16 warps of loads in flight
+//! on each, by its warps. Occupancy comes from ptxas's registers and shared
+//! memory when they are known, else from the threads alone.
 
 use serde::Serialize;
 use smelt_codegen::kernel::{Kernel, Lowered};

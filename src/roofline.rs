@@ -169,7 +169,8 @@ pub fn text(r: &Report) -> String {
         "occ%"
     );
     for l in &r.launches {
-        let name = if l.kernel.len() > 44 { format!("{}…", &l.kernel[..43]) } else { l.kernel.clone() };
+        let name =
+            if l.kernel.chars().count() > 44 { format!("{}…", l.kernel.chars().take(43).collect::<String>()) } else { l.kernel.clone() };
         let _ = writeln!(
             s,
             "{name:<44} {:>3} {:>9.3} {:>9.2} {:>8.1} {:>7} {:>9.1} {:>6.1} {:>5.0} {:>5} {:>5} {:>6.0}",
