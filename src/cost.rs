@@ -169,8 +169,6 @@ pub struct Estimate {
     pub bound: Bound,
     /// Resident threads per SM over the SM's maximum.
     pub occupancy: f64,
-    /// Blocks per SM at once.
-    pub blocks_per_sm: usize,
     /// Useful FLOPs over the FLOPs its tiles execute.
     pub tile_efficiency: f64,
 }
@@ -246,14 +244,7 @@ pub fn estimate(k: &Kernel, bytes: usize, gpu: &Gpu, res: Option<Resources>) -> 
     } else {
         Bound::Memory
     };
-    Estimate {
-        seconds: compute.max(memory) + gpu.launch,
-        roof,
-        bound,
-        occupancy,
-        blocks_per_sm: per_sm,
-        tile_efficiency: k.flops() as f64 / tiled.max(1) as f64,
-    }
+    Estimate { seconds: compute.max(memory) + gpu.launch, roof, bound, occupancy, tile_efficiency: k.flops() as f64 / tiled.max(1) as f64 }
 }
 
 /// Estimated seconds of kernel `k` moving `bytes` on `gpu`.

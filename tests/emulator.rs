@@ -513,9 +513,17 @@ fn block_per_row_norms_match_their_descriptions() {
             let what = format!("{what} ({policy})");
             let e = emulate(g, false, policy, &x);
             assert_kernels_agree(&what, &e);
-            let blocks =
-                e.graph.node_ids().filter(|&id| matches!(Kernel::of(&e.graph, id), Some(Kernel::Reduction(r)) if r.by_block())).count();
-            assert_eq!(blocks, 1, "{what}: one normalization by block");
+            let blocks: Vec<Kernel> = e
+                .graph
+                .node_ids()
+                .filter_map(|id| Kernel::of(&e.graph, id))
+                .filter(|k| matches!(k, Kernel::Reduction(r) if r.by_block()))
+                .collect();
+            assert_eq!(blocks.len(), 1, "{what}: one normalization by block");
+            // Its CUDA C compiles with NVRTC too.
+            if let Some(nv) = common::nvrtc_compiler("emulator") {
+                nv.compile(blocks[0].name(), &blocks[0].cuda()).unwrap_or_else(|e| panic!("{what}: {e}"));
+            }
             let want = smelt_runtime::cpu::run(&e.graph, &x).unwrap();
             let r = smelt::precision_error(&e.outputs[0], &want[0]);
             let tol = if policy == "f32" { 1e-5 } else { 1e-2 };

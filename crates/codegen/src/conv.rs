@@ -284,6 +284,13 @@ impl Conv {
             );
             t + "            bs[kk][pp] = v;\n        }\n        __syncthreads();\n"
         };
+        // A GEMM tile's result at output channel `co`, image position `gp`:
+        // its flat index `o`, then the epilogue.
+        let tile_epilogue = |indent: &str, acc: &str| {
+            let hw = oh * ow;
+            format!("{indent}unsigned long long o = ((unsigned long long)(gp / {hw}) * {m} + co) * {hw} + gp % {hw};\n")
+                + &epilogue(indent, acc)
+        };
         match self.algo {
             Algo::Direct => {
                 s += &format!(
@@ -323,13 +330,7 @@ impl Conv {
                 s += &format!("        if (gm >= {mg}) continue;\n        int co = g * {mg} + gm;\n");
                 s += "        #pragma unroll\n        for (int j = 0; j < 4; ++j) {\n            int gp = p0 + tn + 16 * j;\n";
                 s += &format!("            if (gp >= {p}) continue;\n");
-                s += &format!(
-                    "            unsigned long long o = ((unsigned long long)(gp / {}) * {m} + co) * {} + gp % {};\n",
-                    oh * ow,
-                    oh * ow,
-                    oh * ow
-                );
-                s += &epilogue("            ", "acc[i][j]");
+                s += &tile_epilogue("            ", "acc[i][j]");
                 s += "        }\n    }\n";
             }
             Algo::TensorCore => {
@@ -361,13 +362,7 @@ impl Conv {
                 s += &format!("    for (int i = tid; i < {}; i += {TC_THREADS}) {{\n", BM * BN);
                 s += &format!("        int mm = i / {BN}, pp = i % {BN}, gm = m0 + mm, gp = p0 + pp;\n");
                 s += &format!("        if (gm >= {mg} || gp >= {p}) continue;\n        int co = g * {mg} + gm;\n");
-                s += &format!(
-                    "        unsigned long long o = ((unsigned long long)(gp / {}) * {m} + co) * {} + gp % {};\n",
-                    oh * ow,
-                    oh * ow,
-                    oh * ow
-                );
-                s += &epilogue("        ", "cs[mm][pp]");
+                s += &tile_epilogue("        ", "cs[mm][pp]");
                 s += "    }\n";
             }
         }

@@ -270,11 +270,7 @@ impl Reduction {
                 "    for (unsigned long long k = t; k < {len}ull; k += {t}ull) {{ float a = acc, b = value_{}({args}, base + {at}); acc = {fold}; }}\n",
                 self.name
             );
-            s += "    part[t] = acc;\n    __syncthreads();\n";
-            s += &format!(
-                "    for (unsigned int s = {}u; s > 0u; s >>= 1) {{\n        if (t < s) {{ float a = part[t], b = part[t + s]; part[t] = {fold}; }}\n        __syncthreads();\n    }}\n",
-                t / 2
-            );
+            s += &tree_fold_c(fold);
             let mean = matches!(self.kind, Kind::GlobalAveragePool | Kind::Reduce { op: ReduceOp::Mean, .. });
             let v = if mean { format!("part[0] / {len}.0f") } else { "part[0]".into() };
             s += &format!("    if (t == 0) out[r] = {};\n}}\n", store(&v));
@@ -338,11 +334,7 @@ impl Reduction {
         let fold = |dst: &str, init: &str, term: &str, fold: &str| {
             let mut c = format!("    acc = {init};\n");
             c += &format!("    for (unsigned long long k = t; k < {len}ull; k += {t}ull) {{ float v = value_{f}({args}, base + k); float a = acc, b = {term}; acc = {fold}; }}\n");
-            c += "    part[t] = acc;\n    __syncthreads();\n";
-            c += &format!(
-                "    for (unsigned int s = {}u; s > 0u; s >>= 1) {{\n        if (t < s) {{ float a = part[t], b = part[t + s]; part[t] = {fold}; }}\n        __syncthreads();\n    }}\n",
-                t / 2
-            );
+            c += &tree_fold_c(fold);
             c + &format!("    const float {dst} = part[0];\n    __syncthreads();\n")
         };
         let mut c = format!("    __shared__ float part[{t}];\n    const unsigned int t = threadIdx.x;\n    float acc;\n");
@@ -476,6 +468,15 @@ impl Reduction {
         }
         Tensor::from_f32(self.output.clone(), out).cast(self.out)
     }
+}
+
+/// CUDA C that folds each thread's `acc` into `part[0]` as [`block_fold`]
+/// does (a tree over the block's shared `part`, `fold` of `a` and `b`).
+fn tree_fold_c(fold: &str) -> String {
+    format!(
+        "    part[t] = acc;\n    __syncthreads();\n    for (unsigned int s = {}u; s > 0u; s >>= 1) {{\n        if (t < s) {{ float a = part[t], b = part[t + s]; part[t] = {fold}; }}\n        __syncthreads();\n    }}\n",
+        BLOCK_THREADS / 2
+    )
 }
 
 /// Axes as (extent, stride) pairs, outermost first.
