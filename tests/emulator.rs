@@ -531,3 +531,65 @@ fn block_per_row_norms_match_their_descriptions() {
         }
     }
 }
+
+/// Fused attention on tensor cores (f16 and bf16 operands, head dims of 32,
+/// 64 and 128, so 64, 32 and 16 query rows per block): queries and keys
+/// that are not whole tiles, a scale, an additive padding mask and a causal
+/// mask of -inf. Each kernel equals its description (scores and `p @ v` from
+/// fragments, the online softmax once per 32-key tile) and the output the
+/// CPU reference executor's softmax-then-matmul; the CUDA C compiles with
+/// NVRTC.
+#[test]
+fn attention_on_tensor_cores_matches_its_description() {
+    use smelt_codegen::kernel::Kernel;
+    // q [b, h, sq, d] is the input; k, v and the mask are weights.
+    let attention = |b: usize, h: usize, (sq, sk): (usize, usize), d: usize, causal: bool| {
+        chain(
+            &[b, h, sq, d],
+            move |g, q| {
+                let k = g.weight("k".into(), &[b, h, sk, d], |r| r.normal());
+                let v = g.weight("v".into(), &[b, h, sk, d], |r| r.normal());
+                let kt = g.op(Op::Transpose { perm: vec![0, 1, 3, 2] }, &[k])?;
+                let s = g.op(Op::MatMul, &[q, kt])?;
+                let scale = g.constant("scale".into(), Tensor::from_f32(vec![], vec![1.0 / (d as f32).sqrt()]));
+                let s = g.op(Op::Binary(smelt_ir::BinaryOp::Mul), &[s, scale])?;
+                let mask = if causal {
+                    let m = (0..sq * sk).map(|f| if f % sk > f / sk + sk - sq { f32::NEG_INFINITY } else { 0.0 }).collect();
+                    g.constant("mask".into(), Tensor::from_f32(vec![1, 1, sq, sk], m))
+                } else {
+                    // The last keys of the second sequence are padding.
+                    let m = (0..b * sk).map(|f| if f / sk == 1 && f % sk >= sk - 5 { -10000.0 } else { 0.0 }).collect();
+                    g.constant("mask".into(), Tensor::from_f32(vec![b, 1, 1, sk], m))
+                };
+                let s = g.op(Op::Binary(smelt_ir::BinaryOp::Add), &[s, mask])?;
+                let p = g.softmax(s)?;
+                g.op(Op::MatMul, &[p, v])
+            },
+            false,
+        )
+    };
+    let graphs: Vec<(&str, Graph, usize)> = vec![
+        ("d32 padded", attention(2, 3, (40, 50), 32, false), 64),
+        ("d64 causal", attention(1, 2, (77, 77), 64, true), 32),
+        ("d128 padded", attention(2, 1, (20, 33), 128, false), 16),
+    ];
+    for (what, g, rows) in &graphs {
+        let x = common::random_inputs(g, 7);
+        for policy in ["f16", "bf16"] {
+            let what = format!("{what} ({policy})");
+            let e = emulate(g, false, policy, &x);
+            assert_kernels_agree(&what, &e);
+            let fused: Vec<Kernel> =
+                e.graph.node_ids().filter_map(|id| Kernel::of(&e.graph, id)).filter(|k| matches!(k, Kernel::Attention(_))).collect();
+            assert_eq!(fused.len(), 1, "{what}: one fused attention");
+            let Kernel::Attention(a) = &fused[0] else { unreachable!() };
+            assert_eq!(a.tc_rows, Some(*rows), "{what}: {} on tensor cores", a.name);
+            if let Some(nv) = common::nvrtc_compiler("emulator") {
+                nv.compile(&a.name, &fused[0].cuda()).unwrap_or_else(|e| panic!("{what}: {e}"));
+            }
+            let want = smelt_runtime::cpu::run(&e.graph, &x).unwrap();
+            let r = smelt::precision_error(&e.outputs[0], &want[0]);
+            assert!(r.max_abs_over_range <= 1e-2, "{what}: {:.2e} of range from the CPU reference executor", r.max_abs_over_range);
+        }
+    }
+}

@@ -331,8 +331,9 @@ fn zoo_transformers_fuse_attention_and_keep_their_numbers() {
 }
 
 /// Every kernel of every export (f32 and mixed-f16) and of zoo:bert_base and
-/// zoo:gpt2 at sequence 128 (heads of 64) compiles with NVRTC, and ptxas
-/// finds no spills.
+/// zoo:gpt2 at sequence 128 (heads of 64; f32, mixed-f16 and mixed-bf16,
+/// attention on tensor cores in both) compiles with NVRTC, and ptxas finds
+/// no spills.
 #[test]
 fn every_kernel_compiles_with_nvrtc_without_spills() {
     let Some(nv) = common::nvrtc_compiler("transformers") else { return };
@@ -352,8 +353,15 @@ fn every_kernel_compiles_with_nvrtc_without_spills() {
         }
     }
     for spec in ["zoo:bert_base", "zoo:gpt2"] {
-        add(&mut smelt::Session::open(spec, options("--batch 2 --dim sequence=128")).unwrap());
+        for precision in ["f32", "mixed-f16", "mixed-bf16"] {
+            let mut opts = options("--batch 2 --dim sequence=128");
+            opts.precision.policy = precision.parse().unwrap();
+            add(&mut smelt::Session::open(spec, opts).unwrap());
+        }
     }
+    // Half attention runs on tensor cores.
+    let tc = sources.iter().filter(|(name, _)| name.starts_with("attention") && name.ends_with("_tc")).count();
+    assert!(tc >= 4, "{tc} attention kernels on tensor cores");
     let done = smelt_codegen::program::compile_all(&nv, &sources, 2, &|_| {}).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(done.len(), sources.len());
     common::ptxas_has_no_spills(&done);

@@ -6,6 +6,15 @@
 //! additive masks) is evaluated per score from its operands' broadcast
 //! strides. The same description renders to CUDA C and runs on the CPU in
 //! the kernel's order of operations.
+//!
+//! With f16 or bf16 operands and head dims that are multiples of 16, both
+//! products run on tensor cores instead (FlashAttention-2's loop, on
+//! `wmma`): a block holds 16 query rows per warp, each key tile's scores
+//! `q @ kt` come from 16x16x16 fragments into shared memory, the row's owner
+//! lane applies the prologue and the online softmax once per tile (f32 row
+//! maximum and sum), writes the probabilities in the operands' half type,
+//! the warp rescales its rows of the f32 output accumulator and adds
+//! `p @ v` on fragments again.
 
 use crate::elementwise::{expr_body, strides};
 use smelt_ir::kernel_op::{ATTENTION_MAX_BATCH, ATTENTION_MAX_HEAD};
@@ -15,6 +24,10 @@ use smelt_ir::{DType, Expr, KernelGraph, KernelOp, NodeId, Tensor};
 pub const ROWS: usize = 64;
 /// Keys per shared-memory tile.
 pub const KEYS: usize = 16;
+/// Keys per tile on tensor cores.
+pub const TC_KEYS: usize = 32;
+/// Static shared memory a block may use (bytes).
+const SHARED_LIMIT: usize = 48 * 1024;
 
 /// A fused attention kernel.
 #[derive(Clone, Debug, PartialEq)]
@@ -53,6 +66,25 @@ pub struct Attention {
     pub out: DType,
     /// The output shape as stored.
     pub output: Vec<usize>,
+    /// Query rows per block on tensor cores (16 per warp); `None`: one
+    /// thread per query row on CUDA cores.
+    pub tc_rows: Option<usize>,
+}
+
+/// Shared memory of the tensor-core kernel with `rows` query rows per
+/// block: q, the key and value tiles and the probabilities in the half
+/// type, the scores and the output accumulator in f32, each row padded (the
+/// leading dims below), two f32 per row.
+fn tc_shared(rows: usize, d: usize, dv: usize) -> usize {
+    let [lq, lk, lv, ls, lp, lo] = tc_lds(d, dv);
+    2 * (rows * lq + d * lk + TC_KEYS * lv + rows * lp) + 4 * (rows * ls + rows * lo + 2 * rows)
+}
+
+/// Leading dims (elements) of q, the key tile, the value tile, the scores,
+/// the probabilities and the output accumulator: padded by 16 bytes against
+/// bank conflicts, multiples of 8 halves or 4 floats as `wmma` requires.
+fn tc_lds(d: usize, dv: usize) -> [usize; 6] {
+    [d + 8, TC_KEYS + 8, dv + 8, TC_KEYS + 4, TC_KEYS + 8, dv + 4]
 }
 
 impl Attention {
@@ -117,6 +149,12 @@ impl Attention {
         });
         let dims = batch.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x");
         let suffix = if out.dtype == DType::F32 { String::new() } else { format!("_{}", out.dtype) };
+        // Tensor cores: one half type for q, kt and v, head dims in whole
+        // fragments, the most rows per block whose tiles fit.
+        let tc_rows = (crate::conv::tensor_core_type(q.dtype) && kt.dtype == q.dtype && v.dtype == q.dtype && d % 16 == 0 && dv % 16 == 0)
+            .then(|| [64, 32, 16].into_iter().find(|&r| tc_shared(r, d, dv) <= SHARED_LIMIT))
+            .flatten();
+        let suffix = if tc_rows.is_some() { format!("{suffix}_tc") } else { suffix };
         Some(Attention {
             name: format!("attention_{dims}_q{sq}k{sk}d{d}{suffix}"),
             expr: expr.clone(),
@@ -134,7 +172,26 @@ impl Attention {
             extras,
             out: out.dtype,
             output: out.shape.clone(),
+            tc_rows,
         })
+    }
+
+    /// Query rows per block.
+    pub fn rows(&self) -> usize {
+        self.tc_rows.unwrap_or(ROWS)
+    }
+
+    /// Threads per block: a warp per 16 rows on tensor cores, else a thread per row.
+    pub fn threads(&self) -> usize {
+        self.tc_rows.map_or(ROWS, |r| 2 * r)
+    }
+
+    /// Multiply-adds executed, whole fragments and key tiles included.
+    pub fn tiled_macs(&self) -> usize {
+        match self.tc_rows {
+            Some(_) => self.batches() * self.sq.div_ceil(16) * 16 * self.sk.div_ceil(TC_KEYS) * TC_KEYS * (self.d + self.dv),
+            None => self.macs(),
+        }
     }
 
     /// Matrices (the grid's y extent).
@@ -144,7 +201,7 @@ impl Attention {
 
     /// Grid: (query tiles, matrices).
     pub fn grid(&self) -> [usize; 3] {
-        [self.sq.div_ceil(ROWS).max(1), self.batches().max(1), 1]
+        [self.sq.div_ceil(self.rows()).max(1), self.batches().max(1), 1]
     }
 
     /// Multiply-adds of both products.
@@ -207,8 +264,10 @@ impl Attention {
             vec![format!("const {tq}* __restrict__ q"), format!("const {tk}* __restrict__ kt"), format!("const {tv}* __restrict__ v")];
         params.extend(extra_params.iter().cloned());
         params.push(format!("{}* __restrict__ out", ty(self.out)));
+        if self.tc_rows.is_some() {
+            s = s.replacen("#include <cuda_bf16.h>\n", "#include <cuda_bf16.h>\n#include <mma.h>\nusing namespace nvcuda;\n", 1);
+        }
         s += &format!("extern \"C\" __global__ void {}({}) {{\n", self.name, params.join(", "));
-        s += &format!("    __shared__ float ks[{d}][{KEYS}];\n    __shared__ float vs[{KEYS}][{dv}];\n");
         s += "    unsigned long long z = blockIdx.y, rem = z, qo = 0, ko = 0, vo = 0;\n";
         for b in (0..self.batch.len()).rev() {
             let [a, k, v] = [&self.batch_strides[0][b], &self.batch_strides[1][b], &self.batch_strides[2][b]];
@@ -217,6 +276,13 @@ impl Attention {
                 n = self.batch[b]
             );
         }
+        let eargs: String = (0..self.extras.len()).map(|k| format!("e{k}, ")).collect();
+        let fallback = if self.nan_to_zero { "0.0f" } else { "__int_as_float(0x7fc00000)" };
+        if let Some(rows) = self.tc_rows {
+            self.tc_body(rows, &eargs, fallback, &mut s);
+            return s;
+        }
+        s += &format!("    __shared__ float ks[{d}][{KEYS}];\n    __shared__ float vs[{KEYS}][{dv}];\n");
         s += &format!("    int row = blockIdx.x * {ROWS} + threadIdx.x;\n    bool live = row < {sq};\n");
         let [(qr, qc), (kr, kc), (vr, vc)] = self.mat_strides;
         s += &format!(
@@ -239,7 +305,6 @@ impl Attention {
         s += "        __syncthreads();\n";
         s += &format!("        if (live) for (int j = 0; j < {KEYS} && t + j < {sk}; ++j) {{\n");
         s += &format!("            float sc = 0.0f;\n            for (int i = 0; i < {d}; ++i) sc += qr[i] * ks[i][j];\n");
-        let eargs: String = (0..self.extras.len()).map(|k| format!("e{k}, ")).collect();
         s += &format!(
             "            float x = prologue_{}(sc, {eargs}(z * {sq}ull + (unsigned long long)row) * {sk}ull + (unsigned long long)(t + j));\n",
             self.name
@@ -252,25 +317,130 @@ impl Attention {
             "                for (int i = 0; i < {dv}; ++i) acc[i] = acc[i] * c + p * vs[j][i];\n                m = mn;\n            }}\n"
         );
         s += "        }\n        __syncthreads();\n    }\n";
-        let fallback = if self.nan_to_zero { "0.0f" } else { "__int_as_float(0x7fc00000)" };
-        let store = |x: &str| crate::store_c(self.out, x);
-        let at = match &self.out_strides {
+        let at = self.out_at(&mut s);
+        s += &format!(
+            "    if (live) for (int i = 0; i < {dv}; ++i) out[{at}] = {};\n}}\n",
+            crate::store_c(self.out, &format!("l > 0.0f ? acc[i] / l : {fallback}"))
+        );
+        s
+    }
+
+    /// The output's element index of (`row`, `i`) in matrix `z`, after the
+    /// lines that compute its batch offset.
+    fn out_at(&self, s: &mut String) -> String {
+        let (sq, dv) = (self.sq, self.dv);
+        match &self.out_strides {
             None => format!("(z * {sq}ull + (unsigned long long)row) * {dv}ull + i"),
             Some(st) => {
                 // The batch coordinates of z, each times its stride.
                 let r = st.len();
-                s += "    unsigned long long oo = 0;\n    rem = z;\n";
+                *s += "    unsigned long long oo = 0;\n    rem = z;\n";
                 for b in (0..self.batch.len()).rev() {
-                    s += &format!("    oo += (rem % {n}ull) * {}ull; rem /= {n}ull;\n", st[b], n = self.batch[b]);
+                    *s += &format!("    oo += (rem % {n}ull) * {}ull; rem /= {n}ull;\n", st[b], n = self.batch[b]);
                 }
                 format!("oo + (unsigned long long)row * {}ull + (unsigned long long)i * {}ull", st[r - 2], st[r - 1])
             }
+        }
+    }
+
+    /// The tensor-core kernel's body after the batch offsets: `rows` query
+    /// rows per block, a warp per 16 of them.
+    fn tc_body(&self, rows: usize, eargs: &str, fallback: &str, s: &mut String) {
+        let (sq, sk, d, dv, kt) = (self.sq, self.sk, self.d, self.dv, TC_KEYS);
+        let (ty, _, half) = crate::c_type(self.dtypes[0]);
+        let [lq, lk, lv, ls, lp, lo] = tc_lds(d, dv);
+        let threads = 2 * rows;
+        let [(qr, qc), (kr, kc), (vr, vc)] = self.mat_strides;
+        *s += &format!("    // {} warps of 16 query rows; wmma 16x16x16 in {ty} with f32 accumulators; {kt}-key tiles.\n", rows / 16);
+        *s += &format!("    __shared__ __align__(32) {ty} qs[{rows}][{lq}];\n    __shared__ __align__(32) {ty} ks[{d}][{lk}];\n");
+        *s += &format!("    __shared__ __align__(32) {ty} vs[{kt}][{lv}];\n    __shared__ __align__(32) {ty} ps[{rows}][{lp}];\n");
+        *s += &format!("    __shared__ __align__(32) float ss[{rows}][{ls}];\n    __shared__ __align__(32) float os[{rows}][{lo}];\n");
+        *s += &format!("    __shared__ float cs[{rows}], lsum[{rows}];\n");
+        *s += &format!("    const int tid = threadIdx.x, lane = tid % 32, w0 = tid / 32 * 16, r0 = blockIdx.x * {rows};\n");
+        *s += &format!("    const {ty} zero = {half}(0.0f);\n    const float ninf = __int_as_float(0xff800000);\n");
+        // A tile of the block's threads, the dim of the smaller source stride fastest: coalesced reads.
+        let fill = |dst: &str, (nr, nc): (usize, usize), (sr, sc): (usize, usize), ok: &str, at: &str| {
+            let (r, c) = if sc <= sr { (format!("e / {nc}"), format!("e % {nc}")) } else { (format!("e % {nr}"), format!("e / {nr}")) };
+            format!(
+                "        for (int e = tid; e < {}; e += {threads}) {{ int r = {r}, c = {c}; {dst}[r][c] = {ok} ? {at} : zero; }}\n",
+                nr * nc
+            )
         };
-        s += &format!(
-            "    if (live) for (int i = 0; i < {dv}; ++i) out[{at}] = {};\n}}\n",
-            store(&format!("l > 0.0f ? acc[i] / l : {fallback}"))
+        *s += &fill(
+            "qs",
+            (rows, d),
+            (qr, qc),
+            &format!("r0 + r < {sq}"),
+            &format!("q[qo + (unsigned long long)(r0 + r) * {qr}ull + (unsigned long long)c * {qc}ull]"),
+        )
+        .replacen("        ", "    ", 1);
+        *s += &format!("    for (int e = tid; e < {}; e += {threads}) os[e / {dv}][e % {dv}] = 0.0f;\n", rows * dv);
+        *s += &format!(
+            "    const int row = r0 + w0 + lane;\n    const bool owner = lane < 16, live = owner && row < {sq};\n    float m = ninf, l = 0.0f;\n"
         );
-        s
+        *s += &format!("    for (int t = 0; t < {sk}; t += {kt}) {{\n        __syncthreads();\n");
+        *s += &fill(
+            "ks",
+            (d, kt),
+            (kr, kc),
+            &format!("t + c < {sk}"),
+            &format!("kt[ko + (unsigned long long)r * {kr}ull + (unsigned long long)(t + c) * {kc}ull]"),
+        );
+        *s += &fill(
+            "vs",
+            (kt, dv),
+            (vr, vc),
+            &format!("t + r < {sk}"),
+            &format!("v[vo + (unsigned long long)(t + r) * {vr}ull + (unsigned long long)c * {vc}ull]"),
+        );
+        *s += "        __syncthreads();\n";
+        let frag = |usage: &str| format!("wmma::fragment<wmma::{usage}, 16, 16, 16, {ty}, wmma::row_major>");
+        *s += "        // This warp's scores, q @ kt, into shared memory.\n";
+        *s += &format!("        for (int n = 0; n < {}; ++n) {{\n", kt / 16);
+        *s += "            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;\n            wmma::fill_fragment(acc, 0.0f);\n";
+        *s += &format!("            for (int kk = 0; kk < {}; ++kk) {{\n", d / 16);
+        *s += &format!("                {} fa;\n                {} fb;\n", frag("matrix_a"), frag("matrix_b"));
+        *s += &format!(
+            "                wmma::load_matrix_sync(fa, &qs[w0][16 * kk], {lq});\n                wmma::load_matrix_sync(fb, &ks[16 * kk][16 * n], {lk});\n"
+        );
+        *s += "                wmma::mma_sync(acc, fa, fb, acc);\n            }\n";
+        *s += &format!(
+            "            wmma::store_matrix_sync(&ss[w0][16 * n], acc, {ls}, wmma::mem_row_major);\n        }}\n        __syncwarp();\n"
+        );
+        *s += "        // Each row's owner: the prologue, the tile's maximum, the rescale and the probabilities.\n";
+        *s += "        if (owner) {\n            float* x = ss[w0 + lane];\n            float mt = ninf;\n";
+        *s += &format!("            for (int j = 0; j < {kt}; ++j) {{\n");
+        *s += &format!(
+            "                x[j] = live && t + j < {sk} ? prologue_{}(x[j], {eargs}(z * {sq}ull + (unsigned long long)row) * {sk}ull + (unsigned long long)(t + j)) : ninf;\n",
+            self.name
+        );
+        *s += "                mt = fmaxf(mt, x[j]);\n            }\n";
+        *s += "            float mn = fmaxf(m, mt);\n            bool any = mn != ninf;\n            float c = any ? expf(m - mn) : 1.0f;\n            l = l * c;\n";
+        *s += &format!(
+            "            for (int j = 0; j < {kt}; ++j) {{\n                float p = any ? expf(x[j] - mn) : 0.0f;\n                l += p;\n                ps[w0 + lane][j] = {half}(p);\n            }}\n"
+        );
+        *s += "            cs[w0 + lane] = c;\n            m = mn;\n        }\n        __syncwarp();\n";
+        *s += &format!("        for (int e = lane; e < {}; e += 32) os[w0 + e / {dv}][e % {dv}] *= cs[w0 + e / {dv}];\n", 16 * dv);
+        *s += "        __syncwarp();\n        // The rescaled accumulator plus p @ v.\n";
+        *s += &format!("        for (int j = 0; j < {}; ++j) {{\n", dv / 16);
+        *s += &format!(
+            "            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;\n            wmma::load_matrix_sync(acc, &os[w0][16 * j], {lo}, wmma::mem_row_major);\n"
+        );
+        *s += &format!("            for (int kk = 0; kk < {}; ++kk) {{\n", kt / 16);
+        *s += &format!("                {} fa;\n                {} fb;\n", frag("matrix_a"), frag("matrix_b"));
+        *s += &format!(
+            "                wmma::load_matrix_sync(fa, &ps[w0][16 * kk], {lp});\n                wmma::load_matrix_sync(fb, &vs[16 * kk][16 * j], {lv});\n"
+        );
+        *s += "                wmma::mma_sync(acc, fa, fb, acc);\n            }\n";
+        *s += &format!("            wmma::store_matrix_sync(&os[w0][16 * j], acc, {lo}, wmma::mem_row_major);\n        }}\n    }}\n");
+        *s += "    if (owner) lsum[w0 + lane] = l;\n    __syncthreads();\n";
+        let at = self.out_at(s);
+        *s += &format!("    for (int e = tid; e < {}; e += {threads}) {{\n", rows * dv);
+        *s += &format!("        int r = e / {dv}, i = e % {dv}, row = r0 + r;\n");
+        *s += &format!(
+            "        if (row < {sq}) out[{at}] = {};\n    }}\n}}\n",
+            crate::store_c(self.out, &format!("lsum[r] > 0.0f ? os[r][i] / lsum[r] : {fallback}"))
+        );
     }
 
     /// Runs the description on the CPU in the kernel's order of operations.
@@ -292,9 +462,8 @@ impl Attention {
                 rem /= self.batch[b];
             }
             for row in 0..sq {
-                let (mut m, mut l) = (f32::NEG_INFINITY, 0f32);
-                let mut acc = vec![0f32; dv];
-                for j in 0..sk {
+                // The score of key j after the prologue.
+                let mut score = |j: usize| {
                     let mut sc = 0f32;
                     for i in 0..d {
                         sc += q[off[0] + row * qr + i * qc] * kt[off[1] + i * kr + j * kc];
@@ -314,15 +483,43 @@ impl Attention {
                             extras[e][at]
                         };
                     }
-                    let x = self.expr.eval(&a, &mut scratch);
-                    let mn = m.max(x);
-                    if mn != f32::NEG_INFINITY {
-                        let (c, p) = ((m - mn).exp(), (x - mn).exp());
-                        l = l * c + p;
-                        for (i, acc) in acc.iter_mut().enumerate() {
-                            *acc = *acc * c + p * v[off[2] + j * vr + i * vc];
+                    self.expr.eval(&a, &mut scratch)
+                };
+                let (mut m, mut l) = (f32::NEG_INFINITY, 0f32);
+                let mut acc = vec![0f32; dv];
+                if self.tc_rows.is_some() {
+                    // A tile of keys at a time; the probabilities rounded to the operands' type.
+                    for t in (0..sk).step_by(TC_KEYS) {
+                        let xs: Vec<f32> = (t..t + TC_KEYS).map(|j| if j < sk { score(j) } else { f32::NEG_INFINITY }).collect();
+                        let mn = m.max(xs.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x)));
+                        let any = mn != f32::NEG_INFINITY;
+                        let c = if any { (m - mn).exp() } else { 1.0 };
+                        l *= c;
+                        let ps: Vec<f32> = xs.iter().map(|&x| if any { (x - mn).exp() } else { 0.0 }).collect();
+                        for p in &ps {
+                            l += p;
+                        }
+                        acc.iter_mut().for_each(|a| *a *= c);
+                        for (j, p) in (t..sk.min(t + TC_KEYS)).zip(&ps) {
+                            let p = smelt_ir::round_to(self.dtypes[2], *p);
+                            for (i, acc) in acc.iter_mut().enumerate() {
+                                *acc += p * v[off[2] + j * vr + i * vc];
+                            }
                         }
                         m = mn;
+                    }
+                } else {
+                    for j in 0..sk {
+                        let x = score(j);
+                        let mn = m.max(x);
+                        if mn != f32::NEG_INFINITY {
+                            let (c, p) = ((m - mn).exp(), (x - mn).exp());
+                            l = l * c + p;
+                            for (i, acc) in acc.iter_mut().enumerate() {
+                                *acc = *acc * c + p * v[off[2] + j * vr + i * vc];
+                            }
+                            m = mn;
+                        }
                     }
                 }
                 let oo = match &self.out_strides {

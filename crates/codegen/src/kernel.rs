@@ -201,7 +201,7 @@ impl Kernel {
             Kernel::Grad(k) => k.launch(),
             Kernel::Update(k) if k.optimizer == smelt_ir::Optimizer::Count => Launch { grid: [1, 1, 1], block: [1, 1, 1], count: None },
             Kernel::Update(k) => linear(k.n),
-            Kernel::Attention(k) => Launch { grid: k.grid(), block: [crate::attention::ROWS, 1, 1], count: None },
+            Kernel::Attention(k) => Launch { grid: k.grid(), block: [k.threads(), 1, 1], count: None },
             Kernel::Gemm(k) => {
                 let ((x, y), [bx, by]) = (k.grid(), k.block());
                 Launch { grid: [x.max(1), y.max(1), k.batches().max(1)], block: [bx, by, 1], count: None }
@@ -231,6 +231,7 @@ impl Kernel {
         match self {
             Kernel::Conv(k) => k.tensor_cores(),
             Kernel::Gemm(k) => k.tensor_cores,
+            Kernel::Attention(k) => k.tc_rows.is_some(),
             _ => false,
         }
     }
@@ -248,6 +249,7 @@ impl Kernel {
             Kernel::Conv(k) if k.algo != crate::conv::Algo::Direct => {
                 2 * k.groups * up(k.mg(), crate::conv::BM) * up(k.p(), crate::conv::BN) * up(k.k(), crate::conv::BK)
             }
+            Kernel::Attention(k) => 2 * k.tiled_macs(),
             _ => self.flops(),
         }
     }
