@@ -66,6 +66,14 @@ pub struct ModelArgs {
     /// conv, gemm...) or a node name, `*` matching any characters. Repeatable.
     #[arg(long = "keep-f32", value_name = "PATTERN")]
     pub keep_f32: Vec<String>,
+    /// TF32 on tensor cores for f32 products (compute_80 and newer), as
+    /// PyTorch's allow_tf32: conv (f32 convolutions, as cuDNN does), on
+    /// (convolutions, GEMMs and MatMuls) or off (exact f32). TF32 rounds each
+    /// operand to 10 mantissa bits and accumulates in f32 (about 1e-3
+    /// relative error). Default: conv for the GPU (compile, plan, --backend
+    /// cuda or emulator), off for --backend cpu, as PyTorch on each.
+    #[arg(long, value_parser = clap::builder::TypedValueParser::map(clap::builder::PossibleValuesParser::new(smelt_ir::Tf32::NAMES), |s| s.parse::<smelt_ir::Tf32>().expect("listed")))]
+    pub tf32: Option<smelt_ir::Tf32>,
     /// Split execution for the smallest arena: run the segments at the
     /// memory peak by slices of the batch and by bands of rows (each band
     /// computing the halo rows its convolutions need again), recomputing at
@@ -245,6 +253,7 @@ impl ModelArgs {
             no_fuse: false,
             precision: Default::default(),
             keep_f32: Vec::new(),
+            tf32: Default::default(),
             min_memory: false,
             split_limit: None,
             train: TrainArgs::default(),
@@ -258,7 +267,11 @@ impl ModelArgs {
             dims: self.dims.clone(),
             known: self.set.iter().map(|(n, v)| (n.clone(), smelt_ir::onnx::Known::Values(v.clone()))).collect(),
             no_fuse: self.no_fuse,
-            precision: smelt_passes::precision::Options { policy: self.precision, keep_f32: self.keep_f32.clone() },
+            precision: smelt_passes::precision::Options {
+                policy: self.precision,
+                keep_f32: self.keep_f32.clone(),
+                tf32: self.tf32.unwrap_or(smelt_ir::Tf32::Conv),
+            },
             train: self.train.config()?.map(|mut t| {
                 use smelt_passes::precision::Policy;
                 t.loss_scale = matches!(self.precision, Policy::F16 | Policy::MixedF16) && self.train.loss_scale == "dynamic";

@@ -224,7 +224,9 @@ pub fn estimate(k: &Kernel, bytes: usize, gpu: &Gpu, res: Option<Resources>) -> 
     let per_sm = per_sm.max(1);
     let occupancy = (per_sm * block) as f64 / gpu.threads_per_sm as f64;
     let tc = k.tensor_cores();
-    let roof = if tc { gpu.tensor_flops * gpu.mma_sync } else { gpu.flops };
+    // TF32 runs at half the f16/bf16 rate (A100, H100, L4 data sheets).
+    let tc_rate = if k.tf32() { gpu.tensor_flops / 2.0 } else { gpu.tensor_flops };
+    let roof = if tc { tc_rate * gpu.mma_sync } else { gpu.flops };
     // Compute: the busiest SM runs ceil(blocks / sms) blocks, at most
     // per_sm at a time.
     let on_busiest = blocks.div_ceil(gpu.sms);

@@ -21,6 +21,8 @@ pub struct Row {
     pub kind: &'static str,
     /// Whether its products run on tensor cores.
     pub tensor_cores: bool,
+    /// Whether they take f32 operands in TF32.
+    pub tf32: bool,
     /// Useful FLOPs (multiply-adds count two; elementwise kernels one per
     /// operation of their expression).
     pub flops: usize,
@@ -106,6 +108,7 @@ pub fn report(program: &Program, gpu: &Gpu, ptxas: &[Stats]) -> Report {
             kernel: k.name().to_string(),
             kind: k.kind(),
             tensor_cores: k.tensor_cores(),
+            tf32: k.tf32(),
             flops,
             bytes,
             intensity: flops as f64 / bytes.max(1) as f64,
@@ -154,7 +157,7 @@ pub fn text(r: &Report) -> String {
     let opt = |v: Option<usize>| v.map_or("-".to_string(), |v| v.to_string());
     let _ = writeln!(
         s,
-        "{:<44} {:>3} {:>9} {:>9} {:>8} {:>7} {:>9} {:>6} {:>5} {:>5} {:>5} {:>6}",
+        "{:<44} {:>4} {:>9} {:>9} {:>8} {:>7} {:>9} {:>6} {:>5} {:>5} {:>5} {:>6}",
         format!("launch on {} (estimate)", r.device.model),
         "tc",
         "GFLOP",
@@ -173,8 +176,12 @@ pub fn text(r: &Report) -> String {
             if l.kernel.chars().count() > 44 { format!("{}…", l.kernel.chars().take(43).collect::<String>()) } else { l.kernel.clone() };
         let _ = writeln!(
             s,
-            "{name:<44} {:>3} {:>9.3} {:>9.2} {:>8.1} {:>7} {:>9.1} {:>6.1} {:>5.0} {:>5} {:>5} {:>6.0}",
-            if l.tensor_cores { "yes" } else { "" },
+            "{name:<44} {:>4} {:>9.3} {:>9.2} {:>8.1} {:>7} {:>9.1} {:>6.1} {:>5.0} {:>5} {:>5} {:>6.0}",
+            match (l.tensor_cores, l.tf32) {
+                (true, true) => "tf32",
+                (true, false) => "yes",
+                _ => "",
+            },
             l.flops as f64 / 1e9,
             l.bytes as f64 / 1e6,
             l.intensity,

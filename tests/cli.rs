@@ -255,7 +255,8 @@ fn run_on_the_emulator_checks_kernels() {
     let v = common::variant("squeezenet");
     let (input, expect) = (v.join("input_0.pb"), v.join("output_0.pb"));
     let model = v.join("model.onnx");
-    let args = ["run", model.to_str().unwrap(), "--input", input.to_str().unwrap(), "--expect", expect.to_str().unwrap()];
+    // Exact f32 (TF32 convolutions, the GPU default, are further from onnxruntime than --expect's tolerance).
+    let args = ["run", model.to_str().unwrap(), "--input", input.to_str().unwrap(), "--expect", expect.to_str().unwrap(), "--tf32", "off"];
     let (code, out, err) = run(&[&args[..], &["--backend", "emulator", "--check-kernels", "--json"]].concat());
     assert_eq!(code, 0, "{out}{err}");
     let j: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -333,7 +334,8 @@ fn set_gives_a_graph_input_that_an_op_needs_at_compile_time() {
 }
 
 /// `smelt compile --report`: every launch on the roofline, ResNet-50's
-/// convolutions all on tensor cores under mixed-f16 and none in f32, no
+/// convolutions all on tensor cores under mixed-f16, in TF32 under f32
+/// (the default `--tf32 conv`) and none with `--tf32 off`, no
 /// launch faster than its roofs allow, the parts summing to the whole, and
 /// occupancy from ptxas's registers and shared memory.
 #[test]
@@ -344,18 +346,23 @@ fn compile_report_puts_every_launch_on_the_roofline() {
         return;
     }
     let report = |precision: &str, device: &str| {
+        let (precision, tf32) = precision.split_once(' ').unwrap_or((precision, "conv"));
         let out = smelt()
-            .args(["compile", "zoo:resnet50", "--batch", "32", "--precision", precision, "--report", "--device", device, "--json"])
+            .args(["compile", "zoo:resnet50", "--batch", "32", "--precision", precision, "--tf32", tf32, "--report", "--device", device])
+            .arg("--json")
             .output()
             .unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["report"].clone()
     };
-    for (precision, on_tc) in [("mixed-f16", true), ("mixed-bf16", true), ("f32", false)] {
+    // f32 convolutions run in TF32 by default, on CUDA cores with --tf32 off.
+    for (precision, on_tc) in [("mixed-f16", true), ("mixed-bf16", true), ("f32", true), ("f32 off", false)] {
         let r = report(precision, "h100");
         let conv = &r["by_kind"]["conv"];
         assert_eq!(conv["launches"], 53, "{precision}: {conv}");
         assert_eq!(conv["on_tensor_cores"].as_u64().unwrap(), if on_tc { 53 } else { 0 }, "{precision}: {conv}");
+        let tf32 = r["launches"].as_array().unwrap().iter().filter(|l| l["tf32"] == true).count();
+        assert_eq!(tf32, if precision == "f32" { 53 } else { 0 }, "{precision}: launches in TF32");
         let (bw, tc, fp32) = (
             r["device"]["bandwidth"].as_f64().unwrap(),
             r["device"]["tensor_flops"].as_f64().unwrap(),

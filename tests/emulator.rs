@@ -32,12 +32,21 @@ struct Emulated {
 /// `plain` through the driver (fusion unless `no_fuse`, the precision
 /// `policy`), planned, lowered and run on the emulator with every kernel
 /// checked.
+/// `f32` is exact f32 (`--tf32 off`), `tf32` f32 with the default
+/// `--tf32 conv`.
 fn emulate(plain: &Graph, no_fuse: bool, policy: &str, inputs: &[Tensor]) -> Emulated {
+    let tf32 = if policy == "tf32" { smelt_ir::Tf32::Conv } else { smelt_ir::Tf32::Off };
+    let policy = if policy == "tf32" { "f32" } else { policy };
     let opts = smelt::Options {
         no_fuse,
-        precision: smelt_passes::precision::Options { policy: policy.parse().unwrap(), keep_f32: vec![] },
+        precision: smelt_passes::precision::Options { policy: policy.parse().unwrap(), keep_f32: vec![], tf32 },
         ..Default::default()
     };
+    emulate_with(plain, opts, inputs)
+}
+
+/// As [`emulate`], with the driver's options.
+fn emulate_with(plain: &Graph, opts: smelt::Options, inputs: &[Tensor]) -> Emulated {
     let mut s = common::session(plain, opts);
     let compiled = s.compile().unwrap_or_else(|e| panic!("{e}"));
     let planned = s.plan(&compiled).unwrap_or_else(|e| panic!("{e}"));
@@ -68,10 +77,11 @@ fn tensor(name: &str, file: &str) -> Tensor {
 
 /// The nine light models' random-weight variants: fused and unfused in f32
 /// against onnxruntime's logits (within 1e-3 relative, plus 1e-4 of the
-/// logits' range for the elements near zero), and under mixed-f16 and
-/// mixed-bf16 against the CPU reference executor of the same graph (1% of
-/// the logits' range in f16, 3% in bf16) and against onnxruntime (5% of the range in f16, 20%
-/// in bf16, and the same arg-max).
+/// logits' range for the elements near zero); with TF32 convolutions (the
+/// default `--tf32 conv`) and under mixed-f16 and mixed-bf16 against the
+/// CPU reference executor of the same graph (1% of the logits' range in
+/// f16, 3% in TF32 and bf16) and against onnxruntime (5% of the range in
+/// TF32 and f16, 20% in bf16, and the same arg-max).
 #[test]
 fn light_variants_match_onnxruntime_logits() {
     let mut kinds = BTreeSet::new();
@@ -80,9 +90,13 @@ fn light_variants_match_onnxruntime_logits() {
         let plain = common::logits(common::load(common::variant(name).join("model.onnx").to_str().unwrap(), None));
         let x = tensor(name, "input_0.pb");
         let want = tensor(name, "logits_0.pb");
-        for (config, no_fuse, policy) in
-            [("fused", false, "f32"), ("unfused", true, "f32"), ("mixed-f16", false, "mixed-f16"), ("mixed-bf16", false, "mixed-bf16")]
-        {
+        for (config, no_fuse, policy) in [
+            ("fused", false, "f32"),
+            ("unfused", true, "f32"),
+            ("tf32", false, "tf32"),
+            ("mixed-f16", false, "mixed-f16"),
+            ("mixed-bf16", false, "mixed-bf16"),
+        ] {
             let what = format!("{name} {config}");
             let e = emulate(&plain, no_fuse, policy, std::slice::from_ref(&x));
             assert_kernels_agree(&what, &e);
@@ -102,6 +116,7 @@ fn light_variants_match_onnxruntime_logits() {
                 // Half roundings that fall the other way (the reference
                 // executor sums convolutions in another order) compound
                 // over a deep net.
+                // TF32 keeps f16's 10 mantissa bits for every conv operand.
                 let near = if policy == "mixed-f16" { 1e-2 } else { 3e-2 };
                 assert!(
                     r.max_abs_over_range <= near,
@@ -109,7 +124,10 @@ fn light_variants_match_onnxruntime_logits() {
                     r.max_abs_over_range
                 );
                 let o = smelt::precision_error(got, &want);
-                let budget = if policy == "mixed-f16" { 5e-2 } else { 2e-1 };
+                let budget = match policy {
+                    "tf32" | "mixed-f16" => 5e-2,
+                    _ => 2e-1,
+                };
                 assert!(o.max_abs_over_range <= budget, "{what}: {:.2e} of range from onnxruntime's f32 logits", o.max_abs_over_range);
                 assert_eq!(o.argmax_agree, o.rows, "{what}: arg-max differs from onnxruntime's");
                 (format!("{:.2e} rng", o.max_abs_over_range), format!("{:.2e} rng", r.max_abs_over_range))
@@ -420,47 +438,7 @@ extern "C" __global__ void diverge(float* __restrict__ out) {
 #[test]
 fn tensor_core_kernels_match_their_descriptions() {
     use smelt_codegen::kernel::Kernel;
-    let graphs: Vec<(&str, Graph)> = vec![
-        ("conv3x3 of 3 channels", chain(&[2, 3, 9, 11], |b, x| b.conv(x, 20, 3, 1, 1), false)),
-        ("strided conv1x1 + relu", chain(&[1, 24, 10, 10], |b, x| b.conv(x, 72, 1, 2, 0).and_then(|y| b.relu(y)), false)),
-        ("grouped conv", chain(&[1, 32, 7, 7], |b, x| b.conv_g(x, 32, 3, 1, 1, 2), false)),
-        (
-            "residual block",
-            chain(
-                &[1, 16, 8, 8],
-                |b, x| {
-                    let y = b.conv(x, 16, 3, 1, 1)?;
-                    let y = b.batch_norm(y, 1.0)?;
-                    let y = b.add(y, x)?;
-                    b.relu(y)
-                },
-                false,
-            ),
-        ),
-        ("linear", chain(&[3, 40], |b, x| b.linear(x, 70), false)),
-        (
-            "gemm of transposes",
-            chain(
-                &[40, 5],
-                |b, x| {
-                    let w = b.weight("w".into(), &[70, 40], |r| r.normal());
-                    b.op(Op::Gemm { trans_a: true, trans_b: true, alpha: 0.5, beta: 1.0 }, &[x, w])
-                },
-                false,
-            ),
-        ),
-        (
-            "batched matmul",
-            chain(
-                &[2, 3, 17, 24],
-                |b, x| {
-                    let w = b.weight("w".into(), &[24, 33], |r| r.normal());
-                    b.op(Op::MatMul, &[x, w])
-                },
-                false,
-            ),
-        ),
-    ];
+    let graphs = product_graphs();
     for (what, g) in &graphs {
         let x = common::random_inputs(g, 3);
         for policy in ["f16", "bf16"] {
@@ -586,6 +564,151 @@ fn attention_on_tensor_cores_matches_its_description() {
             assert_eq!(a.tc_rows, Some(*rows), "{what}: {} on tensor cores", a.name);
             if let Some(nv) = common::nvrtc_compiler("emulator") {
                 nv.compile(&a.name, &fused[0].cuda()).unwrap_or_else(|e| panic!("{what}: {e}"));
+            }
+            let want = smelt_runtime::cpu::run(&e.graph, &x).unwrap();
+            let r = smelt::precision_error(&e.outputs[0], &want[0]);
+            assert!(r.max_abs_over_range <= 1e-2, "{what}: {:.2e} of range from the CPU reference executor", r.max_abs_over_range);
+        }
+    }
+}
+
+/// One conv or GEMM product each: convs (3 input channels, strided 1x1,
+/// grouped, a residual block with its folded batch norm, residual and
+/// activation fused), a linear layer, a Gemm with both operands transposed
+/// and a scale, a batched MatMul with a broadcast operand.
+fn product_graphs() -> Vec<(&'static str, Graph)> {
+    vec![
+        ("conv3x3 of 3 channels", chain(&[2, 3, 9, 11], |b, x| b.conv(x, 20, 3, 1, 1), false)),
+        ("strided conv1x1 + relu", chain(&[1, 24, 10, 10], |b, x| b.conv(x, 72, 1, 2, 0).and_then(|y| b.relu(y)), false)),
+        ("grouped conv", chain(&[1, 32, 7, 7], |b, x| b.conv_g(x, 32, 3, 1, 1, 2), false)),
+        (
+            "residual block",
+            chain(
+                &[1, 16, 8, 8],
+                |b, x| {
+                    let y = b.conv(x, 16, 3, 1, 1)?;
+                    let y = b.batch_norm(y, 1.0)?;
+                    let y = b.add(y, x)?;
+                    b.relu(y)
+                },
+                false,
+            ),
+        ),
+        ("linear", chain(&[3, 40], |b, x| b.linear(x, 70), false)),
+        (
+            "gemm of transposes",
+            chain(
+                &[40, 5],
+                |b, x| {
+                    let w = b.weight("w".into(), &[70, 40], |r| r.normal());
+                    b.op(Op::Gemm { trans_a: true, trans_b: true, alpha: 0.5, beta: 1.0 }, &[x, w])
+                },
+                false,
+            ),
+        ),
+        (
+            "batched matmul",
+            chain(
+                &[2, 3, 17, 24],
+                |b, x| {
+                    let w = b.weight("w".into(), &[24, 33], |r| r.normal());
+                    b.op(Op::MatMul, &[x, w])
+                },
+                false,
+            ),
+        ),
+    ]
+}
+
+/// The same products in f32 with `--tf32 on`: every conv and GEMM on
+/// tensor cores in TF32 (16x16x8 fragments, operands rounded to TF32 by
+/// `__float_to_tf32`), bit-level against its description (which rounds as
+/// `cvt.rna` does) and within TF32's error of the f32 reference (1e-3 of
+/// range); `--tf32 conv` (the default) leaves the GEMMs in f32 and `off`
+/// everything.
+#[test]
+fn tf32_kernels_match_their_descriptions() {
+    use smelt_codegen::kernel::Kernel;
+    for (what, g) in &product_graphs() {
+        let x = common::random_inputs(g, 3);
+        for tf32 in [smelt_ir::Tf32::On, smelt_ir::Tf32::Conv, smelt_ir::Tf32::Off] {
+            let what = format!("{what} (--tf32 {tf32})");
+            let opts = smelt::Options { precision: smelt_passes::precision::Options { tf32, ..Default::default() }, ..Default::default() };
+            let e = emulate_with(g, opts, &x);
+            assert_kernels_agree(&what, &e);
+            let mut products = 0;
+            for id in e.graph.node_ids() {
+                let want = match Kernel::of(&e.graph, id) {
+                    Some(Kernel::Conv(_)) => tf32.convs(),
+                    Some(Kernel::Gemm(_)) => tf32.gemms(),
+                    _ => continue,
+                };
+                let k = Kernel::of(&e.graph, id).unwrap();
+                assert_eq!((k.tensor_cores(), k.tf32()), (want, want), "{what}: {}", k.name());
+                if want {
+                    assert!(k.cuda().contains("wmma::precision::tf32"), "{what}: {}", k.name());
+                    if let Some(nv) = common::nvrtc_compiler("emulator") {
+                        nv.compile(k.name(), &k.cuda()).unwrap_or_else(|e| panic!("{what}: {e}"));
+                    }
+                }
+                products += 1;
+            }
+            assert_eq!(products, 1, "{what}: one product kernel");
+            let want = smelt_runtime::cpu::run(&e.graph, &x).unwrap();
+            let r = smelt::precision_error(&e.outputs[0], &want[0]);
+            let tol = if tf32 == smelt_ir::Tf32::Off { 1e-5 } else { 1e-3 };
+            assert!(r.max_abs_over_range <= tol, "{what}: {:.2e} of range from the CPU reference executor", r.max_abs_over_range);
+        }
+    }
+}
+
+/// Convolution gradients in f16, bf16 and f32 (TF32, the GPU default) on
+/// 64x64 tiles run on tensor cores: the data gradient of a 3x3 conv (stride 1 and 2) and the weight
+/// gradient of a 1x1 conv, each equal to its description (products of
+/// halves summed in f32 in ascending k) and within half precision of the
+/// CPU reference executor's f32 run.
+#[test]
+fn convolution_gradients_on_tensor_cores_match_their_descriptions() {
+    use smelt_codegen::kernel::Kernel;
+    let conv = |s: usize, p: usize| smelt_ir::Conv { strides: vec![s, s], pads: vec![p; 4], dilations: vec![1, 1], group: 1 };
+    let data = |side: usize, stride: usize| {
+        chain(
+            &[4, 32, side, side],
+            move |b, dy| {
+                let w = b.weight("w".into(), &[32, 64, 3, 3], |r| r.normal());
+                b.op(Op::ConvGradData { conv: conv(stride, 1), shape: vec![4, 64, 64, 64] }, &[dy, w])
+            },
+            false,
+        )
+    };
+    let graphs: Vec<(&str, Graph)> = vec![
+        ("3x3 data gradient", data(64, 1)),
+        ("strided 3x3 data gradient", data(32, 2)),
+        (
+            "1x1 weight gradient",
+            chain(
+                &[2, 1024, 7, 7],
+                |b, x| {
+                    let dy = b.weight("dy".into(), &[2, 1024, 7, 7], |r| r.normal());
+                    b.op(Op::ConvGradWeight { conv: conv(1, 0), shape: vec![1024, 1024, 1, 1] }, &[x, dy])
+                },
+                false,
+            ),
+        ),
+    ];
+    for (what, g) in &graphs {
+        let x = common::random_inputs(g, 11);
+        for policy in ["f16", "bf16", "tf32"] {
+            let what = format!("{what} ({policy})");
+            let e = emulate(g, false, policy, &x);
+            assert_kernels_agree(&what, &e);
+            let grads: Vec<Kernel> =
+                e.graph.node_ids().filter_map(|id| Kernel::of(&e.graph, id)).filter(|k| matches!(k, Kernel::Grad(_))).collect();
+            assert_eq!(grads.len(), 1, "{what}: one gradient kernel");
+            assert!(grads[0].tensor_cores(), "{what}: {} is not on tensor cores", grads[0].name());
+            assert_eq!(grads[0].tf32(), policy == "tf32", "{what}: {}", grads[0].name());
+            if let Some(nv) = common::nvrtc_compiler("emulator") {
+                nv.compile(grads[0].name(), &grads[0].cuda()).unwrap_or_else(|e| panic!("{what}: {e}"));
             }
             let want = smelt_runtime::cpu::run(&e.graph, &x).unwrap();
             let r = smelt::precision_error(&e.outputs[0], &want[0]);

@@ -97,7 +97,7 @@ fn kernels_trace_back_to_every_model_node() {
     for (name, g) in &graphs {
         for policy in ["f32", "mixed-f16"] {
             let opts = smelt::Options {
-                precision: smelt_passes::precision::Options { policy: policy.parse().unwrap(), keep_f32: vec![] },
+                precision: smelt_passes::precision::Options { policy: policy.parse().unwrap(), keep_f32: vec![], ..Default::default() },
                 ..Default::default()
             };
             let mut s = common::session(g, opts);

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 /// schedule as a hint), so the kernels are those `smelt compile` caches.
 fn compiled(plain: &Graph, policy: &str) -> (KernelGraph, smelt_passes::memory::Plan) {
     let opts = smelt::Options {
-        precision: smelt_passes::precision::Options { policy: policy.parse().unwrap(), keep_f32: vec![] },
+        precision: smelt_passes::precision::Options { policy: policy.parse().unwrap(), keep_f32: vec![], ..Default::default() },
         ..Default::default()
     };
     let mut s = common::session(plain, opts);

@@ -14,7 +14,7 @@ use smelt_passes::precision::{self, Policy};
 
 fn compile(g: &Graph, policy: Policy, keep_f32: &[&str]) -> (KernelGraph, Stats) {
     let opts = smelt::Options {
-        precision: precision::Options { policy, keep_f32: keep_f32.iter().map(|s| s.to_string()).collect() },
+        precision: precision::Options { policy, keep_f32: keep_f32.iter().map(|s| s.to_string()).collect(), ..Default::default() },
         ..Default::default()
     };
     let c = common::session(g, opts).compile().unwrap();

@@ -628,7 +628,7 @@ fn mixed_precision_training_steps_compile_and_run() {
     let (x, labels) = batch(&d);
     let opts = smelt::Options {
         train: Some(sgd_config()),
-        precision: smelt_passes::precision::Options { policy: "mixed-f16".parse().unwrap(), keep_f32: vec![] },
+        precision: smelt_passes::precision::Options { policy: "mixed-f16".parse().unwrap(), keep_f32: vec![], ..Default::default() },
         ..Default::default()
     };
     let mut s = smelt::Session::open(d.join("model.onnx").to_str().unwrap(), opts).unwrap();

@@ -104,7 +104,7 @@ fn fusion_never_folds_a_parameter_and_the_numbers_hold() {
 fn reduced_precision_casts_a_parameter_where_it_is_read() {
     let g = model();
     let opts = smelt::Options {
-        precision: smelt_passes::precision::Options { policy: "f16".parse().unwrap(), keep_f32: vec![] },
+        precision: smelt_passes::precision::Options { policy: "f16".parse().unwrap(), keep_f32: vec![], ..Default::default() },
         ..Default::default()
     };
     let c = common::session(&g, opts).compile().unwrap();

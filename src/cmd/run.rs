@@ -39,6 +39,10 @@ pub fn run(a: &RunArgs) -> Result<bool> {
     // A memory limit splits what runs above it (as `smelt plan --memory-limit`).
     let mut model = a.model.clone();
     model.split_limit = a.memory_limit;
+    // TF32 is the GPU's (as PyTorch): the CPU computes in f32 unless asked.
+    if a.backend == "cpu" {
+        model.tf32.get_or_insert(smelt_ir::Tf32::Off);
+    }
     let mut s = model.session_with_values()?;
     let compiled = s.compile().with_context(|| format!("cannot compile {}", a.model.model))?;
     super::log_time("compile", s.timings.passes);

@@ -17,7 +17,12 @@ use std::path::Path;
 
 /// `smelt train`.
 pub fn run(a: &TrainCmdArgs) -> Result<bool> {
-    let m = &a.model;
+    // TF32 is the GPU's (as PyTorch): the CPU computes in f32 unless asked.
+    let mut m = a.model.clone();
+    if a.backend == "cpu" {
+        m.tf32.get_or_insert(smelt_ir::Tf32::Off);
+    }
+    let m = &m;
     let Some(cfg) = m.train.config()? else {
         bail!("smelt train needs an optimizer: --optimizer sgd, adam or adamw");
     };

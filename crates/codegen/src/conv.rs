@@ -9,7 +9,8 @@
 //!   thread a 4x4 micro-tile in registers; the im2col element is decoded
 //!   from (k, p) while the tile is loaded, padding read as zero.
 //! - [`Algo::TensorCore`]: the same implicit GEMM on tensor cores, for f16
-//!   and bf16: a block of 4 warps computes a 64x64 tile, each warp a 32x32
+//!   and bf16 (and f32 in TF32 unless `--tf32 off`: 16x16x8 fragments,
+//!   each operand rounded to TF32 once loaded): a block of 4 warps computes a 64x64 tile, each warp a 32x32
 //!   quarter as 2x2 `wmma` 16x16x16 products with f32 accumulators, fed
 //!   from 16-deep shared-memory tiles of the operands' own type (no
 //!   conversion on load); the accumulators go through shared memory to the
@@ -78,6 +79,8 @@ pub struct Conv {
     pub x_dtype: DType,
     /// The algorithm.
     pub algo: Algo,
+    /// f32 operands on tensor cores in TF32 (rounded to 10 mantissa bits).
+    pub tf32: bool,
 }
 
 impl Conv {
@@ -116,7 +119,7 @@ impl Conv {
         let x_dtype = g.ty(ins[0]).dtype;
         let algo = if mg < 8 {
             Algo::Direct
-        } else if tensor_core_type(dtype) && x_dtype == dtype {
+        } else if (tensor_core_type(dtype) || (dtype == DType::F32 && g.tf32().convs())) && x_dtype == dtype {
             Algo::TensorCore
         } else {
             Algo::ImplicitGemm
@@ -155,7 +158,11 @@ impl Conv {
         if x_dtype != dtype {
             name += &format!("_x{x_dtype}");
         }
-        Some(Conv { name, input, output, kernel, strides, pads, dilations, groups, bias, residual, act, dtype, x_dtype, algo })
+        let tf32 = algo == Algo::TensorCore && dtype == DType::F32;
+        if tf32 {
+            name += "_tf32";
+        }
+        Some(Conv { name, input, output, kernel, strides, pads, dilations, groups, bias, residual, act, dtype, x_dtype, algo, tf32 })
     }
 
     /// Input channels per group.
@@ -335,14 +342,15 @@ impl Conv {
             }
             Algo::TensorCore => {
                 let (lda, ldb, ldc) = (BK + 8, BN + 8, BN + 4);
-                s += &format!("    // A = w[{mg} x {k}] per group, B = im2col(x)[{k} x {p}] in {ty}; 4 warps, each 2x2 wmma 16x16x16 products (f32 accumulators).\n");
+                let f = crate::gemm::Fragments::of(self.dtype);
+                s += &format!("    // A = w[{mg} x {k}] per group, B = im2col(x)[{k} x {p}] in {ty}; 4 warps, each 2x2 wmma {} products (f32 accumulators).\n", f.what());
                 s += &format!("    __shared__ __align__(32) {ty} as[{BM}][{lda}];\n    __shared__ __align__(32) {ty} bs[{BK}][{ldb}];\n    __shared__ __align__(32) float cs[{BM}][{ldc}];\n");
                 s += "    const int tid = threadIdx.x, wm = tid / 64 * 32, wn = tid / 32 % 2 * 32;\n";
                 s += &format!("    const int g = blockIdx.z, m0 = blockIdx.y * {BM}, p0 = blockIdx.x * {BN};\n");
                 s += &format!(
                     "    const unsigned long long wg = (unsigned long long)g * {mg} * {k};\n    const {ty} zero = {store}(0.0f);\n"
                 );
-                s += "    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];\n";
+                s += &format!("    {} acc[2][2];\n", f.accumulator());
                 s += "    #pragma unroll\n    for (int i = 0; i < 2; ++i)\n        #pragma unroll\n        for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);\n";
                 s += &format!("    for (int k0 = 0; k0 < {k}; k0 += {BK}) {{\n");
                 s += &format!("        #pragma unroll\n        for (int i = tid; i < {}; i += {TC_THREADS}) {{\n", BM * BK);
@@ -351,11 +359,7 @@ impl Conv {
                     "            as[mm][kk] = (gm < {mg} && gk < {k}) ? w[wg + (unsigned long long)gm * {k} + gk] : zero;\n        }}\n"
                 );
                 s += &im2col_tile(TC_THREADS, ty, "zero", "");
-                s += &format!("        wmma::fragment<wmma::matrix_a, 16, 16, 16, {ty}, wmma::row_major> a[2];\n");
-                s += &format!("        wmma::fragment<wmma::matrix_b, 16, 16, 16, {ty}, wmma::row_major> b[2];\n");
-                s += &format!("        #pragma unroll\n        for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(a[i], &as[wm + 16 * i][0], {lda});\n");
-                s += &format!("        #pragma unroll\n        for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(b[j], &bs[0][wn + 16 * j], {ldb});\n");
-                s += "        #pragma unroll\n        for (int i = 0; i < 2; ++i)\n            #pragma unroll\n            for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);\n";
+                s += &f.products(BK, (lda, ldb), "        ");
                 s += "        __syncthreads();\n    }\n";
                 s += &format!("    #pragma unroll\n    for (int i = 0; i < 2; ++i)\n        #pragma unroll\n        for (int j = 0; j < 2; ++j) wmma::store_matrix_sync(&cs[wm + 16 * i][wn + 16 * j], acc[i][j], {ldc}, wmma::mem_row_major);\n");
                 s += "    __syncthreads();\n";
@@ -380,8 +384,9 @@ impl Conv {
     /// contribute nothing), then bias, residual and activation; the result
     /// rounded to the dtype.
     pub fn run_cpu(&self, inputs: &[&Tensor]) -> Tensor {
-        let x = inputs[0].to_f32_vec();
-        let w = inputs[1].to_f32_vec();
+        let tf32 = |v: Vec<f32>| if self.tf32 { v.into_iter().map(smelt_ir::round_tf32).collect() } else { v };
+        let x = tf32(inputs[0].to_f32_vec());
+        let w = tf32(inputs[1].to_f32_vec());
         let bias = self.bias.then(|| inputs[2].to_f32_vec());
         let residual = self.residual.then(|| inputs[inputs.len() - 1].to_f32_vec());
         let [_, c, h, wd] = self.input;

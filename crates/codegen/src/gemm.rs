@@ -56,8 +56,10 @@ pub struct Gemm {
     /// An elementwise expression applied to each result before it is
     /// stored (a `gemm_epilogue`), if any.
     pub epilogue: Option<Epilogue>,
-    /// On tensor cores (A and B both f16, or both bf16).
+    /// On tensor cores (A and B both f16, or both bf16, or both f32 in TF32).
     pub tensor_cores: bool,
+    /// f32 operands on tensor cores in TF32 (`--tf32 on`).
+    pub tf32: bool,
 }
 
 /// What a `gemm_epilogue` applies to each result: `expr` with `$0` the
@@ -82,6 +84,16 @@ const MAX_BATCH: usize = 65_535;
 impl Gemm {
     /// The description of node `id`, if it is a (fused) Gemm.
     pub fn of(g: &KernelGraph, id: NodeId) -> Option<Gemm> {
+        let mut gemm = Gemm::of_node(g, id)?;
+        if g.tf32().gemms() && gemm.dtype == DType::F32 && gemm.a_dtype == DType::F32 {
+            gemm.tensor_cores = true;
+            gemm.tf32 = true;
+            gemm.name += "_tf32";
+        }
+        Some(gemm)
+    }
+
+    fn of_node(g: &KernelGraph, id: NodeId) -> Option<Gemm> {
         let node = g.node(id);
         let ins = g.inputs_of(id);
         let tys: Vec<&TensorType> = ins.iter().map(|v| g.ty(*v)).collect();
@@ -144,6 +156,7 @@ impl Gemm {
             output: vec![m, n],
             epilogue: None,
             tensor_cores: crate::conv::tensor_core_type(out.dtype) && a.dtype == out.dtype,
+            tf32: false,
         })
     }
 
@@ -186,6 +199,7 @@ impl Gemm {
             output: out.shape.clone(),
             epilogue: None,
             tensor_cores: crate::conv::tensor_core_type(out.dtype),
+            tf32: false,
         })
     }
 
@@ -301,12 +315,13 @@ impl Gemm {
         if self.tensor_cores {
             let (t, tk) = (TC_TILE, TC_K);
             let (lda, ldb, ldc) = (tk + 8, t + 8, t + 4);
-            s += &format!("    // 4 warps, each 2x2 wmma 16x16x16 products of {ty} (f32 accumulators) per {tk}-deep step.\n");
+            let f = Fragments::of(self.dtype);
+            s += &format!("    // 4 warps, each 2x2 wmma {} products of {ty} (f32 accumulators) per {tk}-deep step.\n", f.what());
             s += &format!("    __shared__ __align__(32) {ty} as[{t}][{lda}];\n    __shared__ __align__(32) {ty} bs[{tk}][{ldb}];\n    __shared__ __align__(32) float cs[{t}][{ldc}];\n");
             s += &format!("    const int tid = threadIdx.x, wm = tid / 64 * 32, wn = tid / 32 % 2 * 32;\n    const int m0 = blockIdx.y * {t}, n0 = blockIdx.x * {t};\n");
             s += &offsets;
             s += &format!("    const {ty} zero = {store}(0.0f);\n");
-            s += "    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];\n";
+            s += &format!("    {} acc[2][2];\n", f.accumulator());
             s += "    #pragma unroll\n    for (int i = 0; i < 2; ++i)\n        #pragma unroll\n        for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);\n";
             s += &format!("    for (int t = 0; t < {k}; t += {tk}) {{\n");
             // Consecutive threads read consecutive elements of each operand.
@@ -319,15 +334,7 @@ impl Gemm {
             s += &format!("            int r = {br}, q = {bc}, kk = t + r, col = n0 + q;\n");
             s += &format!("            bs[r][q] = (kk < {k} && col < {n}) ? {} : zero;\n        }}\n", b_at("kk", "col"));
             s += "        __syncthreads();\n";
-            s += &format!("        wmma::fragment<wmma::matrix_a, 16, 16, 16, {ty}, wmma::row_major> fa[2];\n");
-            s += &format!("        wmma::fragment<wmma::matrix_b, 16, 16, 16, {ty}, wmma::row_major> fb[2];\n");
-            s += &format!(
-                "        #pragma unroll\n        for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(fa[i], &as[wm + 16 * i][0], {lda});\n"
-            );
-            s += &format!(
-                "        #pragma unroll\n        for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(fb[j], &bs[0][wn + 16 * j], {ldb});\n"
-            );
-            s += "        #pragma unroll\n        for (int i = 0; i < 2; ++i)\n            #pragma unroll\n            for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);\n";
+            s += &f.products(tk, (lda, ldb), "        ");
             s += "        __syncthreads();\n    }\n";
             s += &format!("    #pragma unroll\n    for (int i = 0; i < 2; ++i)\n        #pragma unroll\n        for (int j = 0; j < 2; ++j) wmma::store_matrix_sync(&cs[wm + 16 * i][wn + 16 * j], acc[i][j], {ldc}, wmma::mem_row_major);\n");
             s += "    __syncthreads();\n";
@@ -356,7 +363,8 @@ impl Gemm {
     /// kernel's products of halves are exact in f32 and its fragments
     /// accumulate in ascending k too, so one description serves both.
     pub fn run_cpu(&self, inputs: &[&Tensor]) -> Tensor {
-        let (av, bv) = (inputs[0].to_f32_vec(), inputs[1].to_f32_vec());
+        let tf32 = |v: Vec<f32>| if self.tf32 { v.into_iter().map(smelt_ir::round_tf32).collect() } else { v };
+        let (av, bv) = (tf32(inputs[0].to_f32_vec()), tf32(inputs[1].to_f32_vec()));
         let cv = self.bias.as_ref().map(|_| inputs[2].to_f32_vec());
         let (m, n, k) = (self.m, self.n, self.k);
         let mut out = Vec::with_capacity(self.batches() * m * n);
@@ -391,6 +399,55 @@ impl Gemm {
                 crate::elementwise::eval_cpu(&e.expr, &e.shape, &e.inputs, &ins).cast(e.out)
             }
         }
+    }
+}
+
+/// The `wmma` fragments of a tensor-core tile whose operands are of one
+/// type: 16x16x16 for f16 and bf16, 16x16x8 in TF32 for f32 (each operand
+/// rounded with `__float_to_tf32` once loaded, as the description rounds
+/// it).
+pub(crate) struct Fragments {
+    ty: &'static str,
+    k: usize,
+    tf32: bool,
+}
+
+impl Fragments {
+    pub(crate) fn of(d: DType) -> Fragments {
+        match d {
+            DType::F32 => Fragments { ty: "wmma::precision::tf32", k: 8, tf32: true },
+            d => Fragments { ty: crate::c_type(d).0, k: 16, tf32: false },
+        }
+    }
+
+    /// What they multiply, for comments.
+    pub(crate) fn what(&self) -> String {
+        format!("16x16x{}{}", self.k, if self.tf32 { " TF32" } else { "" })
+    }
+
+    /// The accumulator fragment's type.
+    pub(crate) fn accumulator(&self) -> String {
+        format!("wmma::fragment<wmma::accumulator, 16, 16, {}, float>", self.k)
+    }
+
+    /// A warp's 2x2 products over one `depth`-deep step: `a[i]` from
+    /// `as[wm + 16 * i][..]`, `b[j]` from `bs[..][wn + 16 * j]` (leading dims
+    /// `lda`, `ldb`), accumulated into `acc[i][j]` in ascending k.
+    pub(crate) fn products(&self, depth: usize, (lda, ldb): (usize, usize), indent: &str) -> String {
+        let (ty, fk) = (self.ty, self.k);
+        let mut s = String::new();
+        for k0 in (0..depth).step_by(fk) {
+            s += &format!("wmma::fragment<wmma::matrix_a, 16, 16, {fk}, {ty}, wmma::row_major> a{k0}[2];\n");
+            s += &format!("wmma::fragment<wmma::matrix_b, 16, 16, {fk}, {ty}, wmma::row_major> b{k0}[2];\n");
+            s += &format!("#pragma unroll\nfor (int i = 0; i < 2; ++i) wmma::load_matrix_sync(a{k0}[i], &as[wm + 16 * i][{k0}], {lda});\n");
+            s += &format!("#pragma unroll\nfor (int j = 0; j < 2; ++j) wmma::load_matrix_sync(b{k0}[j], &bs[{k0}][wn + 16 * j], {ldb});\n");
+            if self.tf32 {
+                s += &format!("for (int i = 0; i < 2; ++i)\n    for (int t = 0; t < a{k0}[i].num_elements; ++t) a{k0}[i].x[t] = wmma::__float_to_tf32(a{k0}[i].x[t]);\n");
+                s += &format!("for (int j = 0; j < 2; ++j)\n    for (int t = 0; t < b{k0}[j].num_elements; ++t) b{k0}[j].x[t] = wmma::__float_to_tf32(b{k0}[j].x[t]);\n");
+            }
+            s += &format!("#pragma unroll\nfor (int i = 0; i < 2; ++i)\n    #pragma unroll\n    for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], a{k0}[i], b{k0}[j], acc[i][j]);\n");
+        }
+        s.lines().map(|l| format!("{indent}{l}\n")).collect()
     }
 }
 

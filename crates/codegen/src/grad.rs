@@ -3,8 +3,9 @@
 //! per output element gathers what it needs (no atomics, so the result is
 //! deterministic): a data gradient walks the outputs whose windows cover its
 //! element, a weight gradient sums over the batch and the output positions
-//! (both as tiled GEMMs, a tile of outputs a block, when not grouped).
-//! The same description renders to CUDA C and runs on the CPU.
+//! (both as tiled GEMMs, a tile of outputs a block, when not grouped; on
+//! tensor cores in f16 and bf16 where the tiles are 64x64). The same
+//! description renders to CUDA C and runs on the CPU.
 
 use smelt_ir::{Conv as ConvAttrs, DType, KernelGraph, KernelOp, NodeId, Op, Pool, Tensor};
 
@@ -74,6 +75,9 @@ pub struct Grad {
     pub output: Vec<usize>,
     /// Element type of operands and output.
     pub dtype: DType,
+    /// An f32 convolution gradient's products may run in TF32 (`--tf32`
+    /// conv or on): they do where it is on tensor cores.
+    pub tf32: bool,
 }
 
 /// `[N, C, H, W]` of a rank-4 shape.
@@ -132,7 +136,20 @@ impl Grad {
         };
         let dims: Vec<String> = out.shape.iter().map(|d| d.to_string()).collect();
         let suffix = if out.dtype == DType::F32 { String::new() } else { format!("_{}", out.dtype) };
-        Some(Grad { name: format!("{tag}_{window}{}{suffix}", dims.join("x")), kind, inputs, output: out.shape.clone(), dtype: out.dtype })
+        let tf32 = out.dtype == DType::F32 && g.tf32().convs() && matches!(kind, GradKind::ConvData(_) | GradKind::ConvWeight(_));
+        let mut grad = Grad {
+            name: format!("{tag}_{window}{}{suffix}", dims.join("x")),
+            kind,
+            inputs,
+            output: out.shape.clone(),
+            dtype: out.dtype,
+            tf32,
+        };
+        grad.tf32 = tf32 && grad.tensor_cores();
+        if grad.tf32 {
+            grad.name += "_tf32";
+        }
+        Some(grad)
     }
 
     /// Output elements (threads).
@@ -225,7 +242,11 @@ impl Grad {
     fn gemm_cuda(&self, c: &ConvAttrs, (m, n, k): (usize, usize, usize)) -> String {
         let (ty, load, store) = crate::c_type(self.dtype);
         let (t, kc) = (TILE, KSTEP);
-        let mut s = String::from("#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n\n");
+        let mut s = String::from("#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n");
+        if self.tensor_cores() {
+            s += "#include <mma.h>\nusing namespace nvcuda;\n";
+        }
+        s += "\n";
         s += &format!("// {}: {:?}, inputs {:?} -> {:?}\n", self.name, self.kind, self.inputs, self.output);
         // Per operand: the code setting `v` from row `r` (< its extent) and
         // `k`, and whether consecutive threads load consecutive k (else
@@ -285,6 +306,9 @@ impl Grad {
                 ((a, true), (b, false), out)
             }
         };
+        if self.tensor_cores() {
+            return s + &self.gemm_tc(a, b, &out, (m, n, k));
+        }
         // Registers: thread (ty, tx) sums outputs (i0 + ty + TILE u, j0 + tx
         // + TILE v), u, v < 4, over every k. Split: thread (sl, ty, tx) sums
         // output (i0 + ty, j0 + tx) over the KSTEP-long chunks c of k with c
@@ -340,6 +364,69 @@ impl Grad {
         s += &format!(
             "            const unsigned int i = i0 + ty + {step} * u, j = j0 + tx + {step} * v;\n            if (i < {m}u && j < {n}u) out[{out}] = {store}(acc[u][v]);\n        }}\n}}\n"
         );
+        s
+    }
+
+    /// Whether it runs on tensor cores: a convolution gradient in f16 or
+    /// bf16, or in f32 where TF32 is allowed, on 64x64 tiles (see
+    /// [`Grad::tiling`]).
+    pub fn tensor_cores(&self) -> bool {
+        (crate::conv::tensor_core_type(self.dtype) || self.tf32)
+            && self.gemm().is_some_and(|(m, n, _)| self.tiling(m, n) == Tiling::Registers)
+    }
+
+    /// The body of [`Grad::gemm_cuda`] on tensor cores: 64x64 tiles of 8
+    /// warps, each 16x32 of them as 1x2 `wmma` products (16x16x16 of
+    /// halves, or 16x16x8 in TF32, operands rounded once loaded; f32
+    /// accumulators); both operands staged in their own type, `a` as
+    /// `[i][k]` (row-major A), `b` as `[j][k]` (column-major B), 32 k a
+    /// step; the results go through shared memory to coalesced stores.
+    fn gemm_tc(&self, (a, a_k): (String, bool), (b, b_k): (String, bool), out: &str, (m, n, k): (usize, usize, usize)) -> String {
+        let (ty, load, store) = crate::c_type(self.dtype);
+        let (t, kb, threads) = (4 * TILE, KSTEP, TILE * TILE);
+        let ld = kb + 8;
+        let mut s = format!("// out[i][j] = sum_k a[i][k] * b[j][k]: M {m}, N {n}, K {k}, {t}x{t} tiles on tensor cores, {kb} k a step\n");
+        s += &format!(
+            "extern \"C\" __global__ void {}(const {ty}* __restrict__ in0, const {ty}* __restrict__ in1, {ty}* __restrict__ out, unsigned long long n) {{\n",
+            self.name
+        );
+        s += &format!("    __shared__ __align__(32) {ty} as[{t}][{ld}];\n    __shared__ __align__(32) {ty} bs[{t}][{ld}];\n");
+        s += &format!("    __shared__ __align__(32) float cs[{t}][{}];\n", t + 4);
+        s += &format!("    const unsigned int tid = threadIdx.x, wm = tid / 64u * 16u, wn = tid / 32u % 2u * 32u;\n    const unsigned int i0 = blockIdx.y * {t}u, j0 = blockIdx.x * {t}u;\n");
+        s += &format!("    const {ty} zero = {store}(0.0f);\n");
+        let (fty, fk) = if self.tf32 { ("wmma::precision::tf32", 8) } else { (ty, 16) };
+        s += &format!("    wmma::fragment<wmma::accumulator, 16, 16, {fk}, float> acc[2];\n    wmma::fill_fragment(acc[0], 0.0f);\n    wmma::fill_fragment(acc[1], 0.0f);\n");
+        s += &format!("    for (unsigned int k0 = 0; k0 < {k}u; k0 += {kb}u) {{\n");
+        for (name, code, k_fastest, base, extent) in [("as", &a, a_k, "i0", m), ("bs", &b, b_k, "j0", n)] {
+            // The operand in its own type: no conversion on load.
+            let code = code.replace(&format!("{load}("), "(");
+            let (row, kk) =
+                if k_fastest { (format!("e / {kb}u"), format!("e % {kb}u")) } else { (format!("e % {t}u"), format!("e / {t}u")) };
+            s += &format!("        for (unsigned int e = tid; e < {}u; e += {threads}u) {{\n", t * kb);
+            s += &format!(
+                "            const unsigned int row = {row}, kk = {kk}, k = k0 + kk, r = {base} + row;\n            {ty} v = zero;\n"
+            );
+            s += &format!("            if (k < {k}u && r < {extent}u) {{\n                {code}\n            }}\n            {name}[row][kk] = v;\n        }}\n");
+        }
+        s += "        __syncthreads();\n";
+        s += &format!("        #pragma unroll\n        for (int kk = 0; kk < {kb}; kk += {fk}) {{\n");
+        s += &format!("            wmma::fragment<wmma::matrix_a, 16, 16, {fk}, {fty}, wmma::row_major> fa;\n");
+        s += &format!("            wmma::fragment<wmma::matrix_b, 16, 16, {fk}, {fty}, wmma::col_major> fb[2];\n");
+        s += &format!("            wmma::load_matrix_sync(fa, &as[wm][kk], {ld});\n");
+        s += &format!("            wmma::load_matrix_sync(fb[0], &bs[wn][kk], {ld});\n            wmma::load_matrix_sync(fb[1], &bs[wn + 16u][kk], {ld});\n");
+        if self.tf32 {
+            s += "            for (int t = 0; t < fa.num_elements; ++t) fa.x[t] = wmma::__float_to_tf32(fa.x[t]);\n";
+            s += "            for (int j = 0; j < 2; ++j)\n                for (int t = 0; t < fb[j].num_elements; ++t) fb[j].x[t] = wmma::__float_to_tf32(fb[j].x[t]);\n";
+        }
+        s += "            wmma::mma_sync(acc[0], fa, fb[0], acc[0]);\n            wmma::mma_sync(acc[1], fa, fb[1], acc[1]);\n        }\n";
+        s += "        __syncthreads();\n    }\n";
+        s += &format!(
+            "    wmma::store_matrix_sync(&cs[wm][wn], acc[0], {ldc}, wmma::mem_row_major);\n    wmma::store_matrix_sync(&cs[wm][wn + 16u], acc[1], {ldc}, wmma::mem_row_major);\n    __syncthreads();\n",
+            ldc = t + 4
+        );
+        s += &format!("    for (unsigned int e = tid; e < {}u; e += {threads}u) {{\n", t * t);
+        s += &format!("        const unsigned int i = i0 + e / {t}u, j = j0 + e % {t}u;\n");
+        s += &format!("        if (i < {m}u && j < {n}u) out[{out}] = {store}(cs[e / {t}u][e % {t}u]);\n    }}\n}}\n");
         s
     }
 
@@ -622,7 +709,9 @@ impl Grad {
                 .collect();
             return Tensor::from_f32(self.output.clone(), out).cast(self.dtype);
         }
-        let ins: Vec<Vec<f32>> = inputs.iter().map(|t| t.to_f32_vec()).collect();
+        // TF32 products: both operands rounded as the kernel rounds them.
+        let round = |v: Vec<f32>| if self.tf32 { v.into_iter().map(smelt_ir::round_tf32).collect() } else { v };
+        let ins: Vec<Vec<f32>> = inputs.iter().map(|t| round(t.to_f32_vec())).collect();
         let [_, a1, a2, a3] = nchw(&self.output);
         let mut out = vec![0f32; self.numel()];
         let (n0, n1) = (ins[0].as_slice(), ins.get(1).map_or(&[][..], |v| v.as_slice()));

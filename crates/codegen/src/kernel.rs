@@ -232,6 +232,18 @@ impl Kernel {
             Kernel::Conv(k) => k.tensor_cores(),
             Kernel::Gemm(k) => k.tensor_cores,
             Kernel::Attention(k) => k.tc_rows.is_some(),
+            Kernel::Grad(k) => k.tensor_cores(),
+            _ => false,
+        }
+    }
+
+    /// Whether its tensor-core products take f32 operands in TF32 (half
+    /// the f16 rate).
+    pub fn tf32(&self) -> bool {
+        match self {
+            Kernel::Conv(k) => k.tf32,
+            Kernel::Gemm(k) => k.tf32,
+            Kernel::Grad(k) => k.tf32,
             _ => false,
         }
     }

@@ -54,6 +54,14 @@ impl Compiler {
                 detail: format!("{} has no bf16 tensor cores: use --arch compute_80 or newer, or --precision mixed-f16", self.arch),
             });
         }
+        // So do TF32 fragments.
+        if arch < 80 && source.contains("wmma::precision::tf32") {
+            return Err(CodegenError::Unsupported {
+                node: name.into(),
+                op: "TF32 on tensor cores".into(),
+                detail: format!("{} has no TF32 tensor cores: use --arch compute_80 or newer, or --tf32 off", self.arch),
+            });
+        }
         let options = self.options();
         // Header folders differ between machines but not the PTX: leave
         // them out of the key, so a cache filled here serves a GPU machine.

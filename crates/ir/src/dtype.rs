@@ -150,3 +150,77 @@ impl fmt::Display for TensorType {
         f.write_str("]")
     }
 }
+
+/// Where f32 products may run on tensor cores in TF32 (operands rounded to
+/// 10 mantissa bits, products accumulated in f32), as PyTorch's
+/// `allow_tf32` switches. A graph's default is exact f32; the command line
+/// defaults to [`Tf32::Conv`] on GPU backends, as PyTorch on a GPU does.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Tf32 {
+    /// Every f32 product on CUDA cores in f32.
+    #[default]
+    Off,
+    /// f32 convolutions in TF32 (cuDNN's default).
+    Conv,
+    /// f32 convolutions, GEMMs and MatMuls in TF32.
+    On,
+}
+
+impl Tf32 {
+    /// The flag's values.
+    pub const NAMES: [&'static str; 3] = ["off", "conv", "on"];
+
+    /// Whether f32 convolutions run in TF32.
+    pub fn convs(self) -> bool {
+        self != Tf32::Off
+    }
+
+    /// Whether f32 GEMMs and MatMuls run in TF32.
+    pub fn gemms(self) -> bool {
+        self == Tf32::On
+    }
+}
+
+impl std::str::FromStr for Tf32 {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Tf32, String> {
+        match s {
+            "off" => Ok(Tf32::Off),
+            "conv" => Ok(Tf32::Conv),
+            "on" => Ok(Tf32::On),
+            _ => Err(format!("unknown TF32 mode {s:?}: one of {}", Tf32::NAMES.join(", "))),
+        }
+    }
+}
+
+impl std::fmt::Display for Tf32 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(Tf32::NAMES[*self as usize])
+    }
+}
+
+/// `x` rounded to TF32 as `cvt.rna.tf32.f32` does (`wmma::__float_to_tf32`):
+/// to 10 mantissa bits, ties away from zero; infinities and NaN unchanged.
+pub fn round_tf32(x: f32) -> f32 {
+    if !x.is_finite() {
+        return x;
+    }
+    f32::from_bits((x.to_bits() + 0x1000) & 0xffff_e000)
+}
+
+#[cfg(test)]
+mod tf32_tests {
+    use super::round_tf32;
+
+    #[test]
+    fn tf32_rounds_to_ten_bits_ties_away_from_zero() {
+        let ulp = 2f32.powi(-10);
+        assert_eq!(round_tf32(1.0 + ulp / 2.0), 1.0 + ulp);
+        assert_eq!(round_tf32(-(1.0 + ulp / 2.0)), -(1.0 + ulp));
+        assert_eq!(round_tf32(1.0 + ulp / 4.0), 1.0);
+        assert_eq!(round_tf32(1.0 + 0.75 * ulp), 1.0 + ulp);
+        assert_eq!(round_tf32(f32::INFINITY), f32::INFINITY);
+        assert!(round_tf32(f32::NAN).is_nan());
+        assert_eq!(round_tf32(f32::MAX), f32::INFINITY);
+    }
+}

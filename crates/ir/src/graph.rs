@@ -86,11 +86,14 @@ pub struct Graph<O = Op> {
     inputs: Vec<NodeId>,
     outputs: Vec<(String, ValueId)>,
     weights: BTreeMap<String, Arc<Tensor>>,
+    /// Which f32 products run in TF32 (the precision pass sets it; a new
+    /// graph has [`Tf32::Off`]).
+    tf32: crate::Tf32,
 }
 
 impl<O> Default for Graph<O> {
     fn default() -> Self {
-        Graph { g: StableGraph::default(), inputs: Vec::new(), outputs: Vec::new(), weights: BTreeMap::new() }
+        Graph { g: StableGraph::default(), inputs: Vec::new(), outputs: Vec::new(), weights: BTreeMap::new(), tf32: crate::Tf32::Off }
     }
 }
 
@@ -121,7 +124,17 @@ impl<O: OpSet> Graph<O> {
             },
             |_, e| *e,
         );
-        Graph { g, inputs: self.inputs.clone(), outputs: self.outputs.clone(), weights: self.weights.clone() }
+        Graph { g, inputs: self.inputs.clone(), outputs: self.outputs.clone(), weights: self.weights.clone(), tf32: self.tf32 }
+    }
+
+    /// Which f32 products run in TF32.
+    pub fn tf32(&self) -> crate::Tf32 {
+        self.tf32
+    }
+
+    /// Sets which f32 products run in TF32.
+    pub fn set_tf32(&mut self, tf32: crate::Tf32) {
+        self.tf32 = tf32;
     }
 
     /// Adds a node with given output types, unchecked (the verifier checks).

@@ -28,7 +28,7 @@ pub mod values;
 mod verify;
 pub mod zoo;
 
-pub use dtype::{DType, Shape, TensorType, MAX_TENSOR_BYTES};
+pub use dtype::{round_tf32, DType, Shape, TensorType, Tf32, MAX_TENSOR_BYTES};
 pub use error::IrError;
 pub use fused::{round_to, Act, Expr, ExprNode};
 pub use graph::{Graph, Node, NodeId, ValueId};

@@ -99,6 +99,7 @@ pub fn run_with(graph: &Graph, opts: &Options, after: &mut dyn FnMut(&str, &Kern
             verify_if(&graph, "precision")?;
             after("precision", &graph, &stats.precision);
         }
+        graph.set_tf32(opts.precision.tf32);
         return Ok((graph, stats));
     }
     after("dce", &source.lift(), &stats.dce_removed);
@@ -118,6 +119,7 @@ pub fn run_with(graph: &Graph, opts: &Options, after: &mut dyn FnMut(&str, &Kern
     stats.dce_removed += dce::run(&mut graph).removed;
     verify_if(&graph, "final-dce")?;
     after("final-dce", &graph, &stats.dce_removed);
+    graph.set_tf32(opts.precision.tf32);
     Ok((graph, stats))
 }
 

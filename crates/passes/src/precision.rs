@@ -94,6 +94,9 @@ pub struct Options {
     pub policy: Policy,
     /// Op types or node names (with `*` wildcards) kept in f32.
     pub keep_f32: Vec<String>,
+    /// Which f32 products run in TF32 on tensor cores (the kernel graph
+    /// carries it: `Graph::tf32`).
+    pub tf32: smelt_ir::Tf32,
 }
 
 /// What the pass did.

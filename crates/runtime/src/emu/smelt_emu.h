@@ -374,12 +374,30 @@ template <int M, int N, int K> struct shape_of<matrix_a, M, N, K> { static const
 template <int M, int N, int K> struct shape_of<matrix_b, M, N, K> { static const int rows = K, cols = N; };
 template <int M, int N, int K> struct shape_of<accumulator, M, N, K> { static const int rows = M, cols = N; };
 
+namespace precision {
+// TF32 operands: stored as float, rounded by __float_to_tf32.
+struct tf32 {};
+}  // namespace precision
+template <class T> struct storage { typedef T type; };
+template <> struct storage<precision::tf32> { typedef float type; };
+
 template <class Use, int M, int N, int K, class T, class Layout = void>
 struct fragment {
     static const int rows = shape_of<Use, M, N, K>::rows, cols = shape_of<Use, M, N, K>::cols;
     static const int num_elements = rows * cols;
-    T x[rows * cols];
+    typename storage<T>::type x[rows * cols];
 };
+
+// cvt.rna.tf32.f32: 10 mantissa bits, ties away from zero; infinities and
+// NaN unchanged.
+inline float __float_to_tf32(float v) {
+    unsigned int b;
+    std::memcpy(&b, &v, 4);
+    if ((b & 0x7f800000u) == 0x7f800000u) return v;
+    b = (b + 0x1000u) & 0xffffe000u;
+    std::memcpy(&v, &b, 4);
+    return v;
+}
 
 inline float to_f(float v) { return v; }
 inline float to_f(__half v) { return __half2float(v); }
@@ -391,7 +409,7 @@ template <> inline __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float
 
 template <class Use, int M, int N, int K, class T, class L, class V>
 void fill_fragment(fragment<Use, M, N, K, T, L>& f, V v) {
-    for (int i = 0; i < f.num_elements; ++i) f.x[i] = (T)v;
+    for (int i = 0; i < f.num_elements; ++i) f.x[i] = (typename storage<T>::type)v;
 }
 template <class F, class P>
 void load_tile(F& f, P p, unsigned int ldm, bool col) {
