@@ -52,6 +52,10 @@ for line in sys.stdin:
     .venv/bin/python scripts/gpu_check.py --list-compiles --smelt - --data .testdata/onnx-data --variants .testdata/variants |
     while read -r model precision batch; do
         target/release/smelt compile "$model" --precision "$precision" --batch "$batch" --out "$W/out" --json >/dev/null
+        # f32 runs with TF32 convolutions (the default) and exact (the correctness table).
+        if [[ $precision == f32 ]]; then
+            target/release/smelt compile "$model" --precision f32 --tf32 off --batch "$batch" --out "$W/out" --json >/dev/null
+        fi
     done
     # The training check: scripts/make_train_runs.py's models, data and
     # PyTorch references, and the kernels of every training step it runs.

@@ -662,11 +662,13 @@ fn tf32_kernels_match_their_descriptions() {
     }
 }
 
-/// Convolution gradients in f16, bf16 and f32 (TF32, the GPU default) on
-/// 64x64 tiles run on tensor cores: the data gradient of a 3x3 conv (stride 1 and 2) and the weight
-/// gradient of a 1x1 conv, each equal to its description (products of
-/// halves summed in f32 in ascending k) and within half precision of the
-/// CPU reference executor's f32 run.
+/// Convolution gradients in f16, bf16 and f32 (TF32, the GPU default) run
+/// on tensor cores: the data gradient of a 3x3 conv (stride 1 and 2) and the
+/// weight gradient of a 1x1 conv on 64x64 tiles, and 3x3 weight gradients
+/// (stride 1 and 2, a sum that is not a whole number of steps) on 32x32
+/// tiles whose warps split the sum in four; each equal to its description
+/// (products summed in f32 in ascending k, the slices added in order) and
+/// within half precision of the CPU reference executor's f32 run.
 #[test]
 fn convolution_gradients_on_tensor_cores_match_their_descriptions() {
     use smelt_codegen::kernel::Kernel;
@@ -681,9 +683,22 @@ fn convolution_gradients_on_tensor_cores_match_their_descriptions() {
             false,
         )
     };
+    // Sums of 3 x 7 x 7 = 147: a step and a part.
+    let weight = |side: usize, stride: usize| {
+        chain(
+            &[3, 96, side, side],
+            move |b, x| {
+                let dy = b.weight("dy".into(), &[3, 192, 7, 7], |r| r.normal());
+                b.op(Op::ConvGradWeight { conv: conv(stride, 1), shape: vec![192, 96, 3, 3] }, &[x, dy])
+            },
+            false,
+        )
+    };
     let graphs: Vec<(&str, Graph)> = vec![
         ("3x3 data gradient", data(64, 1)),
         ("strided 3x3 data gradient", data(32, 2)),
+        ("3x3 weight gradient, split sum", weight(7, 1)),
+        ("strided 3x3 weight gradient, split sum", weight(13, 2)),
         (
             "1x1 weight gradient",
             chain(

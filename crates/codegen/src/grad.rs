@@ -29,7 +29,16 @@ enum Tiling {
         /// The tile's side.
         t: usize,
     },
+    /// On tensor cores, a weight gradient's [`TC_SPLIT_TILE`]² tile, its
+    /// 8 warps in [`TC_SLICES`] slices of the sum (two warps a slice, each
+    /// a 32x16 half of the tile), the slices added in order at the end.
+    TensorSplit,
 }
+
+/// The tile side of [`Tiling::TensorSplit`].
+const TC_SPLIT_TILE: usize = 32;
+/// The slices of [`Tiling::TensorSplit`]'s sum.
+const TC_SLICES: usize = 4;
 
 /// Which gradient.
 #[derive(Clone, Debug, PartialEq)]
@@ -203,13 +212,21 @@ impl Grad {
     /// where there are enough of them to fill a large GPU; else a weight
     /// gradient (few outputs, a long sum) takes the largest tile that
     /// still gives [`SPREAD`] blocks (the smallest if none does), its
-    /// threads splitting the sum; a data gradient, 16x16.
+    /// threads splitting the sum, or on tensor cores 32x32 tiles whose warps
+    /// split it where those are at least a quarter of [`SPREAD`]; a data
+    /// gradient, 16x16.
     fn tiling(&self, m: usize, n: usize) -> Tiling {
         let blocks = |t: usize| m.div_ceil(t) * n.div_ceil(t);
         if blocks(4 * TILE) >= 256 {
             Tiling::Registers
         } else if !matches!(self.kind, GradKind::ConvWeight(_)) {
             Tiling::Split { t: TILE }
+        } else if (crate::conv::tensor_core_type(self.dtype) || self.tf32) && blocks(TC_SPLIT_TILE) >= SPREAD / 4 {
+            // A 32x32 tile a block on tensor cores where there are enough
+            // of them for a block on most multiprocessors; fewer would
+            // leave the GPU's bandwidth idle (the CUDA-core split spreads
+            // smaller tiles wider).
+            Tiling::TensorSplit
         } else {
             Tiling::Split { t: [TILE, TILE / 2].into_iter().find(|&t| blocks(t) >= SPREAD).unwrap_or(TILE / 4) }
         }
@@ -224,6 +241,7 @@ impl Grad {
                 let t = match self.tiling(m, n) {
                     Tiling::Registers => 4 * TILE,
                     Tiling::Split { t } => t,
+                    Tiling::TensorSplit => TC_SPLIT_TILE,
                 };
                 crate::kernel::Launch { grid: [n.div_ceil(t), m.div_ceil(t), 1], block: [TILE * TILE, 1, 1], count: Some(self.numel()) }
             }
@@ -306,8 +324,10 @@ impl Grad {
                 ((a, true), (b, false), out)
             }
         };
-        if self.tensor_cores() {
-            return s + &self.gemm_tc(a, b, &out, (m, n, k));
+        match self.tiling(m, n) {
+            Tiling::TensorSplit => return s + &self.gemm_tc_split(a, b, &out, (m, n, k)),
+            _ if self.tensor_cores() => return s + &self.gemm_tc(a, b, &out, (m, n, k)),
+            _ => {}
         }
         // Registers: thread (ty, tx) sums outputs (i0 + ty + TILE u, j0 + tx
         // + TILE v), u, v < 4, over every k. Split: thread (sl, ty, tx) sums
@@ -316,6 +336,7 @@ impl Grad {
         let (rt, tt, slices, kc) = match self.tiling(m, n) {
             Tiling::Registers => (4, 4 * t, 1, kc / 2),
             Tiling::Split { t: tt } => (1, tt, t * t / (tt * tt), kc),
+            Tiling::TensorSplit => unreachable!("on tensor cores"),
         };
         let kb = kc * slices; // k staged a step
         let what = if slices > 1 { format!("{slices} slices of the sum") } else { format!("{rt}x{rt} a thread") };
@@ -372,7 +393,7 @@ impl Grad {
     /// [`Grad::tiling`]).
     pub fn tensor_cores(&self) -> bool {
         (crate::conv::tensor_core_type(self.dtype) || self.tf32)
-            && self.gemm().is_some_and(|(m, n, _)| self.tiling(m, n) == Tiling::Registers)
+            && self.gemm().is_some_and(|(m, n, _)| matches!(self.tiling(m, n), Tiling::Registers | Tiling::TensorSplit))
     }
 
     /// The body of [`Grad::gemm_cuda`] on tensor cores: 64x64 tiles of 8
@@ -382,7 +403,7 @@ impl Grad {
     /// `[i][k]` (row-major A), `b` as `[j][k]` (column-major B), 32 k a
     /// step; the results go through shared memory to coalesced stores.
     fn gemm_tc(&self, (a, a_k): (String, bool), (b, b_k): (String, bool), out: &str, (m, n, k): (usize, usize, usize)) -> String {
-        let (ty, load, store) = crate::c_type(self.dtype);
+        let (ty, _, store) = crate::c_type(self.dtype);
         let (t, kb, threads) = (4 * TILE, KSTEP, TILE * TILE);
         let ld = kb + 8;
         let mut s = format!("// out[i][j] = sum_k a[i][k] * b[j][k]: M {m}, N {n}, K {k}, {t}x{t} tiles on tensor cores, {kb} k a step\n");
@@ -394,30 +415,20 @@ impl Grad {
         s += &format!("    __shared__ __align__(32) float cs[{t}][{}];\n", t + 4);
         s += &format!("    const unsigned int tid = threadIdx.x, wm = tid / 64u * 16u, wn = tid / 32u % 2u * 32u;\n    const unsigned int i0 = blockIdx.y * {t}u, j0 = blockIdx.x * {t}u;\n");
         s += &format!("    const {ty} zero = {store}(0.0f);\n");
-        let (fty, fk) = if self.tf32 { ("wmma::precision::tf32", 8) } else { (ty, 16) };
+        let (fty, fk) = self.fragment();
         s += &format!("    wmma::fragment<wmma::accumulator, 16, 16, {fk}, float> acc[2];\n    wmma::fill_fragment(acc[0], 0.0f);\n    wmma::fill_fragment(acc[1], 0.0f);\n");
         s += &format!("    for (unsigned int k0 = 0; k0 < {k}u; k0 += {kb}u) {{\n");
-        for (name, code, k_fastest, base, extent) in [("as", &a, a_k, "i0", m), ("bs", &b, b_k, "j0", n)] {
-            // The operand in its own type: no conversion on load.
-            let code = code.replace(&format!("{load}("), "(");
-            let (row, kk) =
-                if k_fastest { (format!("e / {kb}u"), format!("e % {kb}u")) } else { (format!("e % {t}u"), format!("e / {t}u")) };
-            s += &format!("        for (unsigned int e = tid; e < {}u; e += {threads}u) {{\n", t * kb);
-            s += &format!(
-                "            const unsigned int row = {row}, kk = {kk}, k = k0 + kk, r = {base} + row;\n            {ty} v = zero;\n"
-            );
-            s += &format!("            if (k < {k}u && r < {extent}u) {{\n                {code}\n            }}\n            {name}[row][kk] = v;\n        }}\n");
-        }
+        s += &self.stage(("as", &a, a_k), ("i0", m), (t, kb, k));
+        s += &self.stage(("bs", &b, b_k), ("j0", n), (t, kb, k));
         s += "        __syncthreads();\n";
         s += &format!("        #pragma unroll\n        for (int kk = 0; kk < {kb}; kk += {fk}) {{\n");
         s += &format!("            wmma::fragment<wmma::matrix_a, 16, 16, {fk}, {fty}, wmma::row_major> fa;\n");
         s += &format!("            wmma::fragment<wmma::matrix_b, 16, 16, {fk}, {fty}, wmma::col_major> fb[2];\n");
         s += &format!("            wmma::load_matrix_sync(fa, &as[wm][kk], {ld});\n");
         s += &format!("            wmma::load_matrix_sync(fb[0], &bs[wn][kk], {ld});\n            wmma::load_matrix_sync(fb[1], &bs[wn + 16u][kk], {ld});\n");
-        if self.tf32 {
-            s += "            for (int t = 0; t < fa.num_elements; ++t) fa.x[t] = wmma::__float_to_tf32(fa.x[t]);\n";
-            s += "            for (int j = 0; j < 2; ++j)\n                for (int t = 0; t < fb[j].num_elements; ++t) fb[j].x[t] = wmma::__float_to_tf32(fb[j].x[t]);\n";
-        }
+        s += &self.round_fragment("fa", "            ");
+        s += &self.round_fragment("fb[0]", "            ");
+        s += &self.round_fragment("fb[1]", "            ");
         s += "            wmma::mma_sync(acc[0], fa, fb[0], acc[0]);\n            wmma::mma_sync(acc[1], fa, fb[1], acc[1]);\n        }\n";
         s += "        __syncthreads();\n    }\n";
         s += &format!(
@@ -430,11 +441,108 @@ impl Grad {
         s
     }
 
+    /// The fragments' element type and depth: the half type and 16, or
+    /// TF32 and 8.
+    fn fragment(&self) -> (&'static str, usize) {
+        if self.tf32 {
+            ("wmma::precision::tf32", 8)
+        } else {
+            (crate::c_type(self.dtype).0, 16)
+        }
+    }
+
+    /// The loops staging `rows x kb` of operand `name` (`code` sets `v` from
+    /// row `r` and `k`; `k_fastest`: consecutive threads read consecutive
+    /// k) in its own type, zero outside the GEMM.
+    fn stage(
+        &self,
+        (name, code, k_fastest): (&str, &str, bool),
+        (base, extent): (&str, usize),
+        (rows, kb, k): (usize, usize, usize),
+    ) -> String {
+        let (ty, load, _) = crate::c_type(self.dtype);
+        let threads = TILE * TILE;
+        // The operand in its own type: no conversion on load.
+        let code = code.replace(&format!("{load}("), "(");
+        let (row, kk) =
+            if k_fastest { (format!("e / {kb}u"), format!("e % {kb}u")) } else { (format!("e % {rows}u"), format!("e / {rows}u")) };
+        let mut s = format!("        for (unsigned int e = tid; e < {}u; e += {threads}u) {{\n", rows * kb);
+        s +=
+            &format!("            const unsigned int row = {row}, kk = {kk}, k = k0 + kk, r = {base} + row;\n            {ty} v = zero;\n");
+        s + &format!("            if (k < {k}u && r < {extent}u) {{\n                {code}\n            }}\n            {name}[row][kk] = v;\n        }}\n")
+    }
+
+    /// Statements rounding fragment `f`'s elements to TF32 (none for halves).
+    fn round_fragment(&self, f: &str, indent: &str) -> String {
+        if self.tf32 {
+            format!("{indent}for (int t = 0; t < {f}.num_elements; ++t) {f}.x[t] = wmma::__float_to_tf32({f}.x[t]);\n")
+        } else {
+            String::new()
+        }
+    }
+
+    /// A weight gradient on tensor cores in [`Tiling::TensorSplit`]: a
+    /// 32x32 tile a block; warp w sums slice w / 2 (the 32-long chunks c of
+    /// k with c % 4 == w / 2, as the description deals them) for columns
+    /// (w % 2) * 16 of the tile, as two fragments; the slices' sums meet in
+    /// shared memory in slice order, fragment elements added in place (the
+    /// same shape maps elements alike).
+    fn gemm_tc_split(&self, (a, a_k): (String, bool), (b, b_k): (String, bool), out: &str, (m, n, k): (usize, usize, usize)) -> String {
+        let (ty, _, store) = crate::c_type(self.dtype);
+        let (fty, fk) = self.fragment();
+        let (t, kb, threads) = (TC_SPLIT_TILE, KSTEP * TC_SLICES, TILE * TILE);
+        let (ld, ldc) = (kb + 8, t + 4);
+        let mut s = format!(
+            "// out[i][j] = sum_k a[i][k] * b[j][k]: M {m}, N {n}, K {k}, {t}x{t} tiles on tensor cores, {TC_SLICES} slices of the sum, {kb} k a step\n"
+        );
+        s += &format!(
+            "extern \"C\" __global__ void {}(const {ty}* __restrict__ in0, const {ty}* __restrict__ in1, {ty}* __restrict__ out, unsigned long long n) {{\n",
+            self.name
+        );
+        s += &format!("    __shared__ __align__(32) {ty} as[{t}][{ld}];\n    __shared__ __align__(32) {ty} bs[{t}][{ld}];\n");
+        s += &format!("    __shared__ __align__(32) float cs[{t}][{ldc}];\n");
+        s += &format!("    const unsigned int tid = threadIdx.x, sl = tid / 64u, wn = tid / 32u % 2u * 16u;\n    const unsigned int i0 = blockIdx.y * {t}u, j0 = blockIdx.x * {t}u;\n");
+        s += &format!("    const {ty} zero = {store}(0.0f);\n");
+        s += &format!("    wmma::fragment<wmma::accumulator, 16, 16, {fk}, float> acc[2];\n    wmma::fill_fragment(acc[0], 0.0f);\n    wmma::fill_fragment(acc[1], 0.0f);\n");
+        s += &format!("    for (unsigned int k0 = 0; k0 < {k}u; k0 += {kb}u) {{\n");
+        s += &self.stage(("as", &a, a_k), ("i0", m), (t, kb, k));
+        s += &self.stage(("bs", &b, b_k), ("j0", n), (t, kb, k));
+        s += "        __syncthreads();\n";
+        s += &format!(
+            "        #pragma unroll\n        for (unsigned int kk = sl * {KSTEP}u; kk < sl * {KSTEP}u + {KSTEP}u; kk += {fk}u) {{\n"
+        );
+        s += &format!("            wmma::fragment<wmma::matrix_a, 16, 16, {fk}, {fty}, wmma::row_major> fa[2];\n");
+        s += &format!("            wmma::fragment<wmma::matrix_b, 16, 16, {fk}, {fty}, wmma::col_major> fb;\n");
+        s += &format!(
+            "            wmma::load_matrix_sync(fa[0], &as[0][kk], {ld});\n            wmma::load_matrix_sync(fa[1], &as[16][kk], {ld});\n"
+        );
+        s += &format!("            wmma::load_matrix_sync(fb, &bs[wn][kk], {ld});\n");
+        s += &self.round_fragment("fa[0]", "            ");
+        s += &self.round_fragment("fa[1]", "            ");
+        s += &self.round_fragment("fb", "            ");
+        s += "            wmma::mma_sync(acc[0], fa[0], fb, acc[0]);\n            wmma::mma_sync(acc[1], fa[1], fb, acc[1]);\n        }\n";
+        s += "        __syncthreads();\n    }\n";
+        s += "    // The slices in order: cs = ((slice 0 + slice 1) + slice 2) + slice 3.\n";
+        s += &format!("    if (sl == 0u) {{\n        wmma::store_matrix_sync(&cs[0][wn], acc[0], {ldc}, wmma::mem_row_major);\n        wmma::store_matrix_sync(&cs[16][wn], acc[1], {ldc}, wmma::mem_row_major);\n    }}\n    __syncthreads();\n");
+        s += &format!("    for (unsigned int q = 1; q < {TC_SLICES}u; ++q) {{\n        if (sl == q) {{\n");
+        s += "            for (int h = 0; h < 2; ++h) {\n";
+        s += &format!("                wmma::fragment<wmma::accumulator, 16, 16, {fk}, float> sum;\n");
+        s += &format!("                wmma::load_matrix_sync(sum, &cs[16 * h][wn], {ldc}, wmma::mem_row_major);\n");
+        s += "                for (int t = 0; t < sum.num_elements; ++t) sum.x[t] = sum.x[t] + acc[h].x[t];\n";
+        s += &format!("                wmma::store_matrix_sync(&cs[16 * h][wn], sum, {ldc}, wmma::mem_row_major);\n            }}\n");
+        s += "        }\n        __syncthreads();\n    }\n";
+        s += &format!("    for (unsigned int e = tid; e < {}u; e += {threads}u) {{\n", t * t);
+        s += &format!("        const unsigned int i = i0 + e / {t}u, j = j0 + e % {t}u;\n");
+        s += &format!("        if (i < {m}u && j < {n}u) out[{out}] = {store}(cs[e / {t}u][e % {t}u]);\n    }}\n}}\n");
+        s
+    }
+
     /// The slices a weight gradient's sum is split into (see
     /// [`Grad::tiling`]): 1 but for a weight gradient on small tiles.
     fn slices(&self) -> usize {
         match self.gemm().map(|(m, n, _)| self.tiling(m, n)) {
             Some(Tiling::Split { t }) => TILE * TILE / (t * t),
+            Some(Tiling::TensorSplit) => TC_SLICES,
             _ => 1,
         }
     }
