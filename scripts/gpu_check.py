@@ -10,6 +10,8 @@
    torch.compile: median latency and peak device memory
    (torch.cuda.max_memory_allocated; for smelt the arena plus the weights,
    its only device allocations).
+   BERT-base at batch 8, sequence 128, mixed-f16, against PyTorch's
+   nn.TransformerEncoder of the same sizes under autocast f16.
 3. Training (`smelt train --backend cuda`): the MLP and CNN of
    scripts/make_train_runs.py after 20 steps (SGD, Adam, SGD with
    accumulation) against PyTorch's weights (rtol 1e-4); ResNet-50 at batch
@@ -75,6 +77,7 @@ def compiles(a):
         out.append((shipped(a, m), "f32", 1))
         out += [(variant(a, m), p, 1) for p in ["f32", "mixed-f16"]]
     out += [(variant(a, "resnet50"), p, b) for b in [1, 32] for p in ["f32", "mixed-f16"]]
+    out.append(("zoo:bert_base", "mixed-f16", 8))  # sequence 128, the zoo's default
     return out
 
 
@@ -262,6 +265,47 @@ def speed(a):
         torch_inference_row(torch, batch, "eager")
         if not a.quick:
             torch_inference_row(torch, batch, "eager channels-last autocast float16")
+
+
+def transformer(a):
+    """BERT-base at batch 8, sequence 128, mixed-f16 (attention fused on
+    tensor cores) against PyTorch's nn.TransformerEncoder of the same sizes
+    (12 post-norm layers, hidden 768, 12 heads, FFN 3072, GELU) under
+    autocast f16, whose inference path runs scaled_dot_product_attention
+    (FlashAttention) and cuBLAS on tensor cores. smelt's model has its
+    embeddings too (a gather and two adds)."""
+    print("\n## BERT-base (batch 8, sequence 128): latency\n")
+    print("| engine | precision | median ms | peak device MiB |")
+    print("|---|---|---|---|")
+    if not out_of_time("smelt BERT-base"):
+        v, why = smelt(a.smelt, ["run", "zoo:bert_base", "--batch", "8", "--dim", "sequence=128", "--backend", "cuda",
+                                 "--precision", "mixed-f16", "--json", "--repeat", "50"])
+        if v is None:
+            print(f"| smelt | mixed-f16 | error: {why} | |", flush=True)
+        else:
+            print(f"| smelt | mixed-f16 | {v['median_ms']:.3f} | {v['device_bytes'] / 2**20:.1f} |", flush=True)
+    try:
+        import torch
+    except Exception as e:
+        print(f"| PyTorch | - | not available: {e} | |")
+        return
+    if out_of_time("PyTorch BERT-base"):
+        return
+    try:
+        layer = torch.nn.TransformerEncoderLayer(768, 12, 3072, dropout=0.0, activation="gelu", batch_first=True)
+        model = torch.nn.TransformerEncoder(layer, 12, enable_nested_tensor=False).cuda().eval()
+        x = torch.randn(8, 128, 768, device="cuda")
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16):
+            for _ in range(3):
+                model(x)
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            ms = median_ms(torch, lambda: model(x), 30)
+        print(f"| PyTorch {torch.__version__} eager nn.TransformerEncoder | autocast float16 | {ms:.3f} | {torch.cuda.max_memory_allocated() / 2**20:.1f} |",
+              flush=True)
+    except Exception as e:
+        print(f"| PyTorch | autocast float16 | failed: {str(e).splitlines()[0][:80]} | |", flush=True)
+    torch.cuda.empty_cache()
 
 
 def torch_inference_row(torch, batch, mode):
@@ -458,6 +502,8 @@ def main():
     if not a.skip_correctness:
         correctness(a)
     speed(a)
+    if not a.quick:
+        transformer(a)
     if a.train_runs:
         training(a)
     torch_compiled(a)

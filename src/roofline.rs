@@ -78,13 +78,14 @@ pub struct Report {
     pub flops: usize,
     /// The share of those FLOPs on tensor cores.
     pub tensor_core_flops: f64,
-    /// The convolutions' useful FLOP/s over the tensor cores' roof, when
-    /// there are convolutions.
+    /// The convolutions' time at the tensor cores' roof (for their
+    /// operands: TF32 at half the f16/bf16 rate) over their estimated time,
+    /// when there are convolutions.
     pub conv_of_tensor_roof: Option<f64>,
-    /// The best the convolutions could do with the same bytes: their FLOPs
-    /// over the tensor-core roof, over the sum of each one's
-    /// `max(FLOPs / tensor roof, bytes / bandwidth)` (a perfect kernel
-    /// still moves its operands once).
+    /// The best the convolutions could do with the same bytes: their time
+    /// at the tensor-core roof over the sum of each one's `max(FLOPs /
+    /// tensor roof, bytes / bandwidth)` (a perfect kernel still moves its
+    /// operands once).
     pub conv_attainable_of_tensor_roof: Option<f64>,
     /// Whether registers, spills and occupancy come from ptxas (else
     /// occupancy counts threads only).
@@ -132,11 +133,14 @@ pub fn report(program: &Program, gpu: &Gpu, ptxas: &[Stats]) -> Report {
     let seconds = launches.iter().map(|r| r.seconds).sum();
     let flops: usize = launches.iter().map(|r| r.flops).sum();
     let tc: usize = launches.iter().filter(|r| r.tensor_cores).map(|r| r.flops).sum();
-    let conv_of_tensor_roof = by_kind.get("conv").filter(|g| g.seconds > 0.0).map(|g| g.flops as f64 / g.seconds / gpu.tensor_flops);
+    // The convolutions against the tensor-core rate of their operands
+    // (TF32: half the f16/bf16 rate).
     let convs = launches.iter().filter(|r| r.kind == "conv");
-    let attainable: f64 = convs.clone().map(|r| (r.flops as f64 / gpu.tensor_flops).max(r.bytes as f64 / gpu.bandwidth)).sum();
-    let conv_flops: usize = convs.map(|r| r.flops).sum();
-    let conv_attainable_of_tensor_roof = (attainable > 0.0).then(|| conv_flops as f64 / attainable / gpu.tensor_flops);
+    let at_roof = |r: &Row| r.flops as f64 / if r.tf32 { gpu.tensor_flops / 2.0 } else { gpu.tensor_flops };
+    let roof_seconds: f64 = convs.clone().map(at_roof).sum();
+    let conv_of_tensor_roof = by_kind.get("conv").filter(|g| g.seconds > 0.0).map(|g| roof_seconds / g.seconds);
+    let attainable: f64 = convs.map(|r| at_roof(r).max(r.bytes as f64 / gpu.bandwidth)).sum();
+    let conv_attainable_of_tensor_roof = (attainable > 0.0).then(|| roof_seconds / attainable);
     Report {
         device: *gpu,
         conv_attainable_of_tensor_roof,
