@@ -97,7 +97,7 @@ def train_compiles(runs):
     out = []
     for model in ["mlp", "cnn"]:
         for _, opts in TRAIN_RUNS:
-            out.append([os.path.join(runs, model, "model.onnx"), "--batch", "32", *[o.replace("--optimizer", "--train") for o in opts]])
+            out.append([os.path.join(runs, model, "model.onnx"), "--batch", "32", "--tf32", "off", *[o.replace("--optimizer", "--train") for o in opts]])
     out += [[o.replace("--optimizer", "--train") for o in RESNET_TRAIN] + ["--precision", p] for p in TRAIN_PRECISIONS]
     return out
 
@@ -331,7 +331,8 @@ def training(a):
                 continue
             with tempfile.TemporaryDirectory() as ck:
                 v, why = smelt(a.smelt, ["train", os.path.join(d, "model.onnx"), "--data", os.path.join(d, "train.npz"), "--batch", "32",
-                                         "--steps", "20", "--no-shuffle", "--checkpoint", ck, "--backend", a.train_backend, "--json", *opts])
+                                         "--steps", "20", "--no-shuffle", "--checkpoint", ck, "--backend", a.train_backend, "--json",
+                                         "--tf32", "off", *opts])  # exact f32, as PyTorch's CPU references
                 if v is None:
                     print(f"| {model} | {run} | error: {why} | | |", flush=True)
                     continue

@@ -67,11 +67,12 @@ pub struct ModelArgs {
     #[arg(long = "keep-f32", value_name = "PATTERN")]
     pub keep_f32: Vec<String>,
     /// TF32 on tensor cores for f32 products (compute_80 and newer), as
-    /// PyTorch's allow_tf32: conv (f32 convolutions, as cuDNN does), on
-    /// (convolutions, GEMMs and MatMuls) or off (exact f32). TF32 rounds each
-    /// operand to 10 mantissa bits and accumulates in f32 (about 1e-3
-    /// relative error). Default: conv for the GPU (compile, plan, --backend
-    /// cuda or emulator), off for --backend cpu, as PyTorch on each.
+    /// PyTorch's allow_tf32: conv (f32 convolutions and their gradients, as
+    /// cuDNN does), on (also GEMMs and MatMuls) or off (exact f32). TF32
+    /// rounds each operand to 10 mantissa bits and accumulates in f32 (about
+    /// 1e-3 relative error). Default: conv for the GPU (compile, plan, fit,
+    /// --backend cuda or emulator); off for --backend cpu, --arch below
+    /// compute_80 and --device v100, as PyTorch on each.
     #[arg(long, value_parser = clap::builder::TypedValueParser::map(clap::builder::PossibleValuesParser::new(smelt_ir::Tf32::NAMES), |s| s.parse::<smelt_ir::Tf32>().expect("listed")))]
     pub tf32: Option<smelt_ir::Tf32>,
     /// Split execution for the smallest arena: run the segments at the
@@ -260,6 +261,12 @@ impl ModelArgs {
         }
     }
 
+    /// Exact f32 unless `--tf32` says otherwise: for targets without TF32
+    /// (the CPU backend, architectures below compute_80, a V100).
+    pub fn no_tf32_by_default(&mut self) {
+        self.tf32.get_or_insert(smelt_ir::Tf32::Off);
+    }
+
     /// The driver's options.
     pub fn options(&self) -> Result<crate::Options, Error> {
         Ok(crate::Options {
@@ -347,6 +354,9 @@ pub struct FitArgs {
     /// Keep these in f32 under a reduced precision (as `smelt plan`).
     #[arg(long = "keep-f32", value_name = "PATTERN")]
     pub keep_f32: Vec<String>,
+    /// TF32 for f32 products: conv (default), on or off (as `smelt plan`).
+    #[arg(long, value_parser = clap::builder::TypedValueParser::map(clap::builder::PossibleValuesParser::new(smelt_ir::Tf32::NAMES), |s| s.parse::<smelt_ir::Tf32>().expect("listed")))]
+    pub tf32: Option<smelt_ir::Tf32>,
     #[command(flatten)]
     pub train: TrainArgs,
     /// Device memory the step may use: activation arena plus weights,

@@ -630,7 +630,7 @@ impl Fitting {
             no_fuse: false,
             precision: Policy::F32,
             keep_f32: a.keep_f32.clone(),
-            tf32: Default::default(),
+            tf32: a.tf32,
             min_memory: false,
             split_limit: None,
             train: a.train.clone(),

@@ -413,3 +413,34 @@ fn compile_report_puts_every_launch_on_the_roofline() {
     assert_eq!(pic.matches("<polyline").count(), 3, "memory roof meeting three compute roofs");
     assert!(launches.iter().all(|l| pic.contains(&format!("<title>{} (", l["kernel"].as_str().unwrap()))));
 }
+
+/// `--tf32` defaults to TF32 convolutions where the target has them:
+/// compute_80 gets `wmma::precision::tf32` kernels, compute_70 exact f32
+/// ones unless asked, and asked there it is refused naming the fix.
+#[test]
+fn tf32_follows_the_target() {
+    if !smelt_codegen::nvrtc_available() {
+        assert!(std::env::var_os("SMELT_REQUIRE_NVRTC").is_none(), "SMELT_REQUIRE_NVRTC is set but libnvrtc cannot be loaded");
+        eprintln!("SKIP: libnvrtc not found");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("smelt-tf32-{}", std::process::id()));
+    let tf32_kernels = |arch: &str, extra: &[&str]| {
+        let out = dir.join(arch);
+        let (code, _, err) = run(&[&["compile", "zoo:resnet8", "--arch", arch, "--out", out.to_str().unwrap()], extra].concat());
+        let n = std::fs::read_dir(out.join("kernels"))
+            .map(|d| d.filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok()).filter(|s| s.contains("wmma::precision::tf32")).count())
+            .unwrap_or(0);
+        std::fs::remove_dir_all(&out).ok();
+        (code, n, err)
+    };
+    let (code, n, err) = tf32_kernels("compute_80", &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(n > 0, "compute_80: no TF32 kernel written");
+    let (code, n, err) = tf32_kernels("compute_70", &[]);
+    assert_eq!((code, n), (0, 0), "{err}");
+    let (code, _, err) = tf32_kernels("compute_70", &["--tf32", "conv"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("has no TF32 tensor cores") && err.contains("--tf32 off"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -174,7 +174,10 @@ impl Runner {
     #[new]
     fn new(py: Python<'_>, argv: Vec<String>) -> PyResult<Runner> {
         detached(py, || {
-            let mut s = ModelArgs::parse_from(argv)?.open(true)?;
+            // The CPU reference executor: exact f32 (it ignores TF32 anyway).
+            let mut m = ModelArgs::parse_from(argv)?;
+            m.no_tf32_by_default();
+            let mut s = m.open(true)?;
             Ok(Runner { graph: s.compile()?.graph })
         })
     }

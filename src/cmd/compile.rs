@@ -37,7 +37,13 @@ pub fn run(a: &CompileArgs) -> Result<bool> {
 
 /// `smelt compile --out DIR` / `--ptxas-stats`: lower, compile, write.
 fn codegen(o: &CompileArgs) -> Result<bool> {
-    let model = &o.model;
+    // No TF32 by default where the target has none.
+    let arch: usize = o.arch.trim_start_matches("compute_").trim_start_matches("sm_").parse().unwrap_or(usize::MAX);
+    let mut model = o.model.clone();
+    if arch < 80 || model.train.device == "v100" {
+        model.no_tf32_by_default();
+    }
+    let model = &model;
     let s = if o.out.is_some() { model.session_with_values()? } else { model.session()? };
     let bar = std::sync::Mutex::new(None::<indicatif::ProgressBar>);
     let progress = |name: &str, total: usize| {

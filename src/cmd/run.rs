@@ -41,7 +41,7 @@ pub fn run(a: &RunArgs) -> Result<bool> {
     model.split_limit = a.memory_limit;
     // TF32 is the GPU's (as PyTorch): the CPU computes in f32 unless asked.
     if a.backend == "cpu" {
-        model.tf32.get_or_insert(smelt_ir::Tf32::Off);
+        model.no_tf32_by_default();
     }
     let mut s = model.session_with_values()?;
     let compiled = s.compile().with_context(|| format!("cannot compile {}", a.model.model))?;

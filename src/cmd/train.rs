@@ -20,7 +20,7 @@ pub fn run(a: &TrainCmdArgs) -> Result<bool> {
     // TF32 is the GPU's (as PyTorch): the CPU computes in f32 unless asked.
     let mut m = a.model.clone();
     if a.backend == "cpu" {
-        m.tf32.get_or_insert(smelt_ir::Tf32::Off);
+        m.no_tf32_by_default();
     }
     let m = &m;
     let Some(cfg) = m.train.config()? else {

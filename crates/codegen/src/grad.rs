@@ -4,8 +4,10 @@
 //! deterministic): a data gradient walks the outputs whose windows cover its
 //! element, a weight gradient sums over the batch and the output positions
 //! (both as tiled GEMMs, a tile of outputs a block, when not grouped; on
-//! tensor cores in f16 and bf16 where the tiles are 64x64). The same
-//! description renders to CUDA C and runs on the CPU.
+//! tensor cores in f16 and bf16, and in TF32 for f32 where allowed, on
+//! 64x64 tiles, or a weight gradient's 32x32 tiles with the sum split
+//! between warps). The same description renders to CUDA C and runs on the
+//! CPU.
 
 use smelt_ir::{Conv as ConvAttrs, DType, KernelGraph, KernelOp, NodeId, Op, Pool, Tensor};
 
@@ -389,8 +391,8 @@ impl Grad {
     }
 
     /// Whether it runs on tensor cores: a convolution gradient in f16 or
-    /// bf16, or in f32 where TF32 is allowed, on 64x64 tiles (see
-    /// [`Grad::tiling`]).
+    /// bf16, or in f32 where TF32 is allowed, on 64x64 tiles or a weight
+    /// gradient's split 32x32 tiles (see [`Grad::tiling`]).
     pub fn tensor_cores(&self) -> bool {
         (crate::conv::tensor_core_type(self.dtype) || self.tf32)
             && self.gemm().is_some_and(|(m, n, _)| matches!(self.tiling(m, n), Tiling::Registers | Tiling::TensorSplit))
