@@ -622,7 +622,7 @@ impl Fitting {
     /// Checks `smelt fit`'s flags, then searches, calling `progress` after
     /// each candidate.
     pub fn run(a: &crate::args::FitArgs, progress: &mut dyn FnMut(&Candidate)) -> Result<Fitting, Error> {
-        let m = crate::args::ModelArgs {
+        let mut m = crate::args::ModelArgs {
             model: a.model.clone(),
             batch: Some(a.batch),
             dims: a.dims.clone(),
@@ -635,6 +635,10 @@ impl Fitting {
             split_limit: None,
             train: a.train.clone(),
         };
+        // A V100 has no TF32.
+        if m.train.device == "v100" {
+            m.no_tf32_by_default();
+        }
         let Some(optimizer) = m.train.train.clone() else {
             return Err(Error::Usage("smelt fit needs the training step's optimizer: --train sgd, adam or adamw".into()));
         };
