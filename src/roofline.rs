@@ -23,6 +23,9 @@ pub struct Row {
     pub tensor_cores: bool,
     /// Whether they take f32 operands in TF32.
     pub tf32: bool,
+    /// The block tile of a tensor-core conv or GEMM, `MxN` (chosen by the
+    /// model: [`smelt_codegen::tile`]).
+    pub tile: Option<String>,
     /// Useful FLOPs (multiply-adds count two; elementwise kernels one per
     /// operation of their expression).
     pub flops: usize,
@@ -110,6 +113,7 @@ pub fn report(program: &Program, gpu: &Gpu, ptxas: &[Stats]) -> Report {
             kind: k.kind(),
             tensor_cores: k.tensor_cores(),
             tf32: k.tf32(),
+            tile: k.tile().map(|t| format!("{}x{}", t.m, t.n)),
             flops,
             bytes,
             intensity: flops as f64 / bytes.max(1) as f64,
@@ -236,6 +240,7 @@ fn bound_name(b: Bound) -> &'static str {
     match b {
         Bound::Compute => "compute",
         Bound::Memory => "memory",
+        Bound::Shared => "shared",
         Bound::Launch => "launch",
     }
 }

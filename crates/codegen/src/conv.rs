@@ -10,11 +10,12 @@
 //!   from (k, p) while the tile is loaded, padding read as zero.
 //! - [`Algo::TensorCore`]: the same implicit GEMM on tensor cores, for f16
 //!   and bf16 (and f32 in TF32 unless `--tf32 off`: 16x16x8 fragments,
-//!   each operand rounded to TF32 once loaded): a block of 4 warps computes a 64x64 tile, each warp a 32x32
-//!   quarter as 2x2 `wmma` 16x16x16 products with f32 accumulators, fed
-//!   from 16-deep shared-memory tiles of the operands' own type (no
-//!   conversion on load); the accumulators go through shared memory to the
-//!   epilogue, so stores are coalesced.
+//!   each operand rounded to TF32 once loaded): a block of warps computes
+//!   a [`Tile`] chosen per kernel by the roofline model, each warp its part
+//!   as `wmma` 16x16 products with f32 accumulators, fed from 16-deep
+//!   shared-memory tiles of the operands' own type (no conversion on
+//!   load); the accumulators go through shared memory to the epilogue, so
+//!   stores are coalesced.
 //! - [`Algo::Direct`]: one thread per output element walking its window;
 //!   for depthwise and other convs whose groups have too few output
 //!   channels to fill a GEMM tile.
@@ -24,6 +25,7 @@
 //! residual and activation, as the kernel does.
 
 use crate::gemm::act_c;
+use crate::tile::Tile;
 use smelt_ir::{Act, DType, KernelGraph, KernelOp, NodeId, Op, Tensor};
 
 /// Rows (output channels) of an implicit-GEMM block tile.
@@ -34,8 +36,6 @@ pub const BN: usize = 64;
 pub const BK: usize = 16;
 /// Threads per block of the implicit GEMM and the direct algorithm.
 pub const THREADS: usize = 256;
-/// Threads per block of the tensor-core algorithm (4 warps).
-pub const TC_THREADS: usize = 128;
 
 /// How the convolution is computed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,6 +81,8 @@ pub struct Conv {
     pub algo: Algo,
     /// f32 operands on tensor cores in TF32 (rounded to 10 mantissa bits).
     pub tf32: bool,
+    /// The block tile on tensor cores ([`Tile::SQUARE`] otherwise).
+    pub tile: Tile,
 }
 
 impl Conv {
@@ -162,7 +164,31 @@ impl Conv {
         if tf32 {
             name += "_tf32";
         }
-        Some(Conv { name, input, output, kernel, strides, pads, dilations, groups, bias, residual, act, dtype, x_dtype, algo, tf32 })
+        let mut conv = Conv {
+            name,
+            input,
+            output,
+            kernel,
+            strides,
+            pads,
+            dilations,
+            groups,
+            bias,
+            residual,
+            act,
+            dtype,
+            x_dtype,
+            algo,
+            tf32,
+            tile: Tile::SQUARE,
+        };
+        if algo == Algo::TensorCore {
+            let bytes = crate::tile::node_bytes(g, id);
+            let make = |tile| crate::kernel::Kernel::Conv(Conv { tile, ..conv.clone() });
+            conv.tile = Tile::choose(make, bytes, dtype.size());
+            conv.name += &conv.tile.suffix();
+        }
+        Some(conv)
     }
 
     /// Input channels per group.
@@ -198,7 +224,8 @@ impl Conv {
     /// Launch geometry: grid (x, y, z) of blocks of [`THREADS`] threads.
     pub fn grid(&self) -> [usize; 3] {
         match self.algo {
-            Algo::ImplicitGemm | Algo::TensorCore => [self.p().div_ceil(BN), self.mg().div_ceil(BM), self.groups],
+            Algo::ImplicitGemm => [self.p().div_ceil(BN), self.mg().div_ceil(BM), self.groups],
+            Algo::TensorCore => [self.p().div_ceil(self.tile.n), self.mg().div_ceil(self.tile.m), self.groups],
             Algo::Direct => [self.numel().div_ceil(THREADS), 1, 1],
         }
     }
@@ -206,7 +233,7 @@ impl Conv {
     /// Threads per block.
     pub fn threads(&self) -> usize {
         match self.algo {
-            Algo::TensorCore => TC_THREADS,
+            Algo::TensorCore => self.tile.threads(),
             Algo::ImplicitGemm | Algo::Direct => THREADS,
         }
     }
@@ -279,9 +306,9 @@ impl Conv {
         // One BK x BN tile of im2col(x) into shared `bs` by `threads`
         // threads, each element of type `vt` (`zero` in the padding) read
         // through `conv`.
-        let im2col_tile = |threads: usize, vt: &str, zero: &str, conv: &str| {
-            let mut t = format!("        #pragma unroll\n        for (int i = tid; i < {}; i += {threads}) {{\n", BK * BN);
-            t += &format!("            int kk = i / {BN}, pp = i % {BN}, gk = k0 + kk, gp = p0 + pp;\n            {vt} v = {zero};\n");
+        let im2col_tile = |threads: usize, bn: usize, vt: &str, zero: &str, conv: &str| {
+            let mut t = format!("        #pragma unroll\n        for (int i = tid; i < {}; i += {threads}) {{\n", BK * bn);
+            t += &format!("            int kk = i / {bn}, pp = i % {bn}, gk = k0 + kk, gp = p0 + pp;\n            {vt} v = {zero};\n");
             t += &format!("            if (gk < {k} && gp < {p}) {{\n");
             t += &format!("                int ci = gk / {}, r = gk / {kw} % {kh}, q = gk % {kw};\n", kh * kw);
             t += &format!("                int nb = gp / {}, oy = gp / {ow} % {oh}, ox = gp % {ow};\n", oh * ow);
@@ -327,7 +354,7 @@ impl Conv {
                 s += &format!("        #pragma unroll\n        for (int i = tid; i < {}; i += {THREADS}) {{\n", BM * BK);
                 s += &format!("            int mm = i / {BK}, kk = i % {BK}, gm = m0 + mm, gk = k0 + kk;\n");
                 s += &format!("            as[kk][mm] = (gm < {mg} && gk < {k}) ? {load}(w[wg + (unsigned long long)gm * {k} + gk]) : 0.0f;\n        }}\n");
-                s += &im2col_tile(THREADS, "float", "0.0f", xload);
+                s += &im2col_tile(THREADS, BN, "float", "0.0f", xload);
                 s += &format!("        #pragma unroll\n        for (int kk = 0; kk < {BK}; ++kk) {{\n");
                 s += "            float a[4], b[4];\n            #pragma unroll\n            for (int i = 0; i < 4; ++i) a[i] = as[kk][tm + 16 * i];\n";
                 s += "            #pragma unroll\n            for (int j = 0; j < 4; ++j) b[j] = bs[kk][tn + 16 * j];\n";
@@ -341,33 +368,29 @@ impl Conv {
                 s += "        }\n    }\n";
             }
             Algo::TensorCore => {
-                let (lda, ldb, ldc) = (BK + 8, BN + 8, BN + 4);
+                let t = self.tile;
+                let (lda, ldb, _) = t.lds();
+                let [fm, fn_] = t.frags();
                 let f = crate::gemm::Fragments::of(self.dtype);
-                s += &format!("    // A = w[{mg} x {k}] per group, B = im2col(x)[{k} x {p}] in {ty}; 4 warps, each 2x2 wmma {} products (f32 accumulators).\n", f.what());
-                s += &format!("    __shared__ __align__(32) {ty} as[{BM}][{lda}];\n    __shared__ __align__(32) {ty} bs[{BK}][{ldb}];\n    __shared__ __align__(32) float cs[{BM}][{ldc}];\n");
-                s += "    const int tid = threadIdx.x, wm = tid / 64 * 32, wn = tid / 32 % 2 * 32;\n";
-                s += &format!("    const int g = blockIdx.z, m0 = blockIdx.y * {BM}, p0 = blockIdx.x * {BN};\n");
+                s += &format!("    // A = w[{mg} x {k}] per group, B = im2col(x)[{k} x {p}] in {ty}; {}x{} tiles, {} warps, each {fm}x{fn_} wmma {} products (f32 accumulators).\n", t.m, t.n, t.threads() / 32, f.what());
+                s += &t.declare(ty, self.dtype.size());
+                s += &format!("    const int g = blockIdx.z, m0 = blockIdx.y * {}, p0 = blockIdx.x * {};\n", t.m, t.n);
                 s += &format!(
                     "    const unsigned long long wg = (unsigned long long)g * {mg} * {k};\n    const {ty} zero = {store}(0.0f);\n"
                 );
-                s += &format!("    {} acc[2][2];\n", f.accumulator());
-                s += "    #pragma unroll\n    for (int i = 0; i < 2; ++i)\n        #pragma unroll\n        for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);\n";
+                s += &format!("    {} acc[{fm}][{fn_}];\n", f.accumulator());
+                s += &format!("    #pragma unroll\n    for (int i = 0; i < {fm}; ++i)\n        #pragma unroll\n        for (int j = 0; j < {fn_}; ++j) wmma::fill_fragment(acc[i][j], 0.0f);\n");
                 s += &format!("    for (int k0 = 0; k0 < {k}; k0 += {BK}) {{\n");
-                s += &format!("        #pragma unroll\n        for (int i = tid; i < {}; i += {TC_THREADS}) {{\n", BM * BK);
+                s += &format!("        #pragma unroll\n        for (int i = tid; i < {}; i += {}) {{\n", t.m * BK, t.threads());
                 s += &format!("            int mm = i / {BK}, kk = i % {BK}, gm = m0 + mm, gk = k0 + kk;\n");
                 s += &format!(
                     "            as[mm][kk] = (gm < {mg} && gk < {k}) ? w[wg + (unsigned long long)gm * {k} + gk] : zero;\n        }}\n"
                 );
-                s += &im2col_tile(TC_THREADS, ty, "zero", "");
-                s += &f.products(BK, (lda, ldb), "        ");
+                s += &im2col_tile(t.threads(), t.n, ty, "zero", "");
+                s += &f.products(BK, t.frags(), (lda, ldb), "        ");
                 s += "        __syncthreads();\n    }\n";
-                s += &format!("    #pragma unroll\n    for (int i = 0; i < 2; ++i)\n        #pragma unroll\n        for (int j = 0; j < 2; ++j) wmma::store_matrix_sync(&cs[wm + 16 * i][wn + 16 * j], acc[i][j], {ldc}, wmma::mem_row_major);\n");
-                s += "    __syncthreads();\n";
-                s += &format!("    for (int i = tid; i < {}; i += {TC_THREADS}) {{\n", BM * BN);
-                s += &format!("        int mm = i / {BN}, pp = i % {BN}, gm = m0 + mm, gp = p0 + pp;\n");
-                s += &format!("        if (gm >= {mg} || gp >= {p}) continue;\n        int co = g * {mg} + gm;\n");
-                s += &tile_epilogue("        ", "cs[mm][pp]");
-                s += "    }\n";
+                let body = format!("int gm = m0 + mm, gp = p0 + pp;\nif (gm >= {mg} || gp >= {p}) continue;\nint co = g * {mg} + gm;\n");
+                s += &t.epilogue(&(body + &tile_epilogue("", "cv")));
             }
         }
         s += "}\n";

@@ -1,24 +1,19 @@
 //! GEMM kernels as data: `act(alpha * op(A) @ op(B) + beta * C)` with
 //! 16x16 shared-memory tiles, one thread per output element, the bias and
 //! activation applied in registers; or, for f16 and bf16 operands, on
-//! tensor cores: 64x64 tiles per block of 4 warps, each warp 2x2 `wmma`
-//! 16x16x16 products with f32 accumulators, the epilogue read back from
-//! shared memory; batched (`MatMul` with numpy batch
+//! tensor cores: a [`Tile`] per block chosen by the roofline model, each
+//! warp's part as `wmma` products with f32 accumulators, the epilogue read
+//! back from shared memory; batched (`MatMul` with numpy batch
 //! broadcasting) over the grid's z dimension, each operand's batch offset
 //! from its own strides, so a broadcast operand is never copied. The same
 //! description renders to CUDA C and runs on the CPU.
 
 use crate::elementwise::strides;
+use crate::tile::Tile;
 use smelt_ir::{Act, DType, Expr, KernelGraph, KernelOp, NodeId, Op, Tensor, TensorType};
 
 /// The tile edge.
 pub const TILE: usize = 16;
-/// The tile edge of the tensor-core kernel.
-pub const TC_TILE: usize = 64;
-/// Threads per block of the tensor-core kernel (4 warps).
-pub const TC_THREADS: usize = 128;
-/// Depth of a tensor-core shared-memory tile.
-const TC_K: usize = 16;
 
 /// A GEMM kernel (Gemm, fused Gemm with an activation).
 #[derive(Clone, Debug, PartialEq)]
@@ -60,6 +55,8 @@ pub struct Gemm {
     pub tensor_cores: bool,
     /// f32 operands on tensor cores in TF32 (`--tf32 on`).
     pub tf32: bool,
+    /// The block tile on tensor cores ([`Tile::SQUARE`] otherwise).
+    pub tile: Tile,
 }
 
 /// What a `gemm_epilogue` applies to each result: `expr` with `$0` the
@@ -89,6 +86,12 @@ impl Gemm {
             gemm.tensor_cores = true;
             gemm.tf32 = true;
             gemm.name += "_tf32";
+        }
+        if gemm.tensor_cores {
+            let bytes = crate::tile::node_bytes(g, id);
+            let make = |tile| crate::kernel::Kernel::Gemm(Gemm { tile, ..gemm.clone() });
+            gemm.tile = Tile::choose(make, bytes, gemm.dtype.size());
+            gemm.name += &gemm.tile.suffix();
         }
         Some(gemm)
     }
@@ -157,6 +160,7 @@ impl Gemm {
             epilogue: None,
             tensor_cores: crate::conv::tensor_core_type(out.dtype) && a.dtype == out.dtype,
             tf32: false,
+            tile: Tile::SQUARE,
         })
     }
 
@@ -200,6 +204,7 @@ impl Gemm {
             epilogue: None,
             tensor_cores: crate::conv::tensor_core_type(out.dtype),
             tf32: false,
+            tile: Tile::SQUARE,
         })
     }
 
@@ -210,14 +215,17 @@ impl Gemm {
 
     /// Launch geometry: (grid x, grid y) of output tiles.
     pub fn grid(&self) -> (usize, usize) {
-        let t = if self.tensor_cores { TC_TILE } else { TILE };
-        (self.n.div_ceil(t), self.m.div_ceil(t))
+        if self.tensor_cores {
+            (self.n.div_ceil(self.tile.n), self.m.div_ceil(self.tile.m))
+        } else {
+            (self.n.div_ceil(TILE), self.m.div_ceil(TILE))
+        }
     }
 
     /// Threads per block (x, y).
     pub fn block(&self) -> [usize; 2] {
         if self.tensor_cores {
-            [TC_THREADS, 1]
+            [self.tile.threads(), 1]
         } else {
             [TILE, TILE]
         }
@@ -256,7 +264,11 @@ impl Gemm {
             self.act,
             self.alpha,
             self.beta,
-            if self.tensor_cores { format!("{TC_TILE}x{TC_TILE} tiles on tensor cores") } else { format!("{TILE}x{TILE} tiles") }
+            if self.tensor_cores {
+                format!("{}x{} tiles on tensor cores", self.tile.m, self.tile.n)
+            } else {
+                format!("{TILE}x{TILE} tiles")
+            }
         );
         let mut bias = if self.bias.is_some() { format!("const {ty}* __restrict__ c, ") } else { String::new() };
         let mut out_ty = ty;
@@ -313,37 +325,39 @@ impl Gemm {
             offsets += &format!("    ao += (z % {0}ull) * {sa}ull; bo += (z % {0}ull) * {sb}ull; z /= {0}ull;\n", self.batch[d]);
         }
         if self.tensor_cores {
-            let (t, tk) = (TC_TILE, TC_K);
-            let (lda, ldb, ldc) = (tk + 8, t + 8, t + 4);
-            let f = Fragments::of(self.dtype);
-            s += &format!("    // 4 warps, each 2x2 wmma {} products of {ty} (f32 accumulators) per {tk}-deep step.\n", f.what());
-            s += &format!("    __shared__ __align__(32) {ty} as[{t}][{lda}];\n    __shared__ __align__(32) {ty} bs[{tk}][{ldb}];\n    __shared__ __align__(32) float cs[{t}][{ldc}];\n");
-            s += &format!("    const int tid = threadIdx.x, wm = tid / 64 * 32, wn = tid / 32 % 2 * 32;\n    const int m0 = blockIdx.y * {t}, n0 = blockIdx.x * {t};\n");
+            let (tl, tk) = (self.tile, crate::tile::DEPTH);
+            let (tm, tn) = (tl.m, tl.n);
+            let (lda, ldb, _) = tl.lds();
+            let [fm, fn_] = tl.frags();
+            let (f, threads) = (Fragments::of(self.dtype), tl.threads());
+            s += &format!(
+                "    // {tm}x{tn} tiles, {} warps, each {fm}x{fn_} wmma {} products of {ty} (f32 accumulators) per {tk}-deep step.\n",
+                threads / 32,
+                f.what()
+            );
+            s += &tl.declare(ty, self.dtype.size());
+            s += &format!("    const int m0 = blockIdx.y * {tm}, n0 = blockIdx.x * {tn};\n");
             s += &offsets;
             s += &format!("    const {ty} zero = {store}(0.0f);\n");
-            s += &format!("    {} acc[2][2];\n", f.accumulator());
-            s += "    #pragma unroll\n    for (int i = 0; i < 2; ++i)\n        #pragma unroll\n        for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);\n";
+            s += &format!("    {} acc[{fm}][{fn_}];\n", f.accumulator());
+            s += &format!("    #pragma unroll\n    for (int i = 0; i < {fm}; ++i)\n        #pragma unroll\n        for (int j = 0; j < {fn_}; ++j) wmma::fill_fragment(acc[i][j], 0.0f);\n");
             s += &format!("    for (int t = 0; t < {k}; t += {tk}) {{\n");
             // Consecutive threads read consecutive elements of each operand.
-            let (ar, ac) = if self.trans_a { (format!("i % {t}"), format!("i / {t}")) } else { (format!("i / {tk}"), format!("i % {tk}")) };
-            s += &format!("        #pragma unroll\n        for (int i = tid; i < {}; i += {TC_THREADS}) {{\n", t * tk);
+            let (ar, ac) =
+                if self.trans_a { (format!("i % {tm}"), format!("i / {tm}")) } else { (format!("i / {tk}"), format!("i % {tk}")) };
+            s += &format!("        #pragma unroll\n        for (int i = tid; i < {}; i += {threads}) {{\n", tm * tk);
             s += &format!("            int r = {ar}, q = {ac}, row = m0 + r, kk = t + q;\n");
             s += &format!("            as[r][q] = (row < {m} && kk < {k}) ? {} : zero;\n        }}\n", a_at("row", "kk"));
-            let (br, bc) = if self.trans_b { (format!("i % {tk}"), format!("i / {tk}")) } else { (format!("i / {t}"), format!("i % {t}")) };
-            s += &format!("        #pragma unroll\n        for (int i = tid; i < {}; i += {TC_THREADS}) {{\n", t * tk);
+            let (br, bc) =
+                if self.trans_b { (format!("i % {tk}"), format!("i / {tk}")) } else { (format!("i / {tn}"), format!("i % {tn}")) };
+            s += &format!("        #pragma unroll\n        for (int i = tid; i < {}; i += {threads}) {{\n", tn * tk);
             s += &format!("            int r = {br}, q = {bc}, kk = t + r, col = n0 + q;\n");
             s += &format!("            bs[r][q] = (kk < {k} && col < {n}) ? {} : zero;\n        }}\n", b_at("kk", "col"));
             s += "        __syncthreads();\n";
-            s += &f.products(tk, (lda, ldb), "        ");
+            s += &f.products(tk, tl.frags(), (lda, ldb), "        ");
             s += "        __syncthreads();\n    }\n";
-            s += &format!("    #pragma unroll\n    for (int i = 0; i < 2; ++i)\n        #pragma unroll\n        for (int j = 0; j < 2; ++j) wmma::store_matrix_sync(&cs[wm + 16 * i][wn + 16 * j], acc[i][j], {ldc}, wmma::mem_row_major);\n");
-            s += "    __syncthreads();\n";
-            s += &format!(
-                "    for (int i = tid; i < {}; i += {TC_THREADS}) {{\n        int row = m0 + i / {t}, col = n0 + i % {t};\n",
-                t * t
-            );
-            s += &finish("        ", &format!("cs[i / {t}][i % {t}]"), "continue");
-            s += "    }\n}\n";
+            s += &tl.epilogue(&("int row = m0 + mm, col = n0 + pp;\n".to_string() + &finish("", "cv", "continue")));
+            s += "}\n";
             return s;
         }
         s += &format!("    __shared__ float as[{TILE}][{TILE}];\n    __shared__ float bs[{TILE}][{TILE}];\n");
@@ -430,22 +444,26 @@ impl Fragments {
         format!("wmma::fragment<wmma::accumulator, 16, 16, {}, float>", self.k)
     }
 
-    /// A warp's 2x2 products over one `depth`-deep step: `a[i]` from
+    /// A warp's `fm x fn` products over one `depth`-deep step: `a[i]` from
     /// `as[wm + 16 * i][..]`, `b[j]` from `bs[..][wn + 16 * j]` (leading dims
     /// `lda`, `ldb`), accumulated into `acc[i][j]` in ascending k.
-    pub(crate) fn products(&self, depth: usize, (lda, ldb): (usize, usize), indent: &str) -> String {
+    pub(crate) fn products(&self, depth: usize, [fm, fn_]: [usize; 2], (lda, ldb): (usize, usize), indent: &str) -> String {
         let (ty, fk) = (self.ty, self.k);
         let mut s = String::new();
         for k0 in (0..depth).step_by(fk) {
-            s += &format!("wmma::fragment<wmma::matrix_a, 16, 16, {fk}, {ty}, wmma::row_major> a{k0}[2];\n");
-            s += &format!("wmma::fragment<wmma::matrix_b, 16, 16, {fk}, {ty}, wmma::row_major> b{k0}[2];\n");
-            s += &format!("#pragma unroll\nfor (int i = 0; i < 2; ++i) wmma::load_matrix_sync(a{k0}[i], &as[wm + 16 * i][{k0}], {lda});\n");
-            s += &format!("#pragma unroll\nfor (int j = 0; j < 2; ++j) wmma::load_matrix_sync(b{k0}[j], &bs[{k0}][wn + 16 * j], {ldb});\n");
+            s += &format!("wmma::fragment<wmma::matrix_a, 16, 16, {fk}, {ty}, wmma::row_major> a{k0}[{fm}];\n");
+            s += &format!("wmma::fragment<wmma::matrix_b, 16, 16, {fk}, {ty}, wmma::row_major> b{k0}[{fn_}];\n");
+            s += &format!(
+                "#pragma unroll\nfor (int i = 0; i < {fm}; ++i) wmma::load_matrix_sync(a{k0}[i], &as[wm + 16 * i][{k0}], {lda});\n"
+            );
+            s += &format!(
+                "#pragma unroll\nfor (int j = 0; j < {fn_}; ++j) wmma::load_matrix_sync(b{k0}[j], &bs[{k0}][wn + 16 * j], {ldb});\n"
+            );
             if self.tf32 {
-                s += &format!("for (int i = 0; i < 2; ++i)\n    for (int t = 0; t < a{k0}[i].num_elements; ++t) a{k0}[i].x[t] = wmma::__float_to_tf32(a{k0}[i].x[t]);\n");
-                s += &format!("for (int j = 0; j < 2; ++j)\n    for (int t = 0; t < b{k0}[j].num_elements; ++t) b{k0}[j].x[t] = wmma::__float_to_tf32(b{k0}[j].x[t]);\n");
+                s += &format!("for (int i = 0; i < {fm}; ++i)\n    for (int t = 0; t < a{k0}[i].num_elements; ++t) a{k0}[i].x[t] = wmma::__float_to_tf32(a{k0}[i].x[t]);\n");
+                s += &format!("for (int j = 0; j < {fn_}; ++j)\n    for (int t = 0; t < b{k0}[j].num_elements; ++t) b{k0}[j].x[t] = wmma::__float_to_tf32(b{k0}[j].x[t]);\n");
             }
-            s += &format!("#pragma unroll\nfor (int i = 0; i < 2; ++i)\n    #pragma unroll\n    for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], a{k0}[i], b{k0}[j], acc[i][j]);\n");
+            s += &format!("#pragma unroll\nfor (int i = 0; i < {fm}; ++i)\n    #pragma unroll\n    for (int j = 0; j < {fn_}; ++j) wmma::mma_sync(acc[i][j], a{k0}[i], b{k0}[j], acc[i][j]);\n");
         }
         s.lines().map(|l| format!("{indent}{l}\n")).collect()
     }

@@ -254,15 +254,47 @@ impl Kernel {
     pub fn tiled_flops(&self) -> usize {
         let up = |x: usize, t: usize| x.div_ceil(t) * t;
         match self {
+            Kernel::Gemm(k) if k.tensor_cores => 2 * up(k.m, k.tile.m) * up(k.n, k.tile.n) * up(k.k, crate::tile::DEPTH) * k.batches(),
             Kernel::Gemm(k) => {
-                let t = if k.tensor_cores { crate::gemm::TC_TILE } else { crate::gemm::TILE };
-                2 * up(k.m, t) * up(k.n, t) * up(k.k, crate::gemm::TILE) * k.batches()
+                let t = crate::gemm::TILE;
+                2 * up(k.m, t) * up(k.n, t) * up(k.k, t) * k.batches()
+            }
+            Kernel::Conv(k) if k.algo == crate::conv::Algo::TensorCore => {
+                2 * k.groups * up(k.mg(), k.tile.m) * up(k.p(), k.tile.n) * up(k.k(), crate::conv::BK)
             }
             Kernel::Conv(k) if k.algo != crate::conv::Algo::Direct => {
                 2 * k.groups * up(k.mg(), crate::conv::BM) * up(k.p(), crate::conv::BN) * up(k.k(), crate::conv::BK)
             }
             Kernel::Attention(k) => 2 * k.tiled_macs(),
             _ => self.flops(),
+        }
+    }
+
+    /// The block tile of a tensor-core conv or GEMM.
+    pub fn tile(&self) -> Option<crate::tile::Tile> {
+        match self {
+            Kernel::Conv(k) if k.tensor_cores() => Some(k.tile),
+            Kernel::Gemm(k) if k.tensor_cores => Some(k.tile),
+            _ => None,
+        }
+    }
+
+    /// Bytes its tensor-core tiles move through shared memory (fragments
+    /// loaded, operand tiles stored, results staged), over the whole launch;
+    /// 0 where the model does not count them (CUDA-core kernels, attention
+    /// and gradients).
+    pub fn shared_traffic(&self) -> usize {
+        let steps = |k: usize| k.div_ceil(crate::tile::DEPTH);
+        match self {
+            Kernel::Conv(k) if k.tensor_cores() => {
+                let [x, y, z] = k.grid();
+                x * y * z * k.tile.shared_traffic(steps(k.k()), k.dtype.size())
+            }
+            Kernel::Gemm(k) if k.tensor_cores => {
+                let (x, y) = k.grid();
+                x * y * k.batches() * k.tile.shared_traffic(steps(k.k), k.dtype.size())
+            }
+            _ => 0,
         }
     }
 

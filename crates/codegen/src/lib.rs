@@ -8,6 +8,7 @@
 pub mod attention;
 pub mod cache;
 pub mod conv;
+pub mod cost;
 pub mod elementwise;
 mod error;
 pub mod gemm;
@@ -20,6 +21,7 @@ pub mod program;
 pub mod ptxas;
 pub mod reduce;
 pub mod select;
+pub mod tile;
 pub mod update;
 
 pub use cache::Cache;

@@ -1,0 +1,181 @@
+//! Block tiles of the tensor-core convolution and GEMM, chosen per kernel
+//! by the roofline model ([`crate::cost`]).
+//!
+//! A tile is `m x n` outputs for a block of warps in a grid, each warp's
+//! part held as 16x16 `wmma` accumulators, fed from [`DEPTH`]-deep
+//! shared-memory tiles of the operands; the accumulators go back through
+//! shared memory (in the operands' bytes, a row of warps at a time where
+//! the whole tile would not fit) to the epilogue, so its loads and stores
+//! are coalesced. A larger tile loads fewer fragments per product (with f16
+//! operands, a 64x64 tile of 32x32 warp tiles reads a shared byte per 10.7
+//! FLOPs, a 128x128 one of 64x32 warp tiles one per 16), but gives fewer
+//! blocks: which wins depends on the problem's shape, so each kernel takes
+//! the candidate the model estimates fastest on the default device (the
+//! H100), the square 64x64 tile on a tie.
+
+use crate::cost;
+use crate::kernel::Kernel;
+use smelt_ir::{KernelGraph, NodeId};
+
+/// Depth of a shared-memory tile of the operands.
+pub const DEPTH: usize = 16;
+/// Static shared memory a block may declare, bytes.
+const STATIC_SHARED: usize = 48 * 1024;
+
+/// A tensor-core block tile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Tile {
+    /// Rows (output channels, GEMM rows).
+    pub m: usize,
+    /// Columns (output positions, GEMM columns).
+    pub n: usize,
+    /// Warps along the rows.
+    pub warps_m: usize,
+    /// Warps along the columns.
+    pub warps_n: usize,
+}
+
+impl Tile {
+    /// 64x64: 4 warps of 32x32.
+    pub const SQUARE: Tile = Tile { m: 64, n: 64, warps_m: 2, warps_n: 2 };
+    /// The candidates, the square first (it wins ties): 64x64, 128x64 and
+    /// 64x128 on 4 warps, 128x128 on 8.
+    pub const CANDIDATES: [Tile; 4] = [
+        Tile::SQUARE,
+        Tile { m: 128, n: 64, warps_m: 2, warps_n: 2 },
+        Tile { m: 64, n: 128, warps_m: 2, warps_n: 2 },
+        Tile { m: 128, n: 128, warps_m: 2, warps_n: 4 },
+    ];
+
+    /// Threads per block.
+    pub fn threads(self) -> usize {
+        32 * self.warps_m * self.warps_n
+    }
+
+    /// A warp's accumulators: rows and columns of 16x16 fragments.
+    pub fn frags(self) -> [usize; 2] {
+        [self.m / self.warps_m / 16, self.n / self.warps_n / 16]
+    }
+
+    /// What a kernel's name says of it: nothing for the square tile.
+    pub fn suffix(self) -> String {
+        if self == Tile::SQUARE {
+            String::new()
+        } else {
+            format!("_t{}x{}", self.m, self.n)
+        }
+    }
+
+    /// Leading dimensions of `as[m][lda]`, `bs[DEPTH][ldb]` (operands) and
+    /// `cs[rows][ldc]` (f32 results), padded against bank conflicts and kept
+    /// multiples of 8 elements, as `wmma` loads need.
+    pub fn lds(self) -> (usize, usize, usize) {
+        (DEPTH + 8, self.n + 8, self.n + 4)
+    }
+
+    /// Rows of results staged at a time: the whole tile, or a row of warps
+    /// where the whole would not fit in static shared memory.
+    fn stage_rows(self) -> usize {
+        if self.m * self.lds().2 * 4 <= STATIC_SHARED - 8 * 1024 {
+            self.m
+        } else {
+            self.m / self.warps_m
+        }
+    }
+
+    /// Static shared memory per block for operands of `elt` bytes: the
+    /// operand tiles, and the f32 results staged in the same bytes once the
+    /// products are done.
+    pub fn shared_bytes(self, elt: usize) -> usize {
+        let (lda, ldb, ldc) = self.lds();
+        (self.m * lda * elt + DEPTH * ldb * elt).max(self.stage_rows() * ldc * 4)
+    }
+
+    /// The C declarations of `as`, `bs` and `cs` over one shared buffer
+    /// (operands of C type `ty` and `elt` bytes), and of the thread's warp
+    /// origin `wm`, `wn`.
+    pub fn declare(self, ty: &str, elt: usize) -> String {
+        let (lda, ldb, ldc) = self.lds();
+        let a_bytes = self.m * lda * elt;
+        let mut s = format!("    __shared__ __align__(32) unsigned char smem[{}];\n", self.shared_bytes(elt));
+        s += &format!("    {ty} (*as)[{lda}] = reinterpret_cast<{ty} (*)[{lda}]>(smem);\n");
+        s += &format!("    {ty} (*bs)[{ldb}] = reinterpret_cast<{ty} (*)[{ldb}]>(smem + {a_bytes});\n");
+        s += &format!("    float (*cs)[{ldc}] = reinterpret_cast<float (*)[{ldc}]>(smem); // after the products\n");
+        let (wm, wn) = (self.m / self.warps_m, self.n / self.warps_n);
+        s + &format!("    const int tid = threadIdx.x, wm = tid / {} * {wm}, wn = tid / 32 % {} * {wn};\n", 32 * self.warps_n, self.warps_n)
+    }
+
+    /// After the products' last barrier: the accumulators `acc` staged in
+    /// `cs`, then `body` run for each result of the tile by the block's
+    /// threads, with `mm`, `pp` its row and column in the tile and `cv` its
+    /// value (`continue` skips one).
+    pub fn epilogue(self, body: &str) -> String {
+        let [fm, fn_] = self.frags();
+        let (ldc, rows, n, threads) = (self.lds().2, self.stage_rows(), self.n, self.threads());
+        let passes = self.m / rows;
+        let store = format!("for (int i = 0; i < {fm}; ++i)\n    #pragma unroll\n    for (int j = 0; j < {fn_}; ++j) wmma::store_matrix_sync(&cs[wm - h * {rows} + 16 * i][wn + 16 * j], acc[i][j], {ldc}, wmma::mem_row_major);\n");
+        let mut s = format!("for (int h = 0; h < {passes}; ++h) {{\n");
+        if passes > 1 {
+            s += &format!("    if (wm / {rows} == h) {{\n        #pragma unroll\n{}    }}\n", indent(&store, "        "));
+        } else {
+            s += &format!("    #pragma unroll\n{}", indent(&store, "    "));
+        }
+        s += "    __syncthreads();\n";
+        s += &format!("    for (int i = tid; i < {}; i += {threads}) {{\n", rows * n);
+        s += &format!("        int mm = h * {rows} + i / {n}, pp = i % {n};\n        float cv = cs[i / {n}][pp];\n");
+        s += &indent(body, "        ");
+        s += "    }\n";
+        if passes > 1 {
+            s += "    __syncthreads();\n";
+        }
+        s += "}\n";
+        indent(&s, "    ")
+    }
+
+    /// Registers per thread as ptxas allocates them for sm_80 and sm_90,
+    /// roughly: 8 per accumulator fragment, 8 per operand fragment (TF32's
+    /// two 8-deep halves held at once), and about 32 for addresses and the
+    /// tile loads (measured with `--ptxas-stats`: 88 for a 64x64 f16 tile,
+    /// 127 for 128x64; 96 and 150-166 in TF32).
+    pub fn registers(self, elt: usize) -> usize {
+        let [fm, fn_] = self.frags();
+        32 + 8 * fm * fn_ + 8 * (fm + fn_) + if elt == 4 { 16 } else { 0 }
+    }
+
+    /// Bytes a block moves through shared memory over `steps` steps with
+    /// operands of `elt` bytes: each warp's fragments loaded, the operand
+    /// tiles stored, and the results staged and read back.
+    pub fn shared_traffic(self, steps: usize, elt: usize) -> usize {
+        let [fm, fn_] = self.frags();
+        let per_step = self.warps_m * self.warps_n * (fm + fn_) * 16 * DEPTH * elt + (self.m + self.n) * DEPTH * elt;
+        steps * per_step + 2 * self.m * self.n * 4
+    }
+    /// The candidate whose kernel (`make` builds it) the model estimates
+    /// fastest on the default device, moving `bytes`; the first on a tie.
+    pub fn choose(make: impl Fn(Tile) -> Kernel, bytes: usize, elt: usize) -> Tile {
+        let gpu = cost::Gpu::default();
+        let time = |t: Tile| {
+            let res = cost::Resources { registers: t.registers(elt), shared: t.shared_bytes(elt) };
+            cost::estimate(&make(t), bytes, &gpu, Some(res)).seconds
+        };
+        let mut best = (Tile::SQUARE, time(Tile::SQUARE));
+        for t in &Tile::CANDIDATES[1..] {
+            let s = time(*t);
+            // A candidate must be clearly faster: the model is coarse.
+            if s < best.1 * 0.97 {
+                best = (*t, s);
+            }
+        }
+        best.0
+    }
+}
+
+/// Bytes node `id`'s kernel reads and writes, each operand and output once.
+pub(crate) fn node_bytes(g: &KernelGraph, id: NodeId) -> usize {
+    g.inputs_of(id).iter().map(|v| g.ty(*v).bytes()).sum::<usize>() + g.node(id).outputs.iter().map(|t| t.bytes()).sum::<usize>()
+}
+
+/// Each line of `s` indented by `ind`.
+fn indent(s: &str, ind: &str) -> String {
+    s.lines().map(|l| if l.is_empty() { "\n".to_string() } else { format!("{ind}{l}\n") }).collect()
+}
