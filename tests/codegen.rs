@@ -324,6 +324,13 @@ fn conv_cuda_snapshots() {
         let k = check_conv(src, i as u64, if src.contains("f16") { 2e-2 } else { 1e-4 });
         compile_and_snapshot(nvrtc.as_ref(), name, &k.name, &k.cuda());
     }
+    // Channels-last in and out on tensor cores: 16-byte loads of both
+    // operands, results staged column-major (checked on the emulator in
+    // `every_tensor_core_tile_matches_its_description`).
+    let src = conv_text("f16", 2, 16, Some(6), 6, 24, [1, 1], [1, 1], [0, 0, 0, 0], [1, 1], 1, true, true, "relu");
+    let k = check_conv(&src, 9, 2e-2).channels_last(true, true);
+    assert_eq!(k.vector_loads(), (true, true), "{}", k.name);
+    compile_and_snapshot(nvrtc.as_ref(), "conv1x1_bias_res_relu_f16_nhwc", &k.name, &k.cuda());
 }
 
 /// Programs of random graphs (in-place elementwise kernels and residual

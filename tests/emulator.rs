@@ -187,6 +187,54 @@ fn zoo_models_match_the_reference_executor() {
     }
 }
 
+/// Under mixed precision ResNet-50's activations stay channels-last from
+/// the first bottleneck to the last (the stem's conv writes NCHW for the
+/// max pool, the last conv NCHW for the average pool): every kernel reads
+/// each activation in the layout its producer wrote, every channels-last x
+/// comes with its weights permuted in the blob, and the program computes
+/// what the reference executor does (checked kernel by kernel on the
+/// emulator in `zoo_models_match_the_reference_executor`).
+#[test]
+fn channels_last_runs_between_tensor_core_convs() {
+    use smelt_codegen::kernel::Kernel;
+    let mut plain = common::load("zoo:resnet50", Some(1));
+    smelt::fill_missing_weights(&mut plain);
+    let opts = smelt::Options {
+        precision: smelt_passes::precision::Options { policy: "mixed-f16".parse().unwrap(), keep_f32: vec![], tf32: smelt_ir::Tf32::Off },
+        ..Default::default()
+    };
+    let mut s = common::session(&plain, opts);
+    let compiled = s.compile().unwrap_or_else(|e| panic!("{e}"));
+    let planned = s.plan(&compiled).unwrap_or_else(|e| panic!("{e}"));
+    let program = s.program(&compiled, &planned).unwrap_or_else(|e| panic!("{e}"));
+    // The layout each step writes, by value.
+    let mut written = std::collections::HashMap::new();
+    let convs: Vec<&smelt_codegen::conv::Conv> =
+        program.steps.iter().filter_map(|st| if let Kernel::Conv(c) = &st.kernel { Some(c) } else { None }).collect();
+    for st in &program.steps {
+        let (x_nhwc, out_nhwc) = if let Kernel::Conv(c) = &st.kernel { (c.x_nhwc, c.out_nhwc) } else { (false, false) };
+        let out = st.args.last().unwrap();
+        for (i, a) in st.args[..st.args.len() - 1].iter().enumerate() {
+            let want = match &st.kernel {
+                Kernel::Conv(_) if i == 0 => x_nhwc,
+                Kernel::Conv(c) if c.residual && i == st.args.len() - 2 => out_nhwc,
+                _ => false,
+            };
+            if let Some(&nhwc) = written.get(&a.value) {
+                assert_eq!(nhwc, want, "{} reads {} ({}) in the wrong layout", st.kernel.name(), a.value, a.ty);
+            }
+        }
+        written.insert(out.value.clone(), out_nhwc);
+    }
+    let (first, last) = (convs[0], convs[convs.len() - 1]);
+    assert!(!first.x_nhwc && !first.out_nhwc, "the stem conv reads the input and feeds the max pool: {}", first.name);
+    assert!(last.x_nhwc && !last.out_nhwc, "the last conv feeds the average pool: {}", last.name);
+    let inside = convs.iter().filter(|c| c.x_nhwc && c.out_nhwc).count();
+    assert!(4 * inside >= 3 * convs.len(), "{inside} of {} convs channels-last in and out", convs.len());
+    let permuted = program.weights.iter().filter(|w| w.channels_last).count();
+    assert_eq!(permuted, convs.iter().filter(|c| c.x_nhwc).count(), "one permuted weight per channels-last x");
+}
+
 /// Random graphs of every kernel kind (see `common::random_kernel_graph`)
 /// with several outputs, and the older random graphs (residual blocks),
 /// under every policy, fused and not, against the CPU reference executor.
@@ -732,12 +780,24 @@ fn convolution_gradients_on_tensor_cores_match_their_descriptions() {
     }
 }
 
+/// `t` (`[N, C, ...]`) laid out channels-last, `[N, ..., C]`.
+fn channels_last(t: &Tensor) -> Tensor {
+    let s = t.shape();
+    let (n, c) = (s[0], s[1]);
+    let taps: usize = s[2..].iter().product();
+    let order: Vec<usize> = (0..n * taps * c).map(|i| (i / (taps * c) * c + i % c) * taps + i / c % taps).collect();
+    t.take(&order, smelt_codegen::conv::channels_last_shape(s))
+}
+
 /// Every tensor-core tile the cost model may choose (64x64, 128x64 and
 /// 64x128 on 4 warps, 128x128 on 8 with its results staged a row of warps
 /// at a time) computes each conv and GEMM of [`product_graphs`], and a conv
 /// and a GEMM a few tiles wide whose edges fall inside tiles, bit for bit as
 /// its description does, in f16, bf16 and TF32; each tile's kernel also
-/// compiles with NVRTC.
+/// compiles with NVRTC. Each conv also runs channels-last (x and output,
+/// either alone: its operands permuted, 16-byte loads where the channels
+/// allow), bit for bit as its description, and its description within a
+/// rounding of the NCHW one's (the same products summed in another order).
 #[test]
 fn every_tensor_core_tile_matches_its_description() {
     use smelt_codegen::kernel::Kernel;
@@ -746,16 +806,18 @@ fn every_tensor_core_tile_matches_its_description() {
     let mut graphs = product_graphs();
     graphs.push(("wide conv", chain(&[2, 24, 12, 11], |b, x| b.conv(x, 136, 3, 1, 1).and_then(|y| b.relu(y)), false)));
     graphs.push(("wide linear", chain(&[150, 40], |b, x| b.linear(x, 140), false)));
+    graphs.push(("strided conv7x7 of 16 channels", chain(&[1, 16, 15, 13], |b, x| b.conv(x, 32, 7, 2, 3), false)));
     let emu = EmuCompiler::new().unwrap();
     let nv = common::nvrtc_compiler("tiles");
     let mut r = smelt_ir::Rng::new(7);
     let mut seen = BTreeSet::new();
+    let mut vector_loads = BTreeSet::new();
     for (what, g) in &graphs {
         for policy in ["f16", "bf16", "tf32"] {
             let (precision, tf32) = if policy == "tf32" { ("f32", smelt_ir::Tf32::On) } else { (policy, smelt_ir::Tf32::Off) };
             let precision = smelt_passes::precision::Options { policy: precision.parse().unwrap(), keep_f32: vec![], tf32 };
-            let graph =
-                common::session(g, smelt::Options { precision, ..Default::default() }).compile().unwrap_or_else(|e| panic!("{e}")).graph;
+            let graph = common::session(g, smelt::Options { precision, ..Default::default() }).compile().unwrap_or_else(|e| panic!("{e}"));
+            let graph = graph.graph;
             for id in graph.node_ids() {
                 let Some(k) = Kernel::of(&graph, id).filter(|k| k.tensor_cores() && matches!(k, Kernel::Conv(_) | Kernel::Gemm(_))) else {
                     continue;
@@ -768,32 +830,72 @@ fn every_tensor_core_tile_matches_its_description() {
                         Tensor::from_f32(ty.shape.clone(), (0..ty.numel()).map(|_| r.normal()).collect()).cast(ty.dtype)
                     })
                     .collect();
-                let want = k.run_cpu(&inputs.iter().collect::<Vec<_>>()).data().to_le_bytes();
-                for tile in Tile::CANDIDATES {
+                let nchw = k.run_cpu(&inputs.iter().collect::<Vec<_>>());
+                let layouts: &[(bool, bool)] = if matches!(k, Kernel::Conv(_)) {
+                    &[(false, false), (true, true), (false, true), (true, false)]
+                } else {
+                    &[(false, false)]
+                };
+                for &(x_nhwc, out_nhwc) in layouts {
+                    // The operands as the layout holds them: x, the weights
+                    // (with x) and the residual (with the output) channels-last.
                     let mut k = k.clone();
-                    let name = format!("{}_{}x{}", k.name(), tile.m, tile.n);
-                    match &mut k {
-                        Kernel::Conv(c) => c.tile = tile,
-                        Kernel::Gemm(m) => m.tile = tile,
-                        _ => unreachable!(),
+                    let mut inputs = inputs.clone();
+                    if let Kernel::Conv(c) = &mut k {
+                        *c = c.clone().channels_last(x_nhwc, out_nhwc);
+                        if x_nhwc {
+                            inputs[0] = channels_last(&inputs[0]);
+                            inputs[1] = channels_last(&inputs[1]);
+                        }
+                        if out_nhwc && c.residual {
+                            let last = inputs.len() - 1;
+                            inputs[last] = channels_last(&inputs[last]);
+                        }
+                        vector_loads.insert((x_nhwc, c.vector_loads()));
                     }
-                    k.rename(name.clone());
-                    let what = format!("{what} ({policy}): {name}");
-                    let compiled = emu.compile(&name, &k.cuda()).unwrap_or_else(|e| panic!("{what}: {e}"));
-                    let mut bufs: Vec<Vec<u8>> = inputs.iter().map(|t| t.data().to_le_bytes()).collect();
-                    bufs.push(vec![0u8; want.len()]);
-                    let mut args: Vec<RawArg> = bufs.iter_mut().map(|b| RawArg::Buffer(b)).collect();
-                    let l = k.launch();
-                    launch_raw(&compiled, l.grid.map(|d| d as u32), l.block.map(|d| d as u32), &mut args)
-                        .unwrap_or_else(|e| panic!("{what}: {e}"));
-                    assert!(bufs.last().unwrap() == &want, "{what}: differs from its description");
-                    if let Some(nv) = &nv {
-                        nv.compile(&name, &k.cuda()).unwrap_or_else(|e| panic!("{what}: {e}"));
+                    let want = k.run_cpu(&inputs.iter().collect::<Vec<_>>());
+                    let same = if out_nhwc { channels_last(&nchw) } else { nchw.clone() };
+                    let e = smelt::precision_error(&want, &same);
+                    assert!(
+                        e.max_abs_over_range <= 1e-2,
+                        "{what} ({policy}): {} is {:.2e} of range from NCHW",
+                        k.name(),
+                        e.max_abs_over_range
+                    );
+                    let want = want.data().to_le_bytes();
+                    // NCHW on every tile; the other layouts on the square
+                    // tile and on 128x128 (results staged in two passes).
+                    let tiles: Vec<Tile> = Tile::CANDIDATES.into_iter().filter(|t| !(x_nhwc || out_nhwc) || t.m == t.n).collect();
+                    for tile in tiles {
+                        let mut k = k.clone();
+                        let name = format!("{}_{}x{}", k.name(), tile.m, tile.n);
+                        match &mut k {
+                            Kernel::Conv(c) => c.tile = tile,
+                            Kernel::Gemm(m) => m.tile = tile,
+                            _ => unreachable!(),
+                        }
+                        k.rename(name.clone());
+                        let what = format!("{what} ({policy}): {name}");
+                        let compiled = emu.compile(&name, &k.cuda()).unwrap_or_else(|e| panic!("{what}: {e}"));
+                        let mut bufs: Vec<Vec<u8>> = inputs.iter().map(|t| t.data().to_le_bytes()).collect();
+                        bufs.push(vec![0u8; want.len()]);
+                        let mut args: Vec<RawArg> = bufs.iter_mut().map(|b| RawArg::Buffer(b)).collect();
+                        let l = k.launch();
+                        launch_raw(&compiled, l.grid.map(|d| d as u32), l.block.map(|d| d as u32), &mut args)
+                            .unwrap_or_else(|e| panic!("{what}: {e}"));
+                        assert!(bufs.last().unwrap() == &want, "{what}: differs from its description");
+                        if let Some(nv) = &nv {
+                            nv.compile(&name, &k.cuda()).unwrap_or_else(|e| panic!("{what}: {e}"));
+                        }
+                        seen.insert((matches!(k, Kernel::Conv(_)), tile.m, tile.n, x_nhwc, out_nhwc));
                     }
-                    seen.insert((matches!(k, Kernel::Conv(_)), tile.m, tile.n));
                 }
             }
         }
     }
-    assert_eq!(seen.len(), 2 * Tile::CANDIDATES.len(), "every tile of both kernels ran: {seen:?}");
+    assert_eq!(seen.len(), 2 * Tile::CANDIDATES.len() + 3 * 2, "every tile of both kernels and every layout ran: {seen:?}");
+    // Scalar and 16-byte loads of both operands in both layouts.
+    for want in [(false, (false, false)), (false, (true, false)), (true, (false, false)), (true, (true, true))] {
+        assert!(vector_loads.contains(&want), "no conv with (x channels-last, (vector weights, vector x)) = {want:?}: {vector_loads:?}");
+    }
 }

@@ -15,7 +15,12 @@
 //!   as `wmma` 16x16 products with f32 accumulators, fed from 16-deep
 //!   shared-memory tiles of the operands' own type (no conversion on
 //!   load); the accumulators go through shared memory to the epilogue, so
-//!   stores are coalesced.
+//!   stores are coalesced. Where the program keeps an activation
+//!   channels-last (between tensor-core convs:
+//!   [`crate::program::Program::build`] chooses), x is read `[N, H, W, C]`
+//!   with the weights permuted to `[M, KH, KW, C/g]` in the blob, so both
+//!   operands are k-contiguous and load 16 bytes at a time, and the output
+//!   is written `[N, OH, OW, M]`, channels fastest.
 //! - [`Algo::Direct`]: one thread per output element walking its window;
 //!   for depthwise and other convs whose groups have too few output
 //!   channels to fill a GEMM tile.
@@ -25,7 +30,7 @@
 //! residual and activation, as the kernel does.
 
 use crate::gemm::act_c;
-use crate::tile::Tile;
+use crate::tile::{Staging, Tile};
 use smelt_ir::{Act, DType, KernelGraph, KernelOp, NodeId, Op, Tensor};
 
 /// Rows (output channels) of an implicit-GEMM block tile.
@@ -83,6 +88,13 @@ pub struct Conv {
     pub tf32: bool,
     /// The block tile on tensor cores ([`Tile::SQUARE`] otherwise).
     pub tile: Tile,
+    /// x is channels-last (`[N, H, W, C]` in memory) and the weights with
+    /// it (`[M, KH, KW, C/groups]`, permuted when the weights blob is
+    /// built): the GEMM's k runs over (r, q, ci), channels fastest. On
+    /// tensor cores only; chosen by [`crate::program::Program::build`].
+    pub x_nhwc: bool,
+    /// The output and the residual are channels-last (`[N, OH, OW, M]`).
+    pub out_nhwc: bool,
 }
 
 impl Conv {
@@ -181,6 +193,8 @@ impl Conv {
             algo,
             tf32,
             tile: Tile::SQUARE,
+            x_nhwc: false,
+            out_nhwc: false,
         };
         if algo == Algo::TensorCore {
             let bytes = crate::tile::node_bytes(g, id);
@@ -189,6 +203,37 @@ impl Conv {
             conv.name += &conv.tile.suffix();
         }
         Some(conv)
+    }
+
+    /// The same kernel reading x (and its weights) and writing its output
+    /// (and reading the residual) channels-last where `x` and `out` say;
+    /// its name says which (`_nhwc`, `_to_nhwc`, `_to_nchw`).
+    pub fn channels_last(mut self, x: bool, out: bool) -> Conv {
+        debug_assert!(self.algo == Algo::TensorCore || !(x || out), "channels-last on tensor cores only");
+        self.x_nhwc = x;
+        self.out_nhwc = out;
+        match (x, out) {
+            (true, true) => self.name += "_nhwc",
+            (false, true) => self.name += "_to_nhwc",
+            (true, false) => self.name += "_to_nchw",
+            (false, false) => {}
+        }
+        self
+    }
+
+    /// Elements of a 16-byte vector of the operands.
+    fn vector(&self) -> usize {
+        16 / self.dtype.size()
+    }
+
+    /// Whether the tensor-core tiles load the weights and x 16 bytes at a
+    /// time: the weights where each row (k elements) is whole vectors; x
+    /// where it is channels-last and every group's channels are whole
+    /// vectors (a vector of k never crosses a window tap).
+    pub fn vector_loads(&self) -> (bool, bool) {
+        let v = self.vector();
+        let tc = self.algo == Algo::TensorCore;
+        (tc && self.k().is_multiple_of(v), tc && self.x_nhwc && self.cg().is_multiple_of(v) && self.input[1].is_multiple_of(v))
     }
 
     /// Input channels per group.
@@ -273,7 +318,10 @@ impl Conv {
             if self.residual { " + residual" } else { "" },
             self.algo,
         );
-        let mut params = vec![format!("const {xty}* __restrict__ x"), format!("const {ty}* __restrict__ w")];
+        let (wvec, xvec) = self.vector_loads();
+        let vec_or = |vector: bool, t: &str| if vector { "uint4".to_string() } else { t.to_string() };
+        let mut params =
+            vec![format!("const {}* __restrict__ x", vec_or(xvec, xty)), format!("const {}* __restrict__ w", vec_or(wvec, ty))];
         if self.bias {
             params.push(format!("const {ty}* __restrict__ bias"));
         }
@@ -322,8 +370,12 @@ impl Conv {
         // its flat index `o`, then the epilogue.
         let tile_epilogue = |indent: &str, acc: &str| {
             let hw = oh * ow;
-            format!("{indent}unsigned long long o = ((unsigned long long)(gp / {hw}) * {m} + co) * {hw} + gp % {hw};\n")
-                + &epilogue(indent, acc)
+            let o = if self.out_nhwc {
+                format!("{indent}unsigned long long o = (unsigned long long)gp * {m} + co;\n")
+            } else {
+                format!("{indent}unsigned long long o = ((unsigned long long)(gp / {hw}) * {m} + co) * {hw} + gp % {hw};\n")
+            };
+            o + &epilogue(indent, acc)
         };
         match self.algo {
             Algo::Direct => {
@@ -369,28 +421,74 @@ impl Conv {
             }
             Algo::TensorCore => {
                 let t = self.tile;
-                let (lda, ldb, _) = t.lds();
+                let st = Staging { b_kmajor: self.x_nhwc, c_colmajor: self.out_nhwc };
+                let (lda, ldb, _) = t.lds(st);
                 let [fm, fn_] = t.frags();
+                let (threads, v) = (t.threads(), self.vector());
                 let f = crate::gemm::Fragments::of(self.dtype);
-                s += &format!("    // A = w[{mg} x {k}] per group, B = im2col(x)[{k} x {p}] in {ty}; {}x{} tiles, {} warps, each {fm}x{fn_} wmma {} products (f32 accumulators).\n", t.m, t.n, t.threads() / 32, f.what());
-                s += &t.declare(ty, self.dtype.size());
-                s += &format!("    const int g = blockIdx.z, m0 = blockIdx.y * {}, p0 = blockIdx.x * {};\n", t.m, t.n);
+                let layout = |nhwc: bool| if nhwc { "NHWC" } else { "NCHW" };
                 s += &format!(
-                    "    const unsigned long long wg = (unsigned long long)g * {mg} * {k};\n    const {ty} zero = {store}(0.0f);\n"
+                    "    // A = w[{mg} x {k}] per group, B = im2col(x)[{k} x {p}] in {ty} (x {}, out {}); {}x{} tiles, {} warps, each {fm}x{fn_} wmma {} products (f32 accumulators).\n",
+                    layout(self.x_nhwc),
+                    layout(self.out_nhwc),
+                    t.m,
+                    t.n,
+                    threads / 32,
+                    f.what()
                 );
+                s += &t.declare(ty, self.dtype.size(), st);
+                s += &format!("    const int g = blockIdx.z, m0 = blockIdx.y * {}, p0 = blockIdx.x * {};\n", t.m, t.n);
+                s += &format!("    const unsigned long long wg = (unsigned long long)g * {mg} * {k};\n");
+                if !(wvec && xvec) {
+                    s += &format!("    const {ty} zero = {store}(0.0f);\n");
+                }
+                if wvec || xvec {
+                    s += "    const uint4 zero4 = {0u, 0u, 0u, 0u};\n";
+                }
                 s += &format!("    {} acc[{fm}][{fn_}];\n", f.accumulator());
                 s += &format!("    #pragma unroll\n    for (int i = 0; i < {fm}; ++i)\n        #pragma unroll\n        for (int j = 0; j < {fn_}; ++j) wmma::fill_fragment(acc[i][j], 0.0f);\n");
                 s += &format!("    for (int k0 = 0; k0 < {k}; k0 += {BK}) {{\n");
-                s += &format!("        #pragma unroll\n        for (int i = tid; i < {}; i += {}) {{\n", t.m * BK, t.threads());
-                s += &format!("            int mm = i / {BK}, kk = i % {BK}, gm = m0 + mm, gk = k0 + kk;\n");
-                s += &format!(
-                    "            as[mm][kk] = (gm < {mg} && gk < {k}) ? w[wg + (unsigned long long)gm * {k} + gk] : zero;\n        }}\n"
-                );
-                s += &im2col_tile(t.threads(), t.n, ty, "zero", "");
-                s += &f.products(BK, t.frags(), (lda, ldb), "        ");
+                if wvec {
+                    // A row's 16 elements in whole vectors (k is whole vectors).
+                    s += &format!("        #pragma unroll\n        for (int i = tid; i < {}; i += {threads}) {{\n", t.m * BK / v);
+                    s += &format!("            int mm = i / {0}, kk = i % {0} * {v}, gm = m0 + mm, gk = k0 + kk;\n", BK / v);
+                    s += &format!(
+                        "            *reinterpret_cast<uint4*>(&as[mm][kk]) = (gm < {mg} && gk < {k}) ? w[(wg + (unsigned long long)gm * {k} + gk) / {v}] : zero4;\n        }}\n"
+                    );
+                } else {
+                    s += &format!("        #pragma unroll\n        for (int i = tid; i < {}; i += {threads}) {{\n", t.m * BK);
+                    s += &format!("            int mm = i / {BK}, kk = i % {BK}, gm = m0 + mm, gk = k0 + kk;\n");
+                    s += &format!(
+                        "            as[mm][kk] = (gm < {mg} && gk < {k}) ? w[wg + (unsigned long long)gm * {k} + gk] : zero;\n        }}\n"
+                    );
+                }
+                if self.x_nhwc {
+                    // Column pp of im2col(x): channels of one tap, contiguous in x.
+                    let per = if xvec { v } else { 1 };
+                    let (vt, z) = if xvec { ("uint4", "zero4") } else { (ty, "zero") };
+                    s += &format!("        #pragma unroll\n        for (int i = tid; i < {}; i += {threads}) {{\n", BK * t.n / per);
+                    s += &format!(
+                        "            int pp = i / {0}, kk = i % {0} * {per}, gk = k0 + kk, gp = p0 + pp;\n            {vt} v = {z};\n",
+                        BK / per
+                    );
+                    let at = format!("(((unsigned long long)nb * {h} + iy) * {w} + ix) * {c} + g * {cg} + ci");
+                    s += &format!("            if (gk < {k} && gp < {p}) {{\n");
+                    s += &format!("                int r = gk / {}, q = gk / {cg} % {kw}, ci = gk % {cg};\n", kw * cg);
+                    s += &format!("                int nb = gp / {}, oy = gp / {ow} % {oh}, ox = gp % {ow};\n", oh * ow);
+                    s += &format!("                int iy = oy * {sh} - {ph} + r * {dh}, ix = ox * {sw} - {pw} + q * {dw};\n");
+                    s += &format!(
+                        "                if (iy >= 0 && iy < {h} && ix >= 0 && ix < {w}) v = x[{}];\n            }}\n",
+                        if per > 1 { format!("({at}) / {per}") } else { at }
+                    );
+                    s += if xvec { "            *reinterpret_cast<uint4*>(&bs[pp][kk]) = v;\n" } else { "            bs[pp][kk] = v;\n" };
+                    s += "        }\n        __syncthreads();\n";
+                } else {
+                    s += &im2col_tile(threads, t.n, ty, "zero", "");
+                }
+                s += &f.products(BK, t.frags(), (lda, ldb), self.x_nhwc, "        ");
                 s += "        __syncthreads();\n    }\n";
                 let body = format!("int gm = m0 + mm, gp = p0 + pp;\nif (gm >= {mg} || gp >= {p}) continue;\nint co = g * {mg} + gm;\n");
-                s += &t.epilogue(&(body + &tile_epilogue("", "cv")));
+                s += &t.epilogue(&(body + &tile_epilogue("", "cv")), st);
             }
         }
         s += "}\n";
@@ -405,7 +503,8 @@ impl Conv {
     /// Runs the description on the CPU as the kernel computes it: for each
     /// output, the products summed in f32 in ascending k (padding taps
     /// contribute nothing), then bias, residual and activation; the result
-    /// rounded to the dtype.
+    /// rounded to the dtype. Channels-last operands and outputs are read
+    /// and written in that layout (k then runs over (r, q, ci)).
     pub fn run_cpu(&self, inputs: &[&Tensor]) -> Tensor {
         let tf32 = |v: Vec<f32>| if self.tf32 { v.into_iter().map(smelt_ir::round_tf32).collect() } else { v };
         let x = tf32(inputs[0].to_f32_vec());
@@ -423,13 +522,15 @@ impl Conv {
         for g in 0..self.groups {
             acc.fill(0.0);
             for kk in 0..k {
-                let (ci, r, q) = (kk / (kh * kw), kk / kw % kh, kk % kw);
+                let (ci, r, q) =
+                    if self.x_nhwc { (kk % cg, kk / (kw * cg), kk / cg % kw) } else { (kk / (kh * kw), kk / kw % kh, kk % kw) };
                 // Row kk of the im2col matrix, as the kernel decodes it.
                 for (gp, v) in row.iter_mut().enumerate() {
                     let (nb, oy, ox) = (gp / plane, gp / ow % oh, gp % ow);
                     let iy = (oy * sh + r * dh).checked_sub(ph).filter(|&i| i < h);
                     let ix = (ox * sw + q * dw).checked_sub(pw).filter(|&i| i < wd);
                     *v = match (iy, ix) {
+                        (Some(iy), Some(ix)) if self.x_nhwc => x[((nb * h + iy) * wd + ix) * c + g * cg + ci],
                         (Some(iy), Some(ix)) => x[((nb * c + g * cg + ci) * h + iy) * wd + ix],
                         _ => 0.0,
                     };
@@ -442,7 +543,7 @@ impl Conv {
             for gm in 0..mg {
                 let co = g * mg + gm;
                 for gp in 0..p {
-                    let o = ((gp / plane) * m + co) * plane + gp % plane;
+                    let o = if self.out_nhwc { gp * m + co } else { ((gp / plane) * m + co) * plane + gp % plane };
                     let mut v = acc[gm * p + gp];
                     if let Some(b) = &bias {
                         v += b[co];
@@ -455,9 +556,21 @@ impl Conv {
             }
         }
         let shape = inputs[0].shape().len();
-        let out_shape = if shape == 3 { vec![self.output[0], m, ow] } else { self.output.to_vec() };
+        let mut out_shape = if shape == 3 { vec![self.output[0], m, ow] } else { self.output.to_vec() };
+        if self.out_nhwc {
+            out_shape = channels_last_shape(&out_shape);
+        }
         Tensor::from_f32(out_shape, out).cast(self.dtype)
     }
+}
+
+/// `shape` (`[N, C, ...]`) as a channels-last tensor holds it: `[N, ..., C]`.
+pub fn channels_last_shape(shape: &[usize]) -> Vec<usize> {
+    let mut s = shape.to_vec();
+    if s.len() > 2 {
+        s[1..].rotate_left(1);
+    }
+    s
 }
 
 /// Whether tensor cores multiply operands of type `d` (f16 and bf16, with

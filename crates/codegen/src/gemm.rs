@@ -327,7 +327,8 @@ impl Gemm {
         if self.tensor_cores {
             let (tl, tk) = (self.tile, crate::tile::DEPTH);
             let (tm, tn) = (tl.m, tl.n);
-            let (lda, ldb, _) = tl.lds();
+            let st = crate::tile::Staging::default();
+            let (lda, ldb, _) = tl.lds(st);
             let [fm, fn_] = tl.frags();
             let (f, threads) = (Fragments::of(self.dtype), tl.threads());
             s += &format!(
@@ -335,7 +336,7 @@ impl Gemm {
                 threads / 32,
                 f.what()
             );
-            s += &tl.declare(ty, self.dtype.size());
+            s += &tl.declare(ty, self.dtype.size(), st);
             s += &format!("    const int m0 = blockIdx.y * {tm}, n0 = blockIdx.x * {tn};\n");
             s += &offsets;
             s += &format!("    const {ty} zero = {store}(0.0f);\n");
@@ -354,9 +355,9 @@ impl Gemm {
             s += &format!("            int r = {br}, q = {bc}, kk = t + r, col = n0 + q;\n");
             s += &format!("            bs[r][q] = (kk < {k} && col < {n}) ? {} : zero;\n        }}\n", b_at("kk", "col"));
             s += "        __syncthreads();\n";
-            s += &f.products(tk, tl.frags(), (lda, ldb), "        ");
+            s += &f.products(tk, tl.frags(), (lda, ldb), false, "        ");
             s += "        __syncthreads();\n    }\n";
-            s += &tl.epilogue(&("int row = m0 + mm, col = n0 + pp;\n".to_string() + &finish("", "cv", "continue")));
+            s += &tl.epilogue(&("int row = m0 + mm, col = n0 + pp;\n".to_string() + &finish("", "cv", "continue")), st);
             s += "}\n";
             return s;
         }
@@ -445,20 +446,21 @@ impl Fragments {
     }
 
     /// A warp's `fm x fn` products over one `depth`-deep step: `a[i]` from
-    /// `as[wm + 16 * i][..]`, `b[j]` from `bs[..][wn + 16 * j]` (leading dims
-    /// `lda`, `ldb`), accumulated into `acc[i][j]` in ascending k.
-    pub(crate) fn products(&self, depth: usize, [fm, fn_]: [usize; 2], (lda, ldb): (usize, usize), indent: &str) -> String {
+    /// `as[wm + 16 * i][..]`, `b[j]` from `bs[..][wn + 16 * j]`, or from
+    /// `bs[wn + 16 * j][..]` with `b_kmajor` (leading dims `lda`, `ldb`),
+    /// accumulated into `acc[i][j]` in ascending k.
+    pub(crate) fn products(&self, depth: usize, [fm, fn_]: [usize; 2], (lda, ldb): (usize, usize), b_kmajor: bool, indent: &str) -> String {
         let (ty, fk) = (self.ty, self.k);
         let mut s = String::new();
         for k0 in (0..depth).step_by(fk) {
             s += &format!("wmma::fragment<wmma::matrix_a, 16, 16, {fk}, {ty}, wmma::row_major> a{k0}[{fm}];\n");
-            s += &format!("wmma::fragment<wmma::matrix_b, 16, 16, {fk}, {ty}, wmma::row_major> b{k0}[{fn_}];\n");
+            let (b_layout, b_at) =
+                if b_kmajor { ("col_major", format!("bs[wn + 16 * j][{k0}]")) } else { ("row_major", format!("bs[{k0}][wn + 16 * j]")) };
+            s += &format!("wmma::fragment<wmma::matrix_b, 16, 16, {fk}, {ty}, wmma::{b_layout}> b{k0}[{fn_}];\n");
             s += &format!(
                 "#pragma unroll\nfor (int i = 0; i < {fm}; ++i) wmma::load_matrix_sync(a{k0}[i], &as[wm + 16 * i][{k0}], {lda});\n"
             );
-            s += &format!(
-                "#pragma unroll\nfor (int j = 0; j < {fn_}; ++j) wmma::load_matrix_sync(b{k0}[j], &bs[{k0}][wn + 16 * j], {ldb});\n"
-            );
+            s += &format!("#pragma unroll\nfor (int j = 0; j < {fn_}; ++j) wmma::load_matrix_sync(b{k0}[j], &{b_at}, {ldb});\n");
             if self.tf32 {
                 s += &format!("for (int i = 0; i < {fm}; ++i)\n    for (int t = 0; t < a{k0}[i].num_elements; ++t) a{k0}[i].x[t] = wmma::__float_to_tf32(a{k0}[i].x[t]);\n");
                 s += &format!("for (int j = 0; j < {fn_}; ++j)\n    for (int t = 0; t < b{k0}[j].num_elements; ++t) b{k0}[j].x[t] = wmma::__float_to_tf32(b{k0}[j].x[t]);\n");

@@ -9,7 +9,7 @@ use crate::nvrtc::{Compiled, Compiler};
 use crate::CodegenError;
 use smelt_ir::{KernelGraph, NodeId, OpSet, Tensor, TensorType, ValueId};
 use smelt_passes::memory::{Plan, ALIGN};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 /// Where an argument's bytes are.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
@@ -72,6 +72,10 @@ pub struct WeightSlot {
     pub offset: usize,
     /// Bytes.
     pub bytes: usize,
+    /// Stored channels-last, `[M, KH, KW, C/groups]` (the weights of a
+    /// conv reading a channels-last x): `shape` is that, and the blob holds
+    /// the constant permuted.
+    pub channels_last: bool,
 }
 
 /// A graph input or output and where it lives: in the arena, or (the
@@ -176,12 +180,15 @@ impl Program {
         let mut weights_bytes = 0;
         let mut names: HashMap<String, Vec<String>> = HashMap::new();
         let mut steps = Vec::new();
+        let mut kernels = Vec::new();
         for &id in &plan.schedule {
-            let k = match Kernel::lower(g, id, plan.copied_concats.contains(&id))? {
-                Lowered::Nothing => continue,
-                Lowered::Kernel(k) => *k,
-            };
-            let mut kernel = k;
+            match Kernel::lower(g, id, plan.copied_concats.contains(&id))? {
+                Lowered::Nothing => {}
+                Lowered::Kernel(k) => kernels.push((id, *k)),
+            }
+        }
+        let (nhwc, permuted) = choose_layouts(g, &mut kernels);
+        for (id, mut kernel) in kernels {
             // Unique names: same name and same source share the name.
             let source = kernel.cuda();
             let seen = names.entry(kernel.name().to_string()).or_default();
@@ -200,19 +207,25 @@ impl Program {
             let names_of = params(&kernel, ins.len());
             let mut args = Vec::new();
             for (param, v) in names_of.iter().zip(ins.iter().copied().chain([ValueId { node: id, slot: 0 }])) {
-                let (bytes, ty) = (g.ty(v).bytes(), g.ty(v).clone());
+                let (bytes, mut ty) = (g.ty(v).bytes(), g.ty(v).clone());
+                if nhwc.contains(&v.node) || permuted.contains(&v.node) {
+                    ty.shape = crate::conv::channels_last_shape(&ty.shape);
+                }
                 // A view of a constant reads the constant's bytes.
                 let v = weight_root(g, v).unwrap_or(v);
                 if g.node(v.node).op.is_persistent() {
                     let offset = *weight_at.entry(v.node).or_insert_with(|| {
                         let at = weights_bytes;
                         let ty = g.ty(v);
+                        let channels_last = permuted.contains(&v.node);
+                        let shape = if channels_last { crate::conv::channels_last_shape(&ty.shape) } else { ty.shape.clone() };
                         weights.push(WeightSlot {
                             name: g.node(v.node).name.clone(),
                             dtype: ty.dtype.to_string(),
-                            shape: ty.shape.clone(),
+                            shape,
                             offset: at,
                             bytes,
+                            channels_last,
                         });
                         weights_bytes += bytes.div_ceil(ALIGN) * ALIGN;
                         at
@@ -271,6 +284,7 @@ impl Program {
                     shape: ty.shape.clone(),
                     offset: weights_bytes,
                     bytes: ty.bytes(),
+                    channels_last: false,
                 });
                 weights_bytes += ty.bytes().div_ceil(ALIGN) * ALIGN;
             }
@@ -322,7 +336,10 @@ impl Program {
                 op: "constant".into(),
                 detail: "has no data: a kernel reads it, so the weights blob cannot be built (give the model its weights)".into(),
             })?;
-            let bytes = t.data().to_le_bytes();
+            let mut bytes = t.data().to_le_bytes();
+            if w.channels_last {
+                bytes = channels_last_bytes(&bytes, t.shape());
+            }
             if bytes.len() != w.bytes {
                 return Err(CodegenError::Unsupported {
                     node: w.name.clone(),
@@ -396,6 +413,97 @@ impl Program {
             .map(|s| (s.kernel.name().to_string(), s.kernel.cuda()))
             .collect()
     }
+}
+
+/// Chooses which activations a program keeps channels-last: the output of
+/// a tensor-core conv whose every reader is a tensor-core conv reading it
+/// as x (with weights of its own, read directly by nothing else, which the
+/// blob then holds permuted) or as the residual of an output kept
+/// channels-last too; never a graph output. So a channels-last activation
+/// never meets a kernel that reads NCHW, and no transpose runs: the convs at
+/// a segment's ends convert as they read or write. Sets the convs' layouts;
+/// returns the channels-last activations' nodes and the permuted weights'.
+fn choose_layouts(g: &KernelGraph, kernels: &mut [(NodeId, Kernel)]) -> (HashSet<NodeId>, HashSet<NodeId>) {
+    let at: HashMap<NodeId, usize> = kernels.iter().enumerate().map(|(i, (id, _))| (*id, i)).collect();
+    let tc = |id: NodeId| {
+        at.get(&id).and_then(|&i| match &kernels[i].1 {
+            Kernel::Conv(c) if c.tensor_cores() => Some(c.residual),
+            _ => None,
+        })
+    };
+    let mut readers: HashMap<NodeId, usize> = HashMap::new();
+    for (id, _) in kernels.iter() {
+        for v in g.inputs_of(*id) {
+            *readers.entry(weight_root(g, v).unwrap_or(v).node).or_default() += 1;
+        }
+    }
+    let outputs: HashSet<NodeId> = g.outputs().iter().map(|(_, v)| weight_root(g, *v).unwrap_or(*v).node).collect();
+    // Weights a conv may have permuted: a constant it alone reads, directly.
+    let own_weights = |id: NodeId| {
+        let w = g.inputs_of(id)[1];
+        matches!(g.node(w.node).op.semantic(), Some(smelt_ir::Op::Constant))
+            && readers.get(&w.node) == Some(&1)
+            && !outputs.contains(&w.node)
+    };
+    let mut nhwc: HashSet<NodeId> = kernels
+        .iter()
+        .map(|(id, _)| *id)
+        .filter(|&id| tc(id).is_some() && g.node(id).outputs.len() == 1 && !outputs.contains(&id))
+        .collect();
+    loop {
+        let keep = |id: NodeId| {
+            g.users_of(id).into_iter().all(|u| {
+                let Some(residual) = tc(u) else { return false };
+                let ins = g.inputs_of(u);
+                ins.iter()
+                    .enumerate()
+                    .filter(|(_, v)| v.node == id)
+                    .all(|(i, _)| (i == 0 && own_weights(u)) || (residual && i == ins.len() - 1 && nhwc.contains(&u)))
+            })
+        };
+        let drop: Vec<NodeId> = nhwc.iter().copied().filter(|&id| !keep(id)).collect();
+        if drop.is_empty() {
+            break;
+        }
+        for id in drop {
+            nhwc.remove(&id);
+        }
+    }
+    let mut permuted = HashSet::new();
+    for (id, k) in kernels.iter_mut() {
+        if let Kernel::Conv(c) = k {
+            let x = g.inputs_of(*id)[0].node;
+            let (x_nhwc, out_nhwc) = (nhwc.contains(&x), nhwc.contains(id));
+            if x_nhwc || out_nhwc {
+                *c = c.clone().channels_last(x_nhwc, out_nhwc);
+            }
+            if x_nhwc {
+                permuted.insert(g.inputs_of(*id)[1].node);
+            }
+        }
+    }
+    (nhwc, permuted)
+}
+
+/// The little-endian bytes of a `[M, C, ...]` tensor permuted to
+/// `[M, ..., C]` (conv weights for a channels-last x).
+fn channels_last_bytes(bytes: &[u8], shape: &[usize]) -> Vec<u8> {
+    let numel: usize = shape.iter().product();
+    if numel == 0 || shape.len() < 3 {
+        return bytes.to_vec();
+    }
+    let elt = bytes.len() / numel;
+    let (m, c, taps) = (shape[0], shape[1], numel / (shape[0] * shape[1]));
+    let mut out = vec![0u8; bytes.len()];
+    for o in 0..m {
+        for ci in 0..c {
+            for t in 0..taps {
+                let (src, dst) = (((o * c + ci) * taps + t) * elt, ((o * taps + t) * c + ci) * elt);
+                out[dst..dst + elt].copy_from_slice(&bytes[src..src + elt]);
+            }
+        }
+    }
+    out
 }
 
 /// `f` of every item on `threads` threads (at least one), each taking the

@@ -22,6 +22,19 @@ pub const DEPTH: usize = 16;
 /// Static shared memory a block may declare, bytes.
 const STATIC_SHARED: usize = 48 * 1024;
 
+/// How a kernel's operand and result tiles sit in shared memory.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Staging {
+    /// `bs` is `[n][DEPTH + 8]`, k fastest (a channels-last input: each
+    /// column of im2col(x) is contiguous channels), read as `col_major`
+    /// fragments; else `[DEPTH][n + 8]`.
+    pub b_kmajor: bool,
+    /// The results are staged column-major, `cs[n][rows + 4]`, and read
+    /// back rows fastest (a channels-last output: consecutive threads store
+    /// consecutive channels); else `cs[rows][n + 4]`, columns fastest.
+    pub c_colmajor: bool,
+}
+
 /// A tensor-core block tile.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Tile {
@@ -66,17 +79,20 @@ impl Tile {
         }
     }
 
-    /// Leading dimensions of `as[m][lda]`, `bs[DEPTH][ldb]` (operands) and
-    /// `cs[rows][ldc]` (f32 results), padded against bank conflicts and kept
-    /// multiples of 8 elements, as `wmma` loads need.
-    pub fn lds(self) -> (usize, usize, usize) {
-        (DEPTH + 8, self.n + 8, self.n + 4)
+    /// Leading dimensions of `as[m][lda]`, `bs` (operands) and `cs` (f32
+    /// results) as `st` lays them out, padded against bank conflicts and
+    /// kept multiples of 8 elements, as `wmma` loads need.
+    pub fn lds(self, st: Staging) -> (usize, usize, usize) {
+        let ldb = if st.b_kmajor { DEPTH + 8 } else { self.n + 8 };
+        let ldc = if st.c_colmajor { self.stage_rows(st) + 4 } else { self.n + 4 };
+        (DEPTH + 8, ldb, ldc)
     }
 
     /// Rows of results staged at a time: the whole tile, or a row of warps
     /// where the whole would not fit in static shared memory.
-    fn stage_rows(self) -> usize {
-        if self.m * self.lds().2 * 4 <= STATIC_SHARED - 8 * 1024 {
+    fn stage_rows(self, st: Staging) -> usize {
+        let bytes = |rows: usize| if st.c_colmajor { self.n * (rows + 4) * 4 } else { rows * (self.n + 4) * 4 };
+        if bytes(self.m) <= STATIC_SHARED - 8 * 1024 {
             self.m
         } else {
             self.m / self.warps_m
@@ -86,18 +102,20 @@ impl Tile {
     /// Static shared memory per block for operands of `elt` bytes: the
     /// operand tiles, and the f32 results staged in the same bytes once the
     /// products are done.
-    pub fn shared_bytes(self, elt: usize) -> usize {
-        let (lda, ldb, ldc) = self.lds();
-        (self.m * lda * elt + DEPTH * ldb * elt).max(self.stage_rows() * ldc * 4)
+    pub fn shared_bytes(self, elt: usize, st: Staging) -> usize {
+        let (lda, ldb, ldc) = self.lds(st);
+        let b_rows = if st.b_kmajor { self.n } else { DEPTH };
+        let c_rows = if st.c_colmajor { self.n } else { self.stage_rows(st) };
+        (self.m * lda * elt + b_rows * ldb * elt).max(c_rows * ldc * 4)
     }
 
     /// The C declarations of `as`, `bs` and `cs` over one shared buffer
-    /// (operands of C type `ty` and `elt` bytes), and of the thread's warp
-    /// origin `wm`, `wn`.
-    pub fn declare(self, ty: &str, elt: usize) -> String {
-        let (lda, ldb, ldc) = self.lds();
+    /// (operands of C type `ty` and `elt` bytes, laid out as `st` says),
+    /// and of the thread's warp origin `wm`, `wn`.
+    pub fn declare(self, ty: &str, elt: usize, st: Staging) -> String {
+        let (lda, ldb, ldc) = self.lds(st);
         let a_bytes = self.m * lda * elt;
-        let mut s = format!("    __shared__ __align__(32) unsigned char smem[{}];\n", self.shared_bytes(elt));
+        let mut s = format!("    __shared__ __align__(32) unsigned char smem[{}];\n", self.shared_bytes(elt, st));
         s += &format!("    {ty} (*as)[{lda}] = reinterpret_cast<{ty} (*)[{lda}]>(smem);\n");
         s += &format!("    {ty} (*bs)[{ldb}] = reinterpret_cast<{ty} (*)[{ldb}]>(smem + {a_bytes});\n");
         s += &format!("    float (*cs)[{ldc}] = reinterpret_cast<float (*)[{ldc}]>(smem); // after the products\n");
@@ -106,14 +124,32 @@ impl Tile {
     }
 
     /// After the products' last barrier: the accumulators `acc` staged in
-    /// `cs`, then `body` run for each result of the tile by the block's
-    /// threads, with `mm`, `pp` its row and column in the tile and `cv` its
-    /// value (`continue` skips one).
-    pub fn epilogue(self, body: &str) -> String {
+    /// `cs` as `st` says, then `body` run for each result of the tile by the
+    /// block's threads, with `mm`, `pp` its row and column in the tile and
+    /// `cv` its value (`continue` skips one); consecutive threads take
+    /// consecutive columns, or consecutive rows with `st.c_colmajor`.
+    pub fn epilogue(self, body: &str, st: Staging) -> String {
         let [fm, fn_] = self.frags();
-        let (ldc, rows, n, threads) = (self.lds().2, self.stage_rows(), self.n, self.threads());
+        let (ldc, rows, n, threads) = (self.lds(st).2, self.stage_rows(st), self.n, self.threads());
         let passes = self.m / rows;
-        let store = format!("for (int i = 0; i < {fm}; ++i)\n    #pragma unroll\n    for (int j = 0; j < {fn_}; ++j) wmma::store_matrix_sync(&cs[wm - h * {rows} + 16 * i][wn + 16 * j], acc[i][j], {ldc}, wmma::mem_row_major);\n");
+        let (at, layout, mm, pp, cv) = if st.c_colmajor {
+            (
+                format!("cs[wn + 16 * j][wm - h * {rows} + 16 * i]"),
+                "wmma::mem_col_major",
+                format!("h * {rows} + i % {rows}"),
+                format!("i / {rows}"),
+                format!("cs[i / {rows}][i % {rows}]"),
+            )
+        } else {
+            (
+                format!("cs[wm - h * {rows} + 16 * i][wn + 16 * j]"),
+                "wmma::mem_row_major",
+                format!("h * {rows} + i / {n}"),
+                format!("i % {n}"),
+                format!("cs[i / {n}][pp]"),
+            )
+        };
+        let store = format!("for (int i = 0; i < {fm}; ++i)\n    #pragma unroll\n    for (int j = 0; j < {fn_}; ++j) wmma::store_matrix_sync(&{at}, acc[i][j], {ldc}, {layout});\n");
         let mut s = format!("for (int h = 0; h < {passes}; ++h) {{\n");
         if passes > 1 {
             s += &format!("    if (wm / {rows} == h) {{\n        #pragma unroll\n{}    }}\n", indent(&store, "        "));
@@ -122,7 +158,7 @@ impl Tile {
         }
         s += "    __syncthreads();\n";
         s += &format!("    for (int i = tid; i < {}; i += {threads}) {{\n", rows * n);
-        s += &format!("        int mm = h * {rows} + i / {n}, pp = i % {n};\n        float cv = cs[i / {n}][pp];\n");
+        s += &format!("        int mm = {mm}, pp = {pp};\n        float cv = {cv};\n");
         s += &indent(body, "        ");
         s += "    }\n";
         if passes > 1 {
@@ -155,7 +191,7 @@ impl Tile {
     pub fn choose(make: impl Fn(Tile) -> Kernel, bytes: usize, elt: usize) -> Tile {
         let gpu = cost::Gpu::default();
         let time = |t: Tile| {
-            let res = cost::Resources { registers: t.registers(elt), shared: t.shared_bytes(elt) };
+            let res = cost::Resources { registers: t.registers(elt), shared: t.shared_bytes(elt, Staging::default()) };
             cost::estimate(&make(t), bytes, &gpu, Some(res)).seconds
         };
         let mut best = (Tile::SQUARE, time(Tile::SQUARE));

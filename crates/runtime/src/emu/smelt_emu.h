@@ -31,6 +31,7 @@
 #define __align__(n) __attribute__((aligned(n)))
 
 struct uint3 { unsigned int x, y, z; };
+struct alignas(16) uint4 { unsigned int x, y, z, w; };
 struct dim3 { unsigned int x, y, z; };
 struct alignas(16) float4 { float x, y, z, w; };
 struct alignas(8) float2 { float x, y; };
