@@ -185,7 +185,7 @@ pub(crate) struct CompileArgs {
     #[arg(long, default_value = smelt_codegen::ptxas::DEFAULT_SM)]
     pub(crate) sm: String,
     /// Print every launch on --device's roofline: FLOPs, bytes moved,
-    /// FLOPs per byte, what bounds it (memory or compute), estimated time,
+    /// FLOPs per byte, what bounds it (memory, shared memory, compute or launch), estimated time,
     /// share of its roof (tensor cores or CUDA cores), tile efficiency,
     /// registers, spills and occupancy (from ptxas when it is found), then a
     /// line per kind of kernel and the model's estimated time. An estimate,

@@ -26,6 +26,10 @@ pub struct Row {
     /// The block tile of a tensor-core conv or GEMM, `MxN` (chosen by the
     /// model: [`smelt_codegen::tile`]).
     pub tile: Option<String>,
+    /// A tensor-core conv's activation layouts: `nchw`, `nhwc`, or
+    /// `nchw>nhwc` and `nhwc>nchw` where it converts (chosen by
+    /// [`smelt_codegen::Program::build`]).
+    pub layout: Option<&'static str>,
     /// Useful FLOPs (multiply-adds count two; elementwise kernels one per
     /// operation of their expression).
     pub flops: usize,
@@ -114,6 +118,15 @@ pub fn report(program: &Program, gpu: &Gpu, ptxas: &[Stats]) -> Report {
             tensor_cores: k.tensor_cores(),
             tf32: k.tf32(),
             tile: k.tile().map(|t| format!("{}x{}", t.m, t.n)),
+            layout: match k {
+                smelt_codegen::Kernel::Conv(c) if c.tensor_cores() => Some(match (c.x_nhwc, c.out_nhwc) {
+                    (false, false) => "nchw",
+                    (true, true) => "nhwc",
+                    (false, true) => "nchw>nhwc",
+                    (true, false) => "nhwc>nchw",
+                }),
+                _ => None,
+            },
             flops,
             bytes,
             intensity: flops as f64 / bytes.max(1) as f64,
@@ -165,9 +178,11 @@ pub fn text(r: &Report) -> String {
     let opt = |v: Option<usize>| v.map_or("-".to_string(), |v| v.to_string());
     let _ = writeln!(
         s,
-        "{:<44} {:>4} {:>9} {:>9} {:>8} {:>7} {:>9} {:>6} {:>5} {:>5} {:>5} {:>6}",
+        "{:<44} {:>4} {:>7} {:>9} {:>9} {:>9} {:>8} {:>7} {:>9} {:>6} {:>5} {:>5} {:>5} {:>6}",
         format!("launch on {} (estimate)", r.device.model),
         "tc",
+        "tile",
+        "layout",
         "GFLOP",
         "MB",
         "FLOP/B",
@@ -184,12 +199,14 @@ pub fn text(r: &Report) -> String {
             if l.kernel.chars().count() > 44 { format!("{}…", l.kernel.chars().take(43).collect::<String>()) } else { l.kernel.clone() };
         let _ = writeln!(
             s,
-            "{name:<44} {:>4} {:>9.3} {:>9.2} {:>8.1} {:>7} {:>9.1} {:>6.1} {:>5.0} {:>5} {:>5} {:>6.0}",
+            "{name:<44} {:>4} {:>7} {:>9} {:>9.3} {:>9.2} {:>8.1} {:>7} {:>9.1} {:>6.1} {:>5.0} {:>5} {:>5} {:>6.0}",
             match (l.tensor_cores, l.tf32) {
                 (true, true) => "tf32",
                 (true, false) => "yes",
                 _ => "",
             },
+            l.tile.as_deref().unwrap_or(""),
+            l.layout.unwrap_or(""),
             l.flops as f64 / 1e9,
             l.bytes as f64 / 1e6,
             l.intensity,

@@ -20,7 +20,9 @@
 //!   [`crate::program::Program::build`] chooses), x is read `[N, H, W, C]`
 //!   with the weights permuted to `[M, KH, KW, C/g]` in the blob, so both
 //!   operands are k-contiguous and load 16 bytes at a time, and the output
-//!   is written `[N, OH, OW, M]`, channels fastest.
+//!   is written `[N, OH, OW, M]`, channels fastest. Where both operands
+//!   load 16 bytes at a time, their tiles are double-buffered: step k+1's
+//!   copied by `cp.async` while step k's products run.
 //! - [`Algo::Direct`]: one thread per output element walking its window;
 //!   for depthwise and other convs whose groups have too few output
 //!   channels to fill a GEMM tile.
@@ -236,6 +238,13 @@ impl Conv {
         (tc && self.k().is_multiple_of(v), tc && self.x_nhwc && self.cg().is_multiple_of(v) && self.input[1].is_multiple_of(v))
     }
 
+    /// Whether the tensor-core tiles are double-buffered, the next step's
+    /// copied by `cp.async` while this step's products run: where both
+    /// operands load 16 bytes at a time (channels-last x).
+    pub fn pipelined(&self) -> bool {
+        self.vector_loads() == (true, true)
+    }
+
     /// Input channels per group.
     pub fn cg(&self) -> usize {
         self.input[1] / self.groups
@@ -306,7 +315,11 @@ impl Conv {
         let (cg, mg, k, p) = (self.cg(), self.mg(), self.k(), self.p());
         let mut s = String::from("#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n");
         if self.algo == Algo::TensorCore {
-            s += "#include <mma.h>\nusing namespace nvcuda;\n";
+            s += "#include <mma.h>\n";
+            if self.pipelined() {
+                s += "#include <cuda_pipeline.h>\n";
+            }
+            s += "using namespace nvcuda;\n";
         }
         s += "\n";
         s += &format!(
@@ -421,20 +434,22 @@ impl Conv {
             }
             Algo::TensorCore => {
                 let t = self.tile;
-                let st = Staging { b_kmajor: self.x_nhwc, c_colmajor: self.out_nhwc };
+                let pipelined = self.pipelined();
+                let st = Staging { b_kmajor: self.x_nhwc, c_colmajor: self.out_nhwc, pipelined };
                 let (lda, ldb, _) = t.lds(st);
                 let [fm, fn_] = t.frags();
                 let (threads, v) = (t.threads(), self.vector());
                 let f = crate::gemm::Fragments::of(self.dtype);
                 let layout = |nhwc: bool| if nhwc { "NHWC" } else { "NCHW" };
                 s += &format!(
-                    "    // A = w[{mg} x {k}] per group, B = im2col(x)[{k} x {p}] in {ty} (x {}, out {}); {}x{} tiles, {} warps, each {fm}x{fn_} wmma {} products (f32 accumulators).\n",
+                    "    // A = w[{mg} x {k}] per group, B = im2col(x)[{k} x {p}] in {ty} (x {}, out {}); {}x{} tiles, {} warps, each {fm}x{fn_} wmma {} products (f32 accumulators){}.\n",
                     layout(self.x_nhwc),
                     layout(self.out_nhwc),
                     t.m,
                     t.n,
                     threads / 32,
-                    f.what()
+                    f.what(),
+                    if pipelined { "; operand tiles in two stages, the next filled by cp.async during the products" } else { "" }
                 );
                 s += &t.declare(ty, self.dtype.size(), st);
                 s += &format!("    const int g = blockIdx.z, m0 = blockIdx.y * {}, p0 = blockIdx.x * {};\n", t.m, t.n);
@@ -447,6 +462,44 @@ impl Conv {
                 }
                 s += &format!("    {} acc[{fm}][{fn_}];\n", f.accumulator());
                 s += &format!("    #pragma unroll\n    for (int i = 0; i < {fm}; ++i)\n        #pragma unroll\n        for (int j = 0; j < {fn_}; ++j) wmma::fill_fragment(acc[i][j], 0.0f);\n");
+                if pipelined {
+                    // Stage `kt % 2` holds step kt's tiles; step kt + 1's are
+                    // copied into the other while kt's products run.
+                    let at = format!("(((unsigned long long)nb * {h} + iy) * {w} + ix) * {c} + g * {cg} + ci");
+                    let load = |stage: &str, k0: &str| {
+                        let mut l = t.stage(ty, self.dtype.size(), st, stage, ("an", "bn"));
+                        l += &format!("#pragma unroll\nfor (int i = tid; i < {}; i += {threads}) {{\n", t.m * BK / v);
+                        l += &format!("    int mm = i / {0}, kk = i % {0} * {v}, gm = m0 + mm, gk = {k0} + kk;\n", BK / v);
+                        l += &format!("    if (gm < {mg} && gk < {k}) __pipeline_memcpy_async(&an[mm][kk], &w[(wg + (unsigned long long)gm * {k} + gk) / {v}], 16);\n");
+                        l += "    else *reinterpret_cast<uint4*>(&an[mm][kk]) = zero4;\n}\n";
+                        l += &format!("#pragma unroll\nfor (int i = tid; i < {}; i += {threads}) {{\n", BK * t.n / v);
+                        l += &format!("    int pp = i / {0}, kk = i % {0} * {v}, gk = {k0} + kk, gp = p0 + pp;\n    bool inb = false;\n    unsigned long long at = 0;\n", BK / v);
+                        l += &format!("    if (gk < {k} && gp < {p}) {{\n");
+                        l += &format!("        int r = gk / {}, q = gk / {cg} % {kw}, ci = gk % {cg};\n", kw * cg);
+                        l += &format!("        int nb = gp / {}, oy = gp / {ow} % {oh}, ox = gp % {ow};\n", oh * ow);
+                        l += &format!("        int iy = oy * {sh} - {ph} + r * {dh}, ix = ox * {sw} - {pw} + q * {dw};\n");
+                        l += &format!("        if (iy >= 0 && iy < {h} && ix >= 0 && ix < {w}) {{\n            inb = true;\n            at = ({at}) / {v};\n        }}\n    }}\n");
+                        l += "    if (inb) __pipeline_memcpy_async(&bn[pp][kk], &x[at], 16);\n    else *reinterpret_cast<uint4*>(&bn[pp][kk]) = zero4;\n}\n";
+                        l
+                    };
+                    let steps = k.div_ceil(BK);
+                    s += &format!("    {{\n{}    }}\n    __pipeline_commit();\n", crate::tile::indent(&load("0", "0"), "        "));
+                    s += &format!("    for (int kt = 0; kt < {steps}; ++kt) {{\n");
+                    s += &format!(
+                        "        if (kt + 1 < {steps}) {{\n{}        }}\n",
+                        crate::tile::indent(&load("(kt + 1) % 2", &format!("(kt + 1) * {BK}")), "            ")
+                    );
+                    s += "        __pipeline_commit();\n        __pipeline_wait_prior(1);\n        __syncthreads();\n";
+                    s += &crate::tile::indent(&t.stage(ty, self.dtype.size(), st, "kt % 2", ("as", "bs")), "        ");
+                    s += &f.products(BK, t.frags(), (lda, ldb), self.x_nhwc, "        ");
+                    // Before the next step's copies overwrite this stage.
+                    s += "        __syncthreads();\n    }\n";
+                    let body =
+                        format!("int gm = m0 + mm, gp = p0 + pp;\nif (gm >= {mg} || gp >= {p}) continue;\nint co = g * {mg} + gm;\n");
+                    s += &t.epilogue(&(body + &tile_epilogue("", "cv")), st);
+                    s += "}\n";
+                    return s;
+                }
                 s += &format!("    for (int k0 = 0; k0 < {k}; k0 += {BK}) {{\n");
                 if wvec {
                     // A row's 16 elements in whole vectors (k is whole vectors).

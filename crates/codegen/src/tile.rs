@@ -33,6 +33,9 @@ pub struct Staging {
     /// back rows fastest (a channels-last output: consecutive threads store
     /// consecutive channels); else `cs[rows][n + 4]`, columns fastest.
     pub c_colmajor: bool,
+    /// Two stages of operand tiles, filled by `cp.async`
+    /// (`__pipeline_memcpy_async`) one step ahead of the products.
+    pub pipelined: bool,
 }
 
 /// A tensor-core block tile.
@@ -103,21 +106,41 @@ impl Tile {
     /// operand tiles, and the f32 results staged in the same bytes once the
     /// products are done.
     pub fn shared_bytes(self, elt: usize, st: Staging) -> usize {
-        let (lda, ldb, ldc) = self.lds(st);
-        let b_rows = if st.b_kmajor { self.n } else { DEPTH };
+        let (_, _, ldc) = self.lds(st);
         let c_rows = if st.c_colmajor { self.n } else { self.stage_rows(st) };
-        (self.m * lda * elt + b_rows * ldb * elt).max(c_rows * ldc * 4)
+        let stages = if st.pipelined { 2 } else { 1 };
+        (stages * self.stage_bytes(elt, st)).max(c_rows * ldc * 4)
     }
 
-    /// The C declarations of `as`, `bs` and `cs` over one shared buffer
-    /// (operands of C type `ty` and `elt` bytes, laid out as `st` says),
+    /// Bytes of one stage of operand tiles, `as` then `bs`.
+    fn stage_bytes(self, elt: usize, st: Staging) -> usize {
+        let (lda, ldb, _) = self.lds(st);
+        let b_rows = if st.b_kmajor { self.n } else { DEPTH };
+        self.m * lda * elt + b_rows * ldb * elt
+    }
+
+    /// The declarations of `a` and `b`, the operand tiles of stage `stage`
+    /// (a C expression) of a pipelined kernel.
+    pub fn stage(self, ty: &str, elt: usize, st: Staging, stage: &str, (a, b): (&str, &str)) -> String {
+        let (lda, ldb, _) = self.lds(st);
+        let (bytes, a_bytes) = (self.stage_bytes(elt, st), self.m * lda * elt);
+        format!(
+            "{ty} (*{a})[{lda}] = reinterpret_cast<{ty} (*)[{lda}]>(smem + ({stage}) * {bytes});\n{ty} (*{b})[{ldb}] = reinterpret_cast<{ty} (*)[{ldb}]>(smem + ({stage}) * {bytes} + {a_bytes});\n"
+        )
+    }
+
+    /// The C declarations of `as`, `bs` (unless pipelined: see
+    /// [`Tile::stage`]) and `cs` over one shared buffer `smem` (operands of
+    /// C type `ty` and `elt` bytes, laid out as `st` says),
     /// and of the thread's warp origin `wm`, `wn`.
     pub fn declare(self, ty: &str, elt: usize, st: Staging) -> String {
         let (lda, ldb, ldc) = self.lds(st);
         let a_bytes = self.m * lda * elt;
         let mut s = format!("    __shared__ __align__(32) unsigned char smem[{}];\n", self.shared_bytes(elt, st));
-        s += &format!("    {ty} (*as)[{lda}] = reinterpret_cast<{ty} (*)[{lda}]>(smem);\n");
-        s += &format!("    {ty} (*bs)[{ldb}] = reinterpret_cast<{ty} (*)[{ldb}]>(smem + {a_bytes});\n");
+        if !st.pipelined {
+            s += &format!("    {ty} (*as)[{lda}] = reinterpret_cast<{ty} (*)[{lda}]>(smem);\n");
+            s += &format!("    {ty} (*bs)[{ldb}] = reinterpret_cast<{ty} (*)[{ldb}]>(smem + {a_bytes});\n");
+        }
         s += &format!("    float (*cs)[{ldc}] = reinterpret_cast<float (*)[{ldc}]>(smem); // after the products\n");
         let (wm, wn) = (self.m / self.warps_m, self.n / self.warps_n);
         s + &format!("    const int tid = threadIdx.x, wm = tid / {} * {wm}, wn = tid / 32 % {} * {wn};\n", 32 * self.warps_n, self.warps_n)
@@ -212,6 +235,6 @@ pub(crate) fn node_bytes(g: &KernelGraph, id: NodeId) -> usize {
 }
 
 /// Each line of `s` indented by `ind`.
-fn indent(s: &str, ind: &str) -> String {
+pub(crate) fn indent(s: &str, ind: &str) -> String {
     s.lines().map(|l| if l.is_empty() { "\n".to_string() } else { format!("{ind}{l}\n") }).collect()
 }

@@ -247,7 +247,7 @@ impl EmuCompiler {
                 };
                 std::fs::create_dir_all(&inc).map_err(|e| format!("{}: {e}", inc.display()))?;
                 write("smelt_emu.h", HEADER)?;
-                for stub in ["cuda_fp16.h", "cuda_bf16.h", "mma.h"] {
+                for stub in ["cuda_fp16.h", "cuda_bf16.h", "mma.h", "cuda_pipeline.h"] {
                     write(stub, "#pragma once\n")?;
                 }
                 let pch = inc.join("smelt_emu.h.gch");

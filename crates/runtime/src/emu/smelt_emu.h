@@ -16,6 +16,7 @@
 // contraction (`-ffp-contract=off`), as smelt's CPU descriptions compute.
 #pragma once
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -317,6 +318,76 @@ T exchange(T v, F src) {
 
 }  // namespace smelt_emu
 
+// Asynchronous copies to shared memory (cuda_pipeline.h's primitives, which
+// are `cp.async` from sm_80 on): each thread's copies are queued in groups
+// and performed only when `__pipeline_wait_prior` waits for their group,
+// and until then the destination holds NaNs (0xff bytes), as a copy in
+// flight may: a kernel that reads it before waiting, or that starts a copy
+// into bytes other threads still read (no barrier between), computes NaNs.
+namespace smelt_emu {
+struct AsyncCopy {
+    void* dst;
+    const void* src;
+    unsigned long long bytes, zeros, group;
+};
+constexpr unsigned kMaxAsync = 64;
+struct AsyncQueue {
+    AsyncCopy copies[kMaxAsync];
+    unsigned n;
+    unsigned long long committed;
+};
+// Per thread of the block running on this OS thread (at most 1024).
+inline thread_local AsyncQueue* async_queues = nullptr;
+inline AsyncQueue& async_queue() {
+    if (async_queues == nullptr) async_queues = (AsyncQueue*)std::calloc(1024, sizeof(AsyncQueue));
+    if (async_queues == nullptr) {
+        std::fprintf(stderr, "smelt emulator: out of memory for the asynchronous copy queues\n");
+        std::abort();
+    }
+    return async_queues[threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)];
+}
+// Forgets every thread's queue (a new block starts).
+inline void reset_async(unsigned int threads) {
+    if (async_queues != nullptr) std::memset((void*)async_queues, 0, sizeof(AsyncQueue) * threads);
+}
+}  // namespace smelt_emu
+
+inline void __pipeline_memcpy_async(void* dst, const void* src, size_t bytes, size_t zfill = 0) {
+    smelt_emu::AsyncQueue& q = smelt_emu::async_queue();
+    if (!(bytes == 4 || bytes == 8 || bytes == 16) || zfill > bytes) {
+        smelt_emu::fail("__pipeline_memcpy_async of %llu bytes (%llu zero-filled): 4, 8 or 16 only", (unsigned long long)bytes,
+                        (unsigned long long)zfill);
+        return;
+    }
+    if ((unsigned long long)dst % bytes != 0 || (unsigned long long)src % bytes != 0) {
+        smelt_emu::fail("__pipeline_memcpy_async of %llu bytes from 0x%llx to 0x%llx: both must be aligned to the size",
+                        (unsigned long long)bytes, (unsigned long long)src, (unsigned long long)dst);
+        return;
+    }
+    if (q.n == smelt_emu::kMaxAsync) {
+        smelt_emu::fail("more than %u asynchronous copies in flight", smelt_emu::kMaxAsync);
+        return;
+    }
+    q.copies[q.n++] = smelt_emu::AsyncCopy{dst, src, bytes - zfill, zfill, q.committed};
+    std::memset(dst, 0xff, bytes);
+}
+inline void __pipeline_commit() { smelt_emu::async_queue().committed++; }
+// Completes the copies of every committed group but the `prior` latest.
+inline void __pipeline_wait_prior(size_t prior) {
+    smelt_emu::AsyncQueue& q = smelt_emu::async_queue();
+    unsigned kept = 0;
+    for (unsigned i = 0; i < q.n; ++i) {
+        smelt_emu::AsyncCopy c = q.copies[i];
+        if (c.group + prior < q.committed) {
+            std::memcpy(c.dst, c.src, c.bytes);
+            std::memset((char*)c.dst + c.bytes, 0, c.zeros);
+        } else {
+            q.copies[kept++] = c;
+        }
+    }
+    q.n = kept;
+}
+
 // The block barrier: yield until every live thread of the block arrived.
 inline void __syncthreads() { smelt_emu::wait(smelt_emu::kAtBlockBarrier); }
 inline void __syncwarp(unsigned int mask = 0xffffffffu) { (void)mask; smelt_emu::wait(smelt_emu::kAtWarpBarrier); }
@@ -536,6 +607,7 @@ inline int run(Launch* l, bool collectives, void (*body)(void*), void* data) {
     for (unsigned long long lin = l->block_begin; lin < l->block_end && rc == 0; ++lin) {
         blockIdx = uint3{(unsigned int)(lin % l->grid[0]), (unsigned int)(lin / l->grid[0] % l->grid[1]),
                          (unsigned int)(lin / ((unsigned long long)l->grid[0] * l->grid[1]))};
+        reset_async(threads);
         if (b == nullptr) {
             for (unsigned int t = 0; t < threads; ++t) {
                 threadIdx = thread_of(t, l);
