@@ -807,11 +807,23 @@ fn every_tensor_core_tile_matches_its_description() {
     graphs.push(("wide conv", chain(&[2, 24, 12, 11], |b, x| b.conv(x, 136, 3, 1, 1).and_then(|y| b.relu(y)), false)));
     graphs.push(("wide linear", chain(&[150, 40], |b, x| b.linear(x, 140), false)));
     graphs.push(("strided conv7x7 of 16 channels", chain(&[1, 16, 15, 13], |b, x| b.conv(x, 32, 7, 2, 3), false)));
+    graphs.push((
+        "batched matmul of whole vectors",
+        chain(
+            &[2, 24, 40],
+            |b, x| {
+                let w = b.weight("w".into(), &[40, 72], |r| r.normal());
+                b.op(Op::MatMul, &[x, w])
+            },
+            false,
+        ),
+    ));
     let emu = EmuCompiler::new().unwrap();
     let nv = common::nvrtc_compiler("tiles");
     let mut r = smelt_ir::Rng::new(7);
     let mut seen = BTreeSet::new();
     let mut vector_loads = BTreeSet::new();
+    let mut gemm_loads = BTreeSet::new();
     for (what, g) in &graphs {
         for policy in ["f16", "bf16", "tf32"] {
             let (precision, tf32) = if policy == "tf32" { ("f32", smelt_ir::Tf32::On) } else { (policy, smelt_ir::Tf32::Off) };
@@ -852,6 +864,9 @@ fn every_tensor_core_tile_matches_its_description() {
                             inputs[last] = channels_last(&inputs[last]);
                         }
                         vector_loads.insert((x_nhwc, c.vector_loads()));
+                    }
+                    if let Kernel::Gemm(m) = &k {
+                        gemm_loads.insert((m.trans_b, m.vector_loads()));
                     }
                     let want = k.run_cpu(&inputs.iter().collect::<Vec<_>>());
                     let same = if out_nhwc { channels_last(&nchw) } else { nchw.clone() };
@@ -897,5 +912,10 @@ fn every_tensor_core_tile_matches_its_description() {
     // Scalar and 16-byte loads of both operands in both layouts.
     for want in [(false, (false, false)), (false, (true, false)), (true, (false, false)), (true, (true, true))] {
         assert!(vector_loads.contains(&want), "no conv with (x channels-last, (vector weights, vector x)) = {want:?}: {vector_loads:?}");
+    }
+    // GEMMs: 16-byte loads of A alone, of a transposed B alone, and of both
+    // (double-buffered by cp.async) with B transposed and not.
+    for want in [(false, (true, false)), (true, (false, true)), (true, (true, true)), (false, (true, true))] {
+        assert!(gemm_loads.contains(&want), "no GEMM with (B transposed, (vector A, vector B)) = {want:?}: {gemm_loads:?}");
     }
 }

@@ -3,7 +3,8 @@
 //! activation applied in registers; or, for f16 and bf16 operands, on
 //! tensor cores: a [`Tile`] per block chosen by the roofline model, each
 //! warp's part as `wmma` products with f32 accumulators, the epilogue read
-//! back from shared memory; batched (`MatMul` with numpy batch
+//! back from shared memory, operands loaded 16 bytes at a time where their
+//! contiguous dim allows and then double-buffered by `cp.async`; batched (`MatMul` with numpy batch
 //! broadcasting) over the grid's z dimension, each operand's batch offset
 //! from its own strides, so a broadcast operand is never copied. The same
 //! description renders to CUDA C and runs on the CPU.
@@ -222,6 +223,20 @@ impl Gemm {
         }
     }
 
+    /// Whether the tensor-core tiles load A and B 16 bytes at a time: A
+    /// where it is not transposed and its rows (and batch strides) are
+    /// whole vectors; B where its contiguous dim (n, or k when transposed)
+    /// and batch strides are. Where both do, the tiles are double-buffered
+    /// and filled by `cp.async`.
+    pub fn vector_loads(&self) -> (bool, bool) {
+        let v = 16 / self.dtype.size();
+        let whole = |strides: &[usize]| strides.iter().all(|s| s.is_multiple_of(v));
+        let tc = self.tensor_cores && self.a_dtype == self.dtype;
+        let a = tc && !self.trans_a && self.k.is_multiple_of(v) && whole(&self.batch_strides.0);
+        let b = tc && (if self.trans_b { self.k } else { self.n }).is_multiple_of(v) && whole(&self.batch_strides.1);
+        (a, b)
+    }
+
     /// Threads per block (x, y).
     pub fn block(&self) -> [usize; 2] {
         if self.tensor_cores {
@@ -253,9 +268,15 @@ impl Gemm {
                 format!("b[{bo}(unsigned long long)({r}) * {n} + ({c})]")
             }
         };
+        let (avec, bvec) = self.vector_loads();
+        let pipelined = avec && bvec;
         let mut s = String::from("#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n");
         if self.tensor_cores {
-            s += "#include <mma.h>\nusing namespace nvcuda;\n";
+            s += "#include <mma.h>\n";
+            if pipelined {
+                s += "#include <cuda_pipeline.h>\n";
+            }
+            s += "using namespace nvcuda;\n";
         }
         s += "\n";
         s += &format!(
@@ -264,7 +285,9 @@ impl Gemm {
             self.act,
             self.alpha,
             self.beta,
-            if self.tensor_cores {
+            if pipelined {
+                format!("{}x{} tiles on tensor cores, double-buffered by cp.async", self.tile.m, self.tile.n)
+            } else if self.tensor_cores {
                 format!("{}x{} tiles on tensor cores", self.tile.m, self.tile.n)
             } else {
                 format!("{TILE}x{TILE} tiles")
@@ -289,8 +312,10 @@ impl Gemm {
             out_ty = crate::c_type(e.out).0;
         }
         s += &format!(
-            "extern \"C\" __global__ void {}(const {aty}* __restrict__ a, const {ty}* __restrict__ b, {bias}{out_ty}* __restrict__ out) {{\n",
-            self.name
+            "extern \"C\" __global__ void {}(const {}* __restrict__ a, const {}* __restrict__ b, {bias}{out_ty}* __restrict__ out) {{\n",
+            self.name,
+            if avec { "uint4" } else { aty },
+            if bvec { "uint4" } else { ty },
         );
         // The result at (row, col) from its accumulator `acc`: alpha, bias,
         // activation, the epilogue, the store.
@@ -327,7 +352,9 @@ impl Gemm {
         if self.tensor_cores {
             let (tl, tk) = (self.tile, crate::tile::DEPTH);
             let (tm, tn) = (tl.m, tl.n);
-            let st = crate::tile::Staging::default();
+            let v = 16 / self.dtype.size();
+            // A transposed B read 16 bytes at a time is kept k-major.
+            let st = crate::tile::Staging { b_kmajor: bvec && self.trans_b, c_colmajor: false, pipelined };
             let (lda, ldb, _) = tl.lds(st);
             let [fm, fn_] = tl.frags();
             let (f, threads) = (Fragments::of(self.dtype), tl.threads());
@@ -339,23 +366,91 @@ impl Gemm {
             s += &tl.declare(ty, self.dtype.size(), st);
             s += &format!("    const int m0 = blockIdx.y * {tm}, n0 = blockIdx.x * {tn};\n");
             s += &offsets;
-            s += &format!("    const {ty} zero = {store}(0.0f);\n");
+            if !pipelined {
+                s += &format!("    const {ty} zero = {store}(0.0f);\n");
+            }
+            if avec || bvec {
+                s += "    const uint4 zero4 = {0u, 0u, 0u, 0u};\n";
+            }
             s += &format!("    {} acc[{fm}][{fn_}];\n", f.accumulator());
             s += &format!("    #pragma unroll\n    for (int i = 0; i < {fm}; ++i)\n        #pragma unroll\n        for (int j = 0; j < {fn_}; ++j) wmma::fill_fragment(acc[i][j], 0.0f);\n");
-            s += &format!("    for (int t = 0; t < {k}; t += {tk}) {{\n");
-            // Consecutive threads read consecutive elements of each operand.
-            let (ar, ac) =
-                if self.trans_a { (format!("i % {tm}"), format!("i / {tm}")) } else { (format!("i / {tk}"), format!("i % {tk}")) };
-            s += &format!("        #pragma unroll\n        for (int i = tid; i < {}; i += {threads}) {{\n", tm * tk);
-            s += &format!("            int r = {ar}, q = {ac}, row = m0 + r, kk = t + q;\n");
-            s += &format!("            as[r][q] = (row < {m} && kk < {k}) ? {} : zero;\n        }}\n", a_at("row", "kk"));
-            let (br, bc) =
-                if self.trans_b { (format!("i % {tk}"), format!("i / {tk}")) } else { (format!("i / {tn}"), format!("i % {tn}")) };
-            s += &format!("        #pragma unroll\n        for (int i = tid; i < {}; i += {threads}) {{\n", tn * tk);
-            s += &format!("            int r = {br}, q = {bc}, kk = t + r, col = n0 + q;\n");
-            s += &format!("            bs[r][q] = (kk < {k} && col < {n}) ? {} : zero;\n        }}\n", b_at("kk", "col"));
-            s += "        __syncthreads();\n";
-            s += &f.products(tk, tl.frags(), (lda, ldb), false, "        ");
+            // One step's tiles of A into `da` and B into `db` from k offset
+            // `t`: 16-byte chunks (copied asynchronously when pipelined), or
+            // elements with consecutive threads on consecutive elements.
+            let loads = |da: &str, db: &str, t: &str| {
+                let chunk = |dst: &str, ok: &str, src: String| {
+                    if pipelined {
+                        format!("    if ({ok}) __pipeline_memcpy_async(&{dst}, &{src}, 16);\n    else *reinterpret_cast<uint4*>(&{dst}) = zero4;\n")
+                    } else {
+                        format!("    *reinterpret_cast<uint4*>(&{dst}) = ({ok}) ? {src} : zero4;\n")
+                    }
+                };
+                let mut l = String::new();
+                if avec {
+                    l += &format!("#pragma unroll\nfor (int i = tid; i < {}; i += {threads}) {{\n", tm * tk / v);
+                    l += &format!("    int r = i / {0}, q = i % {0} * {v}, row = m0 + r, kk = {t} + q;\n", tk / v);
+                    l += &chunk(
+                        &format!("{da}[r][q]"),
+                        &format!("row < {m} && kk < {k}"),
+                        format!("a[({ao}(unsigned long long)row * {k} + kk) / {v}]"),
+                    );
+                    l += "}\n";
+                } else {
+                    let (ar, ac) =
+                        if self.trans_a { (format!("i % {tm}"), format!("i / {tm}")) } else { (format!("i / {tk}"), format!("i % {tk}")) };
+                    l += &format!("#pragma unroll\nfor (int i = tid; i < {}; i += {threads}) {{\n", tm * tk);
+                    l += &format!("    int r = {ar}, q = {ac}, row = m0 + r, kk = {t} + q;\n");
+                    l += &format!("    {da}[r][q] = (row < {m} && kk < {k}) ? {} : zero;\n}}\n", a_at("row", "kk"));
+                }
+                if bvec && self.trans_b {
+                    l += &format!("#pragma unroll\nfor (int i = tid; i < {}; i += {threads}) {{\n", tn * tk / v);
+                    l += &format!("    int r = i / {0}, q = i % {0} * {v}, col = n0 + r, kk = {t} + q;\n", tk / v);
+                    l += &chunk(
+                        &format!("{db}[r][q]"),
+                        &format!("kk < {k} && col < {n}"),
+                        format!("b[({bo}(unsigned long long)col * {k} + kk) / {v}]"),
+                    );
+                    l += "}\n";
+                } else if bvec {
+                    l += &format!("#pragma unroll\nfor (int i = tid; i < {}; i += {threads}) {{\n", tn * tk / v);
+                    l += &format!("    int r = i / {0}, q = i % {0} * {v}, kk = {t} + r, col = n0 + q;\n", tn / v);
+                    l += &chunk(
+                        &format!("{db}[r][q]"),
+                        &format!("kk < {k} && col < {n}"),
+                        format!("b[({bo}(unsigned long long)kk * {n} + col) / {v}]"),
+                    );
+                    l += "}\n";
+                } else {
+                    let (br, bc) =
+                        if self.trans_b { (format!("i % {tk}"), format!("i / {tk}")) } else { (format!("i / {tn}"), format!("i % {tn}")) };
+                    l += &format!("#pragma unroll\nfor (int i = tid; i < {}; i += {threads}) {{\n", tn * tk);
+                    l += &format!("    int r = {br}, q = {bc}, kk = {t} + r, col = n0 + q;\n");
+                    l += &format!("    {db}[r][q] = (kk < {k} && col < {n}) ? {} : zero;\n}}\n", b_at("kk", "col"));
+                }
+                l
+            };
+            let ind = crate::tile::indent;
+            if pipelined {
+                // Stage `kt % 2` holds step kt's tiles; step kt + 1's are
+                // copied into the other while kt's products run.
+                let stage = |at: &str, names| tl.stage(ty, self.dtype.size(), st, at, names);
+                let steps = k.div_ceil(tk);
+                s += &format!(
+                    "    {{\n{}    }}\n    __pipeline_commit();\n",
+                    ind(&(stage("0", ("an", "bn")) + &loads("an", "bn", "0")), "        ")
+                );
+                s += &format!("    for (int kt = 0; kt < {steps}; ++kt) {{\n");
+                let next = stage("(kt + 1) % 2", ("an", "bn")) + &loads("an", "bn", &format!("(kt + 1) * {tk}"));
+                s += &format!("        if (kt + 1 < {steps}) {{\n{}        }}\n", ind(&next, "            "));
+                s += "        __pipeline_commit();\n        __pipeline_wait_prior(1);\n        __syncthreads();\n";
+                s += &ind(&stage("kt % 2", ("as", "bs")), "        ");
+            } else {
+                s += &format!("    for (int t = 0; t < {k}; t += {tk}) {{\n");
+                s += &ind(&loads("as", "bs", "t"), "        ");
+                s += "        __syncthreads();\n";
+            }
+            s += &f.products(tk, tl.frags(), (lda, ldb), st.b_kmajor, "        ");
+            // Before the next step's loads overwrite the tiles.
             s += "        __syncthreads();\n    }\n";
             s += &tl.epilogue(&("int row = m0 + mm, col = n0 + pp;\n".to_string() + &finish("", "cv", "continue")), st);
             s += "}\n";
