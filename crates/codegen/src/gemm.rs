@@ -385,16 +385,22 @@ impl Gemm {
                         format!("    *reinterpret_cast<uint4*>(&{dst}) = ({ok}) ? {src} : zero4;\n")
                     }
                 };
+                // `chunks` chunks, chunk i at `pos` (which defines r and q).
+                let vector = |chunks: usize, pos: String, dst: &str, ok: String, src: String| {
+                    format!("#pragma unroll\nfor (int i = tid; i < {chunks}; i += {threads}) {{\n    {pos}\n")
+                        + &chunk(&format!("{dst}[r][q]"), &ok, src)
+                        + "}\n"
+                };
                 let mut l = String::new();
                 if avec {
-                    l += &format!("#pragma unroll\nfor (int i = tid; i < {}; i += {threads}) {{\n", tm * tk / v);
-                    l += &format!("    int r = i / {0}, q = i % {0} * {v}, row = m0 + r, kk = {t} + q;\n", tk / v);
-                    l += &chunk(
-                        &format!("{da}[r][q]"),
-                        &format!("row < {m} && kk < {k}"),
+                    let pos = format!("int r = i / {0}, q = i % {0} * {v}, row = m0 + r, kk = {t} + q;", tk / v);
+                    l += &vector(
+                        tm * tk / v,
+                        pos,
+                        da,
+                        format!("row < {m} && kk < {k}"),
                         format!("a[({ao}(unsigned long long)row * {k} + kk) / {v}]"),
                     );
-                    l += "}\n";
                 } else {
                     let (ar, ac) =
                         if self.trans_a { (format!("i % {tm}"), format!("i / {tm}")) } else { (format!("i / {tk}"), format!("i % {tk}")) };
@@ -402,24 +408,13 @@ impl Gemm {
                     l += &format!("    int r = {ar}, q = {ac}, row = m0 + r, kk = {t} + q;\n");
                     l += &format!("    {da}[r][q] = (row < {m} && kk < {k}) ? {} : zero;\n}}\n", a_at("row", "kk"));
                 }
+                let b_ok = format!("kk < {k} && col < {n}");
                 if bvec && self.trans_b {
-                    l += &format!("#pragma unroll\nfor (int i = tid; i < {}; i += {threads}) {{\n", tn * tk / v);
-                    l += &format!("    int r = i / {0}, q = i % {0} * {v}, col = n0 + r, kk = {t} + q;\n", tk / v);
-                    l += &chunk(
-                        &format!("{db}[r][q]"),
-                        &format!("kk < {k} && col < {n}"),
-                        format!("b[({bo}(unsigned long long)col * {k} + kk) / {v}]"),
-                    );
-                    l += "}\n";
+                    let pos = format!("int r = i / {0}, q = i % {0} * {v}, col = n0 + r, kk = {t} + q;", tk / v);
+                    l += &vector(tn * tk / v, pos, db, b_ok, format!("b[({bo}(unsigned long long)col * {k} + kk) / {v}]"));
                 } else if bvec {
-                    l += &format!("#pragma unroll\nfor (int i = tid; i < {}; i += {threads}) {{\n", tn * tk / v);
-                    l += &format!("    int r = i / {0}, q = i % {0} * {v}, kk = {t} + r, col = n0 + q;\n", tn / v);
-                    l += &chunk(
-                        &format!("{db}[r][q]"),
-                        &format!("kk < {k} && col < {n}"),
-                        format!("b[({bo}(unsigned long long)kk * {n} + col) / {v}]"),
-                    );
-                    l += "}\n";
+                    let pos = format!("int r = i / {0}, q = i % {0} * {v}, kk = {t} + r, col = n0 + q;", tn / v);
+                    l += &vector(tn * tk / v, pos, db, b_ok, format!("b[({bo}(unsigned long long)kk * {n} + col) / {v}]"));
                 } else {
                     let (br, bc) =
                         if self.trans_b { (format!("i % {tk}"), format!("i / {tk}")) } else { (format!("i / {tn}"), format!("i % {tn}")) };
