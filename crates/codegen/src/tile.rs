@@ -136,6 +136,8 @@ impl Tile {
     pub fn declare(self, ty: &str, elt: usize, st: Staging) -> String {
         let (lda, ldb, ldc) = self.lds(st);
         let a_bytes = self.m * lda * elt;
+        // Two TF32 stages of 128x128 fill static shared memory exactly.
+        debug_assert!(self.shared_bytes(elt, st) <= STATIC_SHARED, "{self:?} {st:?}: more static shared memory than a block may declare");
         let mut s = format!("    __shared__ __align__(32) unsigned char smem[{}];\n", self.shared_bytes(elt, st));
         if !st.pipelined {
             s += &format!("    {ty} (*as)[{lda}] = reinterpret_cast<{ty} (*)[{lda}]>(smem);\n");
