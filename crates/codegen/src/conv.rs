@@ -516,25 +516,19 @@ impl Conv {
                     );
                 }
                 if self.x_nhwc {
-                    // Column pp of im2col(x): channels of one tap, contiguous in x.
-                    let per = if xvec { v } else { 1 };
-                    let (vt, z) = if xvec { ("uint4", "zero4") } else { (ty, "zero") };
-                    s += &format!("        #pragma unroll\n        for (int i = tid; i < {}; i += {threads}) {{\n", BK * t.n / per);
-                    s += &format!(
-                        "            int pp = i / {0}, kk = i % {0} * {per}, gk = k0 + kk, gp = p0 + pp;\n            {vt} v = {z};\n",
-                        BK / per
-                    );
-                    let at = format!("(((unsigned long long)nb * {h} + iy) * {w} + ix) * {c} + g * {cg} + ci");
+                    // Column pp of im2col(x): channels of one tap, contiguous
+                    // in x, an element at a time (16-byte chunks pipeline).
+                    s += &format!("        #pragma unroll\n        for (int i = tid; i < {}; i += {threads}) {{\n", BK * t.n);
+                    s +=
+                        &format!("            int pp = i / {BK}, kk = i % {BK}, gk = k0 + kk, gp = p0 + pp;\n            {ty} v = zero;\n");
                     s += &format!("            if (gk < {k} && gp < {p}) {{\n");
                     s += &format!("                int r = gk / {}, q = gk / {cg} % {kw}, ci = gk % {cg};\n", kw * cg);
                     s += &format!("                int nb = gp / {}, oy = gp / {ow} % {oh}, ox = gp % {ow};\n", oh * ow);
                     s += &format!("                int iy = oy * {sh} - {ph} + r * {dh}, ix = ox * {sw} - {pw} + q * {dw};\n");
                     s += &format!(
-                        "                if (iy >= 0 && iy < {h} && ix >= 0 && ix < {w}) v = x[{}];\n            }}\n",
-                        if per > 1 { format!("({at}) / {per}") } else { at }
+                        "                if (iy >= 0 && iy < {h} && ix >= 0 && ix < {w}) v = x[(((unsigned long long)nb * {h} + iy) * {w} + ix) * {c} + g * {cg} + ci];\n            }}\n"
                     );
-                    s += if xvec { "            *reinterpret_cast<uint4*>(&bs[pp][kk]) = v;\n" } else { "            bs[pp][kk] = v;\n" };
-                    s += "        }\n        __syncthreads();\n";
+                    s += "            bs[pp][kk] = v;\n        }\n        __syncthreads();\n";
                 } else {
                     s += &im2col_tile(threads, t.n, ty, "zero", "");
                 }
