@@ -294,6 +294,7 @@ impl ModelArgs {
             } else {
                 self.split_limit.map(smelt_passes::split::Goal::Limit)
             },
+            gpu: Some(self.train.device.clone()),
         })
     }
 

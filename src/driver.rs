@@ -151,6 +151,9 @@ pub struct Options {
     /// bands of rows) until its arena meets this goal (`--memory-limit`,
     /// `--min-memory`).
     pub split: Option<split::Goal>,
+    /// The GPU the kernels are for (`--device`: their tiles are chosen on
+    /// its roofline); `None`: the default, the H100.
+    pub gpu: Option<String>,
 }
 
 /// Rematerialization under a budget: what [`Session::compile`] recomputes
@@ -238,7 +241,7 @@ pub struct RematReport {
 impl Options {
     /// The pipeline's options, fusion on when `fuse` and not `no_fuse`.
     pub fn pipeline(&self, fuse: bool) -> pipeline::Options {
-        pipeline::Options { fuse: fuse && !self.no_fuse, precision: self.precision.clone(), ..Default::default() }
+        pipeline::Options { fuse: fuse && !self.no_fuse, precision: self.precision.clone(), gpu: self.gpu.clone(), ..Default::default() }
     }
 }
 

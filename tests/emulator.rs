@@ -13,6 +13,7 @@ mod common;
 
 use smelt_ir::builder::Builder;
 use smelt_ir::{Graph, KernelGraph, Op, Tensor, ValueId};
+use smelt_runtime::emu::Schedule;
 use smelt_runtime::exec::KernelCheck;
 use std::collections::BTreeSet;
 
@@ -35,25 +36,52 @@ struct Emulated {
 /// `f32` is exact f32 (`--tf32 off`), `tf32` f32 with the default
 /// `--tf32 conv`.
 fn emulate(plain: &Graph, no_fuse: bool, policy: &str, inputs: &[Tensor]) -> Emulated {
+    emulate_in(plain, options(no_fuse, policy), inputs, &[Schedule::Lockstep])
+}
+
+/// As [`emulate`], run once in every [`Schedule`]: each run's kernels
+/// checked, and each run's outputs bit for bit the first's (else threads of
+/// a block race).
+fn emulate_in_every_order(plain: &Graph, policy: &str, inputs: &[Tensor]) -> Emulated {
+    emulate_in(plain, options(false, policy), inputs, &Schedule::ALL)
+}
+
+/// The driver's options for [`emulate`].
+fn options(no_fuse: bool, policy: &str) -> smelt::Options {
     let tf32 = if policy == "tf32" { smelt_ir::Tf32::Conv } else { smelt_ir::Tf32::Off };
     let policy = if policy == "tf32" { "f32" } else { policy };
-    let opts = smelt::Options {
+    smelt::Options {
         no_fuse,
         precision: smelt_passes::precision::Options { policy: policy.parse().unwrap(), keep_f32: vec![], tf32 },
         ..Default::default()
-    };
-    emulate_with(plain, opts, inputs)
+    }
 }
 
-/// As [`emulate`], with the driver's options.
-fn emulate_with(plain: &Graph, opts: smelt::Options, inputs: &[Tensor]) -> Emulated {
+/// `plain` compiled with the driver's options and run on the emulator once
+/// per schedule (see [`emulate_in_every_order`]).
+fn emulate_in(plain: &Graph, opts: smelt::Options, inputs: &[Tensor], schedules: &[Schedule]) -> Emulated {
     let mut s = common::session(plain, opts);
     let compiled = s.compile().unwrap_or_else(|e| panic!("{e}"));
     let planned = s.plan(&compiled).unwrap_or_else(|e| panic!("{e}"));
     let program = s.program(&compiled, &planned).unwrap_or_else(|e| panic!("{e}"));
     let blob = program.weights_blob(&compiled.graph).unwrap();
     let mut exec = smelt_runtime::emu::executor(program, &blob, &|_| {}).unwrap_or_else(|e| panic!("{e}"));
-    let (outputs, checks) = exec.run_checked(inputs, KERNEL_RTOL).unwrap_or_else(|e| panic!("{e}"));
+    let mut first: Option<(Vec<Tensor>, Vec<KernelCheck>)> = None;
+    for &schedule in schedules {
+        exec.device_mut().set_schedule(schedule);
+        let (outputs, mut checks) = exec.run_checked(inputs, KERNEL_RTOL).unwrap_or_else(|e| panic!("{schedule:?}: {e}"));
+        match &mut first {
+            None => first = Some((outputs, checks)),
+            Some((want, all)) => {
+                for (i, (a, b)) in want.iter().zip(&outputs).enumerate() {
+                    let same = a.data().to_le_bytes() == b.data().to_le_bytes();
+                    assert!(same, "output {i} in the schedule {schedule:?} differs from {:?}'s: threads of a block race", schedules[0]);
+                }
+                all.append(&mut checks);
+            }
+        }
+    }
+    let (outputs, checks) = first.expect("at least one schedule");
     Emulated { graph: compiled.graph, outputs, checks }
 }
 
@@ -460,6 +488,47 @@ extern "C" __global__ void tile(const __half* __restrict__ a, const __half* __re
 
 /// Threads of a warp at different barriers (half at `__syncthreads`, half
 /// at `__syncwarp`) are reported as a deadlock, not a hang.
+/// A block whose threads overwrite shared memory that others still read,
+/// with no barrier between: the schedules of the emulator give different
+/// bytes (each an order a GPU may take), so the tests that compare them
+/// detect the race; with the barrier every schedule gives the same bytes.
+#[test]
+fn missing_barriers_show_as_different_bytes_between_schedules() {
+    use smelt_runtime::emu::{launch_raw_scheduled, RawArg};
+    let source = |barrier: &str| {
+        format!(
+            "extern \"C\" __global__ void racy(const float* __restrict__ x, float* __restrict__ y) {{\n\
+             __shared__ float s[128];\n\
+             unsigned int t = threadIdx.x;\n\
+             s[t] = x[t];\n\
+             __syncthreads();\n\
+             float v = s[(t + 32) % 128];\n\
+             {barrier}\n\
+             s[t] = 2.0f * v;\n\
+             __syncthreads();\n\
+             y[t] = s[(t + 64) % 128] + v;\n\
+             }}\n"
+        )
+    };
+    let x: Vec<f32> = (0..128).map(|i| i as f32).collect();
+    for (barrier, racy) in [("", true), ("__syncthreads();", false)] {
+        let k = hand_written("racy", &source(barrier));
+        let mut outputs = Vec::new();
+        for schedule in Schedule::ALL {
+            let mut xs = f32_bytes(&x);
+            let mut y = vec![0u8; 512];
+            launch_raw_scheduled(&k, ([1, 1, 1], [128, 1, 1]), &mut [RawArg::Buffer(&mut xs), RawArg::Buffer(&mut y)], schedule).unwrap();
+            outputs.push(f32s(&y));
+        }
+        let want: Vec<f32> = (0..128).map(|t| 2.0 * x[(t + 96) % 128] + x[(t + 32) % 128]).collect();
+        if racy {
+            assert!(outputs.iter().any(|o| o != &outputs[0]), "the race gives the same bytes in every schedule");
+        } else {
+            assert!(outputs.iter().all(|o| o == &want), "with the barrier: {:?}", &outputs);
+        }
+    }
+}
+
 #[test]
 fn divergent_barriers_are_reported() {
     use smelt_runtime::emu::{launch_raw, RawArg};
@@ -491,7 +560,7 @@ fn tensor_core_kernels_match_their_descriptions() {
         let x = common::random_inputs(g, 3);
         for policy in ["f16", "bf16"] {
             let what = format!("{what} ({policy})");
-            let e = emulate(g, false, policy, &x);
+            let e = emulate_in_every_order(g, policy, &x);
             assert_kernels_agree(&what, &e);
             let mut products = 0;
             for id in e.graph.node_ids() {
@@ -537,7 +606,7 @@ fn block_per_row_norms_match_their_descriptions() {
         let x = common::random_inputs(g, 5);
         for policy in ["f32", "f16"] {
             let what = format!("{what} ({policy})");
-            let e = emulate(g, false, policy, &x);
+            let e = emulate_in_every_order(g, policy, &x);
             assert_kernels_agree(&what, &e);
             let blocks: Vec<Kernel> = e
                 .graph
@@ -603,7 +672,7 @@ fn attention_on_tensor_cores_matches_its_description() {
         let x = common::random_inputs(g, 7);
         for policy in ["f16", "bf16"] {
             let what = format!("{what} ({policy})");
-            let e = emulate(g, false, policy, &x);
+            let e = emulate_in_every_order(g, policy, &x);
             assert_kernels_agree(&what, &e);
             let fused: Vec<Kernel> =
                 e.graph.node_ids().filter_map(|id| Kernel::of(&e.graph, id)).filter(|k| matches!(k, Kernel::Attention(_))).collect();
@@ -682,7 +751,7 @@ fn tf32_kernels_match_their_descriptions() {
         for tf32 in [smelt_ir::Tf32::On, smelt_ir::Tf32::Conv, smelt_ir::Tf32::Off] {
             let what = format!("{what} (--tf32 {tf32})");
             let opts = smelt::Options { precision: smelt_passes::precision::Options { tf32, ..Default::default() }, ..Default::default() };
-            let e = emulate_with(g, opts, &x);
+            let e = emulate_in(g, opts, &x, &Schedule::ALL);
             assert_kernels_agree(&what, &e);
             let mut products = 0;
             for id in e.graph.node_ids() {
@@ -763,7 +832,7 @@ fn convolution_gradients_on_tensor_cores_match_their_descriptions() {
         let x = common::random_inputs(g, 11);
         for policy in ["f16", "bf16", "tf32"] {
             let what = format!("{what} ({policy})");
-            let e = emulate(g, false, policy, &x);
+            let e = emulate_in_every_order(g, policy, &x);
             assert_kernels_agree(&what, &e);
             let grads: Vec<Kernel> =
                 e.graph.node_ids().filter_map(|id| Kernel::of(&e.graph, id)).filter(|k| matches!(k, Kernel::Grad(_))).collect();
@@ -793,7 +862,8 @@ fn channels_last(t: &Tensor) -> Tensor {
 /// 64x128 on 4 warps, 128x128 on 8 with its results staged a row of warps
 /// at a time) computes each conv and GEMM of [`product_graphs`], and a conv
 /// and a GEMM a few tiles wide whose edges fall inside tiles, bit for bit as
-/// its description does, in f16, bf16 and TF32; each tile's kernel also
+/// its description does, in f16, bf16 and TF32, in every [`Schedule`] of a
+/// block's threads (so no barrier is missing); each tile's kernel also
 /// compiles with NVRTC. Each conv also runs channels-last (x and output,
 /// either alone: its operands permuted, 16-byte loads where the channels
 /// allow), bit for bit as its description, and its description within a
@@ -802,7 +872,7 @@ fn channels_last(t: &Tensor) -> Tensor {
 fn every_tensor_core_tile_matches_its_description() {
     use smelt_codegen::kernel::Kernel;
     use smelt_codegen::tile::Tile;
-    use smelt_runtime::emu::{launch_raw, EmuCompiler, RawArg};
+    use smelt_runtime::emu::{launch_raw_scheduled, EmuCompiler, RawArg};
     let mut graphs = product_graphs();
     graphs.push(("wide conv", chain(&[2, 24, 12, 11], |b, x| b.conv(x, 136, 3, 1, 1).and_then(|y| b.relu(y)), false)));
     graphs.push(("wide linear", chain(&[150, 40], |b, x| b.linear(x, 140), false)));
@@ -894,11 +964,14 @@ fn every_tensor_core_tile_matches_its_description() {
                         let compiled = emu.compile(&name, &k.cuda()).unwrap_or_else(|e| panic!("{what}: {e}"));
                         let mut bufs: Vec<Vec<u8>> = inputs.iter().map(|t| t.data().to_le_bytes()).collect();
                         bufs.push(vec![0u8; want.len()]);
-                        let mut args: Vec<RawArg> = bufs.iter_mut().map(|b| RawArg::Buffer(b)).collect();
                         let l = k.launch();
-                        launch_raw(&compiled, l.grid.map(|d| d as u32), l.block.map(|d| d as u32), &mut args)
-                            .unwrap_or_else(|e| panic!("{what}: {e}"));
-                        assert!(bufs.last().unwrap() == &want, "{what}: differs from its description");
+                        let dims = (l.grid.map(|d| d as u32), l.block.map(|d| d as u32));
+                        for schedule in Schedule::ALL {
+                            bufs.last_mut().unwrap().fill(0);
+                            let mut args: Vec<RawArg> = bufs.iter_mut().map(|b| RawArg::Buffer(b)).collect();
+                            launch_raw_scheduled(&compiled, dims, &mut args, schedule).unwrap_or_else(|e| panic!("{what}: {e}"));
+                            assert!(bufs.last().unwrap() == &want, "{what}: differs from its description in the schedule {schedule:?}");
+                        }
                         if let Some(nv) = &nv {
                             nv.compile(&name, &k.cuda()).unwrap_or_else(|e| panic!("{what}: {e}"));
                         }

@@ -9,9 +9,10 @@
 //! are coalesced. A larger tile loads fewer fragments per product (with f16
 //! operands, a 64x64 tile of 32x32 warp tiles reads a shared byte per 10.7
 //! FLOPs, a 128x128 one of 64x32 warp tiles one per 16), but gives fewer
-//! blocks: which wins depends on the problem's shape, so each kernel takes
-//! the candidate the model estimates fastest on the default device (the
-//! H100), the square 64x64 tile on a tie.
+//! blocks: which wins depends on the problem's shape and the GPU, so each
+//! kernel takes the candidate the model estimates fastest on the graph's
+//! target GPU (`--device`, the H100 by default), the square 64x64 tile on a
+//! tie.
 
 use crate::cost;
 use crate::kernel::Kernel;
@@ -212,12 +213,11 @@ impl Tile {
         steps * per_step + 2 * self.m * self.n * 4
     }
     /// The candidate whose kernel (`make` builds it) the model estimates
-    /// fastest on the default device, moving `bytes`; the first on a tie.
-    pub fn choose(make: impl Fn(Tile) -> Kernel, bytes: usize, elt: usize) -> Tile {
-        let gpu = cost::Gpu::default();
+    /// fastest on `gpu`, moving `bytes`; the first on a tie.
+    pub fn choose(make: impl Fn(Tile) -> Kernel, bytes: usize, elt: usize, gpu: &cost::Gpu) -> Tile {
         let time = |t: Tile| {
             let res = cost::Resources { registers: t.registers(elt), shared: t.shared_bytes(elt, Staging::default()) };
-            cost::estimate(&make(t), bytes, &gpu, Some(res)).seconds
+            cost::estimate(&make(t), bytes, gpu, Some(res)).seconds
         };
         let mut best = (Tile::SQUARE, time(Tile::SQUARE));
         for t in &Tile::CANDIDATES[1..] {

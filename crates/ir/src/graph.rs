@@ -86,14 +86,24 @@ pub struct Graph<O = Op> {
     inputs: Vec<NodeId>,
     outputs: Vec<(String, ValueId)>,
     weights: BTreeMap<String, Arc<Tensor>>,
-    /// Which f32 products run in TF32 (the precision pass sets it; a new
-    /// graph has [`Tf32::Off`]).
-    tf32: crate::Tf32,
+    /// What its kernels are compiled for (the pipeline sets it; a new
+    /// graph has exact f32 on the default GPU).
+    target: Target,
+}
+
+/// What a graph's kernels are compiled for.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Target {
+    /// Which f32 products run in TF32.
+    pub tf32: crate::Tf32,
+    /// The GPU whose roofline chooses the kernels' tiles (`h100`, `a100`,
+    /// as `--device` names it); `None`: the default GPU.
+    pub gpu: Option<String>,
 }
 
 impl<O> Default for Graph<O> {
     fn default() -> Self {
-        Graph { g: StableGraph::default(), inputs: Vec::new(), outputs: Vec::new(), weights: BTreeMap::new(), tf32: crate::Tf32::Off }
+        Graph { g: StableGraph::default(), inputs: Vec::new(), outputs: Vec::new(), weights: BTreeMap::new(), target: Target::default() }
     }
 }
 
@@ -124,17 +134,27 @@ impl<O: OpSet> Graph<O> {
             },
             |_, e| *e,
         );
-        Graph { g, inputs: self.inputs.clone(), outputs: self.outputs.clone(), weights: self.weights.clone(), tf32: self.tf32 }
+        Graph { g, inputs: self.inputs.clone(), outputs: self.outputs.clone(), weights: self.weights.clone(), target: self.target.clone() }
     }
 
     /// Which f32 products run in TF32.
     pub fn tf32(&self) -> crate::Tf32 {
-        self.tf32
+        self.target.tf32
     }
 
     /// Sets which f32 products run in TF32.
     pub fn set_tf32(&mut self, tf32: crate::Tf32) {
-        self.tf32 = tf32;
+        self.target.tf32 = tf32;
+    }
+
+    /// What its kernels are compiled for.
+    pub fn target(&self) -> &Target {
+        &self.target
+    }
+
+    /// Sets what its kernels are compiled for.
+    pub fn set_target(&mut self, target: Target) {
+        self.target = target;
     }
 
     /// Adds a node with given output types, unchecked (the verifier checks).

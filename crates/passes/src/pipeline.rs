@@ -9,7 +9,7 @@
 //! op and `precision` runs on it.
 
 use crate::{attention, concat, dce, ew_cluster, fusion, gemm_epilogue, layer_norm, precision, reduce_fuse, views, PassError};
-use smelt_ir::{Graph, KernelGraph, OpSet};
+use smelt_ir::{Graph, KernelGraph, OpSet, Target};
 
 /// The names of the passes, in order (for `--dump-ir`).
 pub const PASSES: [&str; 11] =
@@ -24,11 +24,13 @@ pub struct Options {
     pub limits: fusion::Limits,
     /// The precision policy.
     pub precision: precision::Options,
+    /// The GPU the kernels are for (`--device`); `None`: the default.
+    pub gpu: Option<String>,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { fuse: true, limits: fusion::Limits::default(), precision: precision::Options::default() }
+        Options { fuse: true, limits: fusion::Limits::default(), precision: precision::Options::default(), gpu: None }
     }
 }
 
@@ -99,7 +101,7 @@ pub fn run_with(graph: &Graph, opts: &Options, after: &mut dyn FnMut(&str, &Kern
             verify_if(&graph, "precision")?;
             after("precision", &graph, &stats.precision);
         }
-        graph.set_tf32(opts.precision.tf32);
+        graph.set_target(Target { tf32: opts.precision.tf32, gpu: opts.gpu.clone() });
         return Ok((graph, stats));
     }
     after("dce", &source.lift(), &stats.dce_removed);
@@ -119,7 +121,7 @@ pub fn run_with(graph: &Graph, opts: &Options, after: &mut dyn FnMut(&str, &Kern
     stats.dce_removed += dce::run(&mut graph).removed;
     verify_if(&graph, "final-dce")?;
     after("final-dce", &graph, &stats.dce_removed);
-    graph.set_tf32(opts.precision.tf32);
+    graph.set_target(Target { tf32: opts.precision.tf32, gpu: opts.gpu.clone() });
     Ok((graph, stats))
 }
 

@@ -164,6 +164,11 @@ impl<D: Device> Executor<D> {
         &self.device
     }
 
+    /// The device, to configure it between runs.
+    pub fn device_mut(&mut self) -> &mut D {
+        &mut self.device
+    }
+
     /// The program it runs.
     pub fn program(&self) -> &Program {
         &self.program

@@ -11,7 +11,9 @@
 //! parameter against that argument's planned extent (an access outside
 //! names the kernel, the parameter, the index, the thread and the block), a
 //! vector parameter's alignment, and `__restrict__` on a parameter whose
-//! argument overlaps another argument that a kernel writes.
+//! argument overlaps another argument that a kernel writes. And races
+//! between a block's threads: a [`Schedule`] picks the order they run in
+//! between barriers, so a kernel run under each must give the same bytes.
 
 use crate::exec::{Device, DeviceInfo, Executor};
 use crate::RuntimeError;
@@ -182,6 +184,30 @@ struct Launch {
     error: *mut c_char,
     error_cap: u64,
     errors: u64,
+    schedule: u32,
+}
+
+/// The order a block's threads run in between barriers on the emulator.
+/// Each is an order a GPU may take, so a kernel without races computes the
+/// same bytes under all three; a missing barrier (a warp overwriting shared
+/// memory that another still reads, or reading it before the writer is
+/// done) shows as different bytes under one of them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Schedule {
+    /// Warps advance together from one warp operation to the next (lanes
+    /// and warps in order).
+    #[default]
+    Lockstep,
+    /// One warp at a time runs until all its lanes wait at `__syncthreads`,
+    /// warps in order.
+    WarpsInOrder,
+    /// As `WarpsInOrder`, warps and lanes in reverse order.
+    WarpsReversed,
+}
+
+impl Schedule {
+    /// Every schedule.
+    pub const ALL: [Schedule; 3] = [Schedule::Lockstep, Schedule::WarpsInOrder, Schedule::WarpsReversed];
 }
 
 type LaunchFn = unsafe extern "C" fn(*mut *mut c_void, *mut Launch) -> c_int;
@@ -341,7 +367,14 @@ impl EmuCompiler {
 
 /// Runs a launch of `f` over `workers` threads (blocks in contiguous ranges;
 /// small launches on one): the message of the first faulty access, if any.
-fn execute(f: &EmuKernel, grid: [u32; 3], block: [u32; 3], params: &[u64], extents: &[Extent], workers: usize) -> Result<(), String> {
+fn execute(
+    f: &EmuKernel,
+    (grid, block): ([u32; 3], [u32; 3]),
+    params: &[u64],
+    extents: &[Extent],
+    workers: usize,
+    schedule: Schedule,
+) -> Result<(), String> {
     let blocks = grid.iter().map(|&d| d as u64).product::<u64>();
     let threads = block.iter().map(|&d| d as u64).product::<u64>();
     if threads == 0 || threads > 1024 || blocks == 0 {
@@ -369,6 +402,7 @@ fn execute(f: &EmuKernel, grid: [u32; 3], block: [u32; 3], params: &[u64], exten
                         error: error.as_mut_ptr() as *mut c_char,
                         error_cap: error.len() as u64,
                         errors: 0,
+                        schedule: schedule as u32,
                     };
                     // SAFETY: the launcher reads one 8-byte value per
                     // parameter through `ptrs` and the extents, and accesses
@@ -402,6 +436,16 @@ pub enum RawArg<'a> {
 /// hand-written CUDA C (warp operations, tensor-core fragments) on the
 /// emulator. Each buffer's address must suit the parameter's alignment.
 pub fn launch_raw(kernel: &EmuKernel, grid: [u32; 3], block: [u32; 3], args: &mut [RawArg]) -> Result<(), RuntimeError> {
+    launch_raw_scheduled(kernel, (grid, block), args, Schedule::Lockstep)
+}
+
+/// As [`launch_raw`], the blocks' threads run in the order of `schedule`.
+pub fn launch_raw_scheduled(
+    kernel: &EmuKernel,
+    (grid, block): ([u32; 3], [u32; 3]),
+    args: &mut [RawArg],
+    schedule: Schedule,
+) -> Result<(), RuntimeError> {
     let mut params = Vec::with_capacity(args.len());
     let mut extents = Vec::with_capacity(args.len());
     for a in args.iter_mut() {
@@ -418,7 +462,7 @@ pub fn launch_raw(kernel: &EmuKernel, grid: [u32; 3], block: [u32; 3], args: &mu
         }
     }
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    execute(kernel, grid, block, &params, &extents, threads).map_err(|msg| RuntimeError::Kernel {
+    execute(kernel, (grid, block), &params, &extents, threads, schedule).map_err(|msg| RuntimeError::Kernel {
         kernel: kernel.name.clone(),
         node: "-".into(),
         msg,
@@ -467,13 +511,19 @@ pub struct Emulator {
     weights: Option<Buffer>,
     threads: usize,
     compiler: String,
+    schedule: Schedule,
 }
 
 impl Emulator {
     /// An emulator running `kernels` (from [`EmuCompiler::compile_all`]).
     pub fn new(kernels: HashMap<String, Arc<EmuKernel>>, compiler: &EmuCompiler) -> Emulator {
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        Emulator { kernels, arena: None, weights: None, threads, compiler: compiler.version.clone() }
+        Emulator { kernels, arena: None, weights: None, threads, compiler: compiler.version.clone(), schedule: Schedule::Lockstep }
+    }
+
+    /// Runs later launches' blocks in the order of `schedule`.
+    pub fn set_schedule(&mut self, schedule: Schedule) {
+        self.schedule = schedule;
     }
 
     fn extent(&self, space: &Space, offset: usize, bytes: usize) -> Extent {
@@ -551,7 +601,7 @@ impl Device for Emulator {
                 }
             }
         }
-        execute(f, grid, block, params, &extents, self.threads).map_err(fail)
+        execute(f, (grid, block), params, &extents, self.threads, self.schedule).map_err(fail)
     }
 
     fn mark(&mut self) -> Result<Instant, RuntimeError> {

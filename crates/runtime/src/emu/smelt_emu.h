@@ -8,7 +8,8 @@
 // Execution: a block's threads run one at a time on one OS thread. Kernels
 // without `__syncthreads` run each thread to completion; kernels with it run
 // each thread as a fiber (its own stack) that yields at the barrier, and the
-// block's scheduler resumes the next only after every live thread arrived.
+// block's scheduler resumes the next only after every live thread arrived
+// (in the order the launch's `Schedule` gives, below).
 // `__shared__` variables are per OS thread (one block at a time runs on it).
 //
 // Numerics follow CUDA: `__half` conversions round to nearest even (the host
@@ -118,7 +119,20 @@ struct Launch {
     char* error;                                 // first error, NUL-terminated
     unsigned long long error_cap;
     unsigned long long errors;                   // how many accesses failed
+    unsigned int schedule;                       // kLockstep, kWarpsInOrder or kWarpsReversed
 };
+
+// The order a block's threads run in between barriers. Every order is one
+// a GPU may take, so a kernel without races computes the same bytes in each;
+// a missing barrier shows in one of them as different bytes.
+//  - kLockstep: every warp runs to its next warp operation (lanes in
+//    order), then the next warp; warps advance together.
+//  - kWarpsInOrder: one warp at a time runs until all its lanes wait at
+//    __syncthreads (its warp operations released as soon as they arrive):
+//    a warp that overwrites shared memory its neighbours still read, with
+//    no barrier between, does so before they read.
+//  - kWarpsReversed: the same, warps and lanes in reverse order.
+enum Schedule : unsigned int { kLockstep, kWarpsInOrder, kWarpsReversed };
 
 }  // namespace smelt_emu
 
@@ -609,8 +623,8 @@ inline int run(Launch* l, bool collectives, void (*body)(void*), void* data) {
                          (unsigned int)(lin / ((unsigned long long)l->grid[0] * l->grid[1]))};
         reset_async(threads);
         if (b == nullptr) {
-            for (unsigned int t = 0; t < threads; ++t) {
-                threadIdx = thread_of(t, l);
+            for (unsigned int i = 0; i < threads; ++i) {
+                threadIdx = thread_of(l->schedule == kWarpsReversed ? threads - 1 - i : i, l);
                 body(data);
             }
             continue;
@@ -621,33 +635,51 @@ inline int run(Launch* l, bool collectives, void (*body)(void*), void* data) {
         }
         block = b;
         unsigned int live = threads;
+        bool reversed = l->schedule == kWarpsReversed;
+        unsigned int warps = (threads + 31) / 32;
+        // Runs thread `t` until it waits or ends.
+        auto step = [&](unsigned int t) {
+            Fiber* f = &b->fibers[t];
+            if (f->state != kReady) return;
+            b->running = f;
+            threadIdx = thread_of(t, l);
+            smelt_emu_switch(&b->scheduler_sp, f->sp);
+            if (f->state == kDone) --live;
+        };
+        // Releases warp `w` if its live lanes all wait at a warp operation.
+        auto release_warp = [&](unsigned int w) {
+            unsigned int waiting = 0, alive = 0, end = w * 32 + 32 < threads ? w * 32 + 32 : threads;
+            for (unsigned int t = w * 32; t < end; ++t) {
+                alive += b->fibers[t].state != kDone;
+                waiting += b->fibers[t].state == kAtWarpBarrier;
+            }
+            if (waiting == 0 || waiting != alive) return false;
+            for (unsigned int t = w * 32; t < end; ++t)
+                if (b->fibers[t].state == kAtWarpBarrier) b->fibers[t].state = kReady;
+            return true;
+        };
         while (live > 0) {
-            for (unsigned int t = 0; t < threads; ++t) {
-                Fiber* f = &b->fibers[t];
-                if (f->state != kReady) continue;
-                b->running = f;
-                threadIdx = thread_of(t, l);
-                smelt_emu_switch(&b->scheduler_sp, f->sp);
-                if (f->state == kDone) --live;
-            }
-            if (live == 0) break;
-            // Release each warp whose live lanes all wait at a warp
-            // operation; else the block, if every live thread waits at
-            // __syncthreads; else nobody can go on.
-            bool released = false;
-            for (unsigned int w = 0; w * 32 < threads; ++w) {
-                unsigned int waiting = 0, alive = 0;
-                for (unsigned int t = w * 32; t < threads && t < w * 32 + 32; ++t) {
-                    alive += b->fibers[t].state != kDone;
-                    waiting += b->fibers[t].state == kAtWarpBarrier;
+            if (l->schedule == kLockstep) {
+                for (unsigned int t = 0; t < threads; ++t) step(t);
+                if (live == 0) break;
+                // Release each warp whose live lanes all wait at a warp
+                // operation; else the block (below).
+                bool released = false;
+                for (unsigned int w = 0; w < warps; ++w) released |= release_warp(w);
+                if (released) continue;
+            } else {
+                // One warp at a time, as far as it goes without the others.
+                for (unsigned int i = 0; i < warps; ++i) {
+                    unsigned int w = reversed ? warps - 1 - i : i;
+                    unsigned int end = w * 32 + 32 < threads ? w * 32 + 32 : threads;
+                    do {
+                        for (unsigned int j = w * 32; j < end; ++j) step(reversed ? end - 1 - (j - w * 32) : j);
+                    } while (release_warp(w));
                 }
-                if (waiting > 0 && waiting == alive) {
-                    for (unsigned int t = w * 32; t < threads && t < w * 32 + 32; ++t)
-                        if (b->fibers[t].state == kAtWarpBarrier) b->fibers[t].state = kReady;
-                    released = true;
-                }
+                if (live == 0) break;
             }
-            if (released) continue;
+            // Release the block if every live thread waits at __syncthreads;
+            // else nobody can go on.
             unsigned int at_block = 0, at_warp = 0;
             for (unsigned int t = 0; t < threads; ++t) {
                 at_block += b->fibers[t].state == kAtBlockBarrier;
