@@ -171,8 +171,9 @@ pub struct TrainArgs {
     #[arg(long, value_name = "SOLVER", default_value = "greedy", value_parser = ["greedy", "exact"], requires = "step")]
     pub remat_solver: String,
     /// The GPU whose roofline (FP32 and tensor-core rates, bandwidth, SMs,
-    /// launch overhead) prices a recomputation and `smelt compile
-    /// --report`'s estimate: h100, h200, a100, v100 or l4.
+    /// launch overhead) chooses the tensor-core kernels' tiles, prices a
+    /// recomputation and makes `smelt compile --report`'s estimate: h100,
+    /// h200, a100, v100 or l4.
     #[arg(long, value_name = "GPU", default_value = "h100", value_parser = crate::cost::GPU_NAMES)]
     pub device: String,
     /// Take batch, accumulation, precision, optimizer and recomputation
