@@ -86,6 +86,14 @@ pub struct ModelArgs {
     /// take `--memory-limit`).
     #[arg(skip)]
     pub split_limit: Option<usize>,
+    /// Tensor-core tiles measured by `smelt tune` (the table it wrote): each
+    /// conv and GEMM it names takes its fastest tile; the others the
+    /// roofline model's choice on --device.
+    #[arg(long, value_name = "FILE.json")]
+    pub tuning: Option<std::path::PathBuf>,
+    /// How tiles are chosen, overriding --tuning (set by `smelt tune`).
+    #[arg(skip)]
+    pub tiles: Option<smelt_ir::TileChoice>,
     #[command(flatten)]
     pub train: TrainArgs,
 }
@@ -258,6 +266,8 @@ impl ModelArgs {
             tf32: Default::default(),
             min_memory: false,
             split_limit: None,
+            tuning: None,
+            tiles: None,
             train: TrainArgs::default(),
         }
     }
@@ -296,6 +306,13 @@ impl ModelArgs {
                 self.split_limit.map(smelt_passes::split::Goal::Limit)
             },
             gpu: Some(self.train.device.clone()),
+            tiles: match (&self.tiles, &self.tuning) {
+                (Some(t), _) => t.clone(),
+                (None, Some(path)) => {
+                    smelt_ir::TileChoice::Tuned(std::sync::Arc::new(crate::tune::Tuning::read(path)?.table().expect("checked when read")))
+                }
+                (None, None) => smelt_ir::TileChoice::Model,
+            },
         })
     }
 

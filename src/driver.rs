@@ -154,6 +154,8 @@ pub struct Options {
     /// The GPU the kernels are for (`--device`: their tiles are chosen on
     /// its roofline); `None`: the default, the H100.
     pub gpu: Option<String>,
+    /// How the tensor-core kernels' tiles are chosen (`--tuning`).
+    pub tiles: smelt_ir::TileChoice,
 }
 
 /// Rematerialization under a budget: what [`Session::compile`] recomputes
@@ -241,7 +243,12 @@ pub struct RematReport {
 impl Options {
     /// The pipeline's options, fusion on when `fuse` and not `no_fuse`.
     pub fn pipeline(&self, fuse: bool) -> pipeline::Options {
-        pipeline::Options { fuse: fuse && !self.no_fuse, precision: self.precision.clone(), gpu: self.gpu.clone(), ..Default::default() }
+        pipeline::Options {
+            fuse: fuse && !self.no_fuse,
+            precision: self.precision.clone(),
+            target: smelt_ir::Target { gpu: self.gpu.clone(), tiles: self.tiles.clone(), ..Default::default() },
+            ..Default::default()
+        }
     }
 }
 

@@ -633,6 +633,8 @@ impl Fitting {
             tf32: a.tf32,
             min_memory: false,
             split_limit: None,
+            tuning: None,
+            tiles: None,
             train: a.train.clone(),
         };
         // A V100 has no TF32.

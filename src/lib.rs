@@ -12,6 +12,7 @@ pub mod plan;
 pub mod report;
 pub mod roofline;
 pub mod train;
+pub mod tune;
 
 pub use driver::{Compiled, Error, Options, Planned, Recomputed, Remat, RematReport, RematSolver, Session, SplitReport, Timings, Training};
 

@@ -151,6 +151,39 @@ enum Command {
     /// for `smelt train --recipe` and `smelt plan --recipe`. When nothing
     /// fits, says what the smallest footprint is and what it holds (exit 2).
     Fit(FitArgs),
+    /// Time every tensor-core conv and GEMM of the model with each
+    /// candidate tile (64x64, 128x64, 64x128, 128x128) on a GPU and keep
+    /// the fastest per kernel.
+    ///
+    /// Each candidate's program runs once checked (every kernel against its
+    /// description), once to warm up, then --runs profiled runs; a kernel's
+    /// time is the median over the runs of its launches' sum. The table
+    /// goes to the kernel cache's folder (tuning/DEVICE.json, merged with
+    /// what that holds) or --out; `--tuning FILE` on compile, run, plan,
+    /// train and fit gives each kernel it names its measured tile, the
+    /// others the roofline model's choice on --device. With --backend
+    /// emulator the times are the CPU's: for testing the tuner, not for
+    /// choosing a GPU's tiles.
+    Tune(TuneArgs),
+}
+
+#[derive(Args)]
+pub(crate) struct TuneArgs {
+    #[command(flatten)]
+    pub(crate) model: ModelArgs,
+    /// Where to time: cuda (GPU 0) or emulator (the generated CUDA C on the CPU).
+    #[arg(long, default_value = "cuda", value_parser = ["cuda", "emulator"])]
+    pub(crate) backend: String,
+    /// Profiled runs per candidate tile (the median counts).
+    #[arg(long, default_value_t = 10)]
+    pub(crate) runs: usize,
+    /// Write the table to FILE.json (merged with it when it holds the same
+    /// device's) instead of the kernel cache's folder.
+    #[arg(long, value_name = "FILE.json")]
+    pub(crate) out: Option<PathBuf>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 #[derive(Args)]
@@ -425,6 +458,7 @@ fn main() {
         Some(Command::Print(a)) => cmd::print(&a),
         Some(Command::Train(mut a)) => a.model.apply_recipe().map_err(Into::into).and_then(|()| cmd::train::run(&a)),
         Some(Command::Fit(a)) => cmd::fit::run(&a),
+        Some(Command::Tune(a)) => cmd::tune::run(&a),
     };
     // What is still buffered must reach stdout too, or the failure be said.
     let result = result.and_then(|ok| {

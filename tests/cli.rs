@@ -444,3 +444,95 @@ fn tf32_follows_the_target() {
     assert!(err.contains("has no TF32 tensor cores") && err.contains("--tf32 off"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// `smelt tune` on the emulator (whose times are the CPU's: this tests the
+/// tuner, not a GPU's tiles): ResNet-8's tensor-core convs each timed on
+/// every candidate tile (each candidate's program checked against the
+/// descriptions first), the fastest kept per kernel and written as a table
+/// that `--tuning` applies: each kernel it names takes its tile, the
+/// others the model's. Bad tables and a missing GPU are the user's errors.
+#[test]
+fn tune_times_every_tile_and_compile_applies_the_table() {
+    if !smelt_codegen::nvrtc_available() {
+        assert!(std::env::var_os("SMELT_REQUIRE_NVRTC").is_none(), "SMELT_REQUIRE_NVRTC is set but libnvrtc cannot be loaded");
+        eprintln!("SKIP: libnvrtc not found; `smelt compile --report` needs it");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("smelt-tune-{}", std::process::id()));
+    let table = dir.join("tuning.json");
+    let model = ["zoo:resnet8", "--precision", "mixed-f16"];
+    let (code, out, err) =
+        run(&[&["tune"], &model[..], &["--backend", "emulator", "--runs", "1", "--json", "--out", table.to_str().unwrap()]].concat());
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let kernels = v["kernels"].as_array().unwrap();
+    assert_eq!(kernels.len(), 9, "ResNet-8's convs: {out}");
+    let names = ["64x64", "128x64", "64x128", "128x128"];
+    let (mut tuned_ms, mut model_ms) = (0.0, 0.0);
+    for k in kernels {
+        let ms: Vec<f64> = names.iter().map(|n| k["ms"][n].as_f64().unwrap_or_else(|| panic!("no time on {n}: {k}"))).collect();
+        let best = ms.iter().cloned().fold(f64::INFINITY, f64::min);
+        let tuned = k["tuned"].as_str().unwrap();
+        assert_eq!(k["ms"][tuned].as_f64(), Some(best), "the fastest is kept: {k}");
+        tuned_ms += best;
+        model_ms += k["ms"][k["model"].as_str().unwrap()].as_f64().unwrap();
+    }
+    assert!((v["tuned_ms"].as_f64().unwrap() - tuned_ms).abs() < 1e-9, "{out}");
+    assert!((v["model_ms"].as_f64().unwrap() - model_ms).abs() < 1e-9 && model_ms >= tuned_ms, "{out}");
+    // The model's choices are what compile reports without a table.
+    let report = |extra: &[&str]| {
+        let (code, out, err) = run(&[&["compile"], &model[..], &["--report", "--json"], extra].concat());
+        assert_eq!(code, 0, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v["report"]["launches"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|l| l["tile"].is_string())
+            .map(|l| l["tile"].as_str().unwrap().to_string())
+            .collect::<Vec<_>>()
+    };
+    let mut model_tiles: Vec<String> = kernels.iter().map(|k| k["model"].as_str().unwrap().to_string()).collect();
+    let mut plain = report(&[]);
+    model_tiles.sort();
+    plain.sort();
+    assert_eq!(plain, model_tiles);
+    // The table written is the one measured; compile applies it.
+    let written: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&table).unwrap()).unwrap();
+    let mut want: Vec<String> = kernels.iter().map(|k| k["tuned"].as_str().unwrap().to_string()).collect();
+    for k in kernels {
+        assert_eq!(written["tiles"][k["kernel"].as_str().unwrap()], k["tuned"], "{written}");
+    }
+    let mut got = report(&["--tuning", table.to_str().unwrap()]);
+    want.sort();
+    got.sort();
+    assert_eq!(got, want);
+    // A hand-made table: every kernel but one on 128x128, that one keeps the model's tile.
+    let mut forced = written.clone();
+    let keys: Vec<String> = forced["tiles"].as_object().unwrap().keys().cloned().collect();
+    for k in &keys {
+        forced["tiles"][k] = "128x128".into();
+    }
+    forced["tiles"].as_object_mut().unwrap().remove(&keys[0]);
+    std::fs::write(&table, forced.to_string()).unwrap();
+    let got = report(&["--tuning", table.to_str().unwrap()]);
+    let model_of_first = &kernels.iter().find(|k| k["kernel"] == keys[0].as_str()).unwrap()["model"];
+    assert_eq!(got.iter().filter(|t| *t != "128x128").count(), usize::from(model_of_first != "128x128"), "{got:?}");
+    // Bad tables name what is wrong.
+    forced["tiles"][&keys[1]] = "96x64".into();
+    std::fs::write(&table, forced.to_string()).unwrap();
+    let (code, _, err) = run(&[&["compile"], &model[..], &["--tuning", table.to_str().unwrap()]].concat());
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains(&format!("kernel {}: tile \"96x64\" is not one of 64x64, 128x64, 64x128, 128x128", keys[1])), "{err}");
+    std::fs::write(&table, "{\"tiles\": 3}").unwrap();
+    let (code, _, err) = run(&[&["plan"], &model[..], &["--tuning", table.to_str().unwrap()]].concat());
+    assert!(code == 2 && err.contains("not a tuning table written by `smelt tune`"), "{err}");
+    // Nothing to tune in exact f32; no GPU here for --backend cuda.
+    let (code, _, err) = run(&["tune", "zoo:resnet8", "--tf32", "off", "--backend", "emulator"]);
+    assert!(code == 2 && err.contains("no conv or GEMM of it runs on tensor cores"), "{err}");
+    if smelt_runtime::cuda::unavailable().is_some() {
+        let (code, _, err) = run(&["tune", "zoo:resnet8", "--precision", "mixed-f16"]);
+        assert!(code == 2 && err.contains("needs an NVIDIA GPU"), "{err}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

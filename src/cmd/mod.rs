@@ -7,6 +7,7 @@ pub mod inspect;
 pub mod plan;
 pub mod run;
 pub mod train;
+pub mod tune;
 
 use crate::Open as _;
 use crate::PrintArgs;

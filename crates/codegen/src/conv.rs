@@ -201,7 +201,7 @@ impl Conv {
         if algo == Algo::TensorCore {
             let bytes = crate::tile::node_bytes(g, id);
             let make = |tile| crate::kernel::Kernel::Conv(Conv { tile, ..conv.clone() });
-            conv.tile = Tile::choose(make, bytes, dtype.size(), &crate::cost::target(g));
+            conv.tile = Tile::of_kernel(g, &conv.name, make, bytes, dtype.size());
             conv.name += &conv.tile.suffix();
         }
         Some(conv)

@@ -91,7 +91,7 @@ impl Gemm {
         if gemm.tensor_cores {
             let bytes = crate::tile::node_bytes(g, id);
             let make = |tile| crate::kernel::Kernel::Gemm(Gemm { tile, ..gemm.clone() });
-            gemm.tile = Tile::choose(make, bytes, gemm.dtype.size(), &crate::cost::target(g));
+            gemm.tile = Tile::of_kernel(g, &gemm.name, make, bytes, gemm.dtype.size());
             gemm.name += &gemm.tile.suffix();
         }
         Some(gemm)

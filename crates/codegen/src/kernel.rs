@@ -279,6 +279,24 @@ impl Kernel {
         }
     }
 
+    /// The name a tensor-core conv or GEMM had when its tile was chosen
+    /// (without the tile's and the layout's suffixes): the key of a tuning
+    /// table ([`smelt_ir::TileChoice::Tuned`]).
+    pub fn tile_key(&self) -> Option<String> {
+        let t = self.tile()?;
+        let mut name = self.name();
+        if let Kernel::Conv(c) = self {
+            let layout = match (c.x_nhwc, c.out_nhwc) {
+                (true, true) => "_nhwc",
+                (false, true) => "_to_nhwc",
+                (true, false) => "_to_nchw",
+                (false, false) => "",
+            };
+            name = name.strip_suffix(layout).unwrap_or(name);
+        }
+        Some(name.strip_suffix(&t.suffix()).unwrap_or(name).to_string())
+    }
+
     /// Bytes its tensor-core tiles move through shared memory (fragments
     /// loaded, operand tiles stored, results staged), over the whole launch;
     /// 0 where the model does not count them (CUDA-core kernels, attention

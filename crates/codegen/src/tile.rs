@@ -16,7 +16,7 @@
 
 use crate::cost;
 use crate::kernel::Kernel;
-use smelt_ir::{KernelGraph, NodeId};
+use smelt_ir::{KernelGraph, NodeId, TileChoice};
 
 /// Depth of a shared-memory tile of the operands.
 pub const DEPTH: usize = 16;
@@ -63,6 +63,30 @@ impl Tile {
         Tile { m: 64, n: 128, warps_m: 2, warps_n: 2 },
         Tile { m: 128, n: 128, warps_m: 2, warps_n: 4 },
     ];
+
+    /// The candidate of `m x n` outputs.
+    pub fn candidate([m, n]: [usize; 2]) -> Option<Tile> {
+        Tile::CANDIDATES.into_iter().find(|t| t.m == m && t.n == n)
+    }
+
+    /// The tile of the kernel named `base` (without a tile suffix), which
+    /// `make` builds, moving `bytes` with operands of `elt` bytes: as graph
+    /// `g`'s target says (one tile for all, or a measured table), else the
+    /// model's choice on its GPU.
+    pub fn of_kernel<O: smelt_ir::OpSet>(
+        g: &smelt_ir::Graph<O>,
+        base: &str,
+        make: impl Fn(Tile) -> Kernel,
+        bytes: usize,
+        elt: usize,
+    ) -> Tile {
+        let pinned = match &g.target().tiles {
+            TileChoice::Model => None,
+            TileChoice::Every(mn) => Some(*mn),
+            TileChoice::Tuned(table) => table.get(base).copied(),
+        };
+        pinned.and_then(Tile::candidate).unwrap_or_else(|| Tile::choose(make, bytes, elt, &cost::target(g)))
+    }
 
     /// Threads per block.
     pub fn threads(self) -> usize {

@@ -99,6 +99,22 @@ pub struct Target {
     /// The GPU whose roofline chooses the kernels' tiles (`h100`, `a100`,
     /// as `--device` names it); `None`: the default GPU.
     pub gpu: Option<String>,
+    /// How the tensor-core kernels' tiles are chosen.
+    pub tiles: TileChoice,
+}
+
+/// How a tensor-core conv's or GEMM's block tile (`m x n` outputs) is
+/// chosen.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum TileChoice {
+    /// The candidate the roofline model estimates fastest on the target GPU.
+    #[default]
+    Model,
+    /// This tile for every kernel (`smelt tune` measures each candidate).
+    Every([usize; 2]),
+    /// The tile measured fastest per kernel, by its name without the tile
+    /// suffix (`smelt tune`'s table); the model's choice for the others.
+    Tuned(std::sync::Arc<BTreeMap<String, [usize; 2]>>),
 }
 
 impl<O> Default for Graph<O> {

@@ -31,7 +31,7 @@ pub mod zoo;
 pub use dtype::{round_tf32, DType, Shape, TensorType, Tf32, MAX_TENSOR_BYTES};
 pub use error::IrError;
 pub use fused::{round_to, Act, Expr, ExprNode};
-pub use graph::{Graph, Node, NodeId, Target, ValueId};
+pub use graph::{Graph, Node, NodeId, Target, TileChoice, ValueId};
 pub use infer::{attention_types, broadcast, broadcast_index, broadcast_strides, infer, infer_kernel, slice_len};
 pub use kernel_op::{KernelGraph, KernelOp, OpSet};
 pub use op::{

@@ -24,13 +24,14 @@ pub struct Options {
     pub limits: fusion::Limits,
     /// The precision policy.
     pub precision: precision::Options,
-    /// The GPU the kernels are for (`--device`); `None`: the default.
-    pub gpu: Option<String>,
+    /// The GPU the kernels are for (`--device`; `None`: the default) and how
+    /// their tiles are chosen; its `tf32` is `precision`'s.
+    pub target: Target,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { fuse: true, limits: fusion::Limits::default(), precision: precision::Options::default(), gpu: None }
+        Options { fuse: true, limits: fusion::Limits::default(), precision: precision::Options::default(), target: Target::default() }
     }
 }
 
@@ -101,7 +102,7 @@ pub fn run_with(graph: &Graph, opts: &Options, after: &mut dyn FnMut(&str, &Kern
             verify_if(&graph, "precision")?;
             after("precision", &graph, &stats.precision);
         }
-        graph.set_target(Target { tf32: opts.precision.tf32, gpu: opts.gpu.clone() });
+        graph.set_target(Target { tf32: opts.precision.tf32, ..opts.target.clone() });
         return Ok((graph, stats));
     }
     after("dce", &source.lift(), &stats.dce_removed);
@@ -121,7 +122,7 @@ pub fn run_with(graph: &Graph, opts: &Options, after: &mut dyn FnMut(&str, &Kern
     stats.dce_removed += dce::run(&mut graph).removed;
     verify_if(&graph, "final-dce")?;
     after("final-dce", &graph, &stats.dce_removed);
-    graph.set_target(Target { tf32: opts.precision.tf32, gpu: opts.gpu.clone() });
+    graph.set_target(Target { tf32: opts.precision.tf32, ..opts.target.clone() });
     Ok((graph, stats))
 }
 
