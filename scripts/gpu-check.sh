@@ -2,7 +2,9 @@
 # The GPU check: the nine light models and their random-weight variants on
 # CUDA against the CPU reference (and onnxruntime), then latency and peak
 # device memory against PyTorch on ResNet-50 at batch 1 and 32 (eager and
-# torch.compile), then training (`smelt train --backend cuda`: small models'
+# torch.compile), `smelt tune`'s measured tiles on ResNet-50 (batch 32,
+# mixed-f16: each kernel on every candidate, then end to end against the
+# model's tiles), then training (`smelt train --backend cuda`: small models'
 # weights after 20 steps against PyTorch's, ResNet-50's step time and
 # memory against PyTorch's), printed as Markdown tables. Needs an NVIDIA GPU with PyTorch,
 # onnx and onnxruntime; no Rust toolchain and no network.

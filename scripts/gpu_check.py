@@ -267,6 +267,35 @@ def speed(a):
             torch_inference_row(torch, batch, "eager channels-last autocast float16")
 
 
+def tuning(a):
+    """`smelt tune` on ResNet-50 (batch 32, mixed-f16): every tensor-core
+    conv timed with each candidate tile, then the model's tiles against the
+    measured ones, end to end."""
+    print("\n## ResNet-50 batch 32 mixed-f16: tiles measured by `smelt tune`\n")
+    if out_of_time("smelt tune"):
+        return
+    model = os.path.join(a.variants, "resnet50", "model.onnx")
+    common = [model, "--batch", "32", "--precision", "mixed-f16"]
+    table = os.path.join(tempfile.mkdtemp(prefix="smelt-tune-"), "tuning.json")
+    v, why = smelt(a.smelt, ["tune", *common, "--backend", "cuda", "--runs", "10", "--out", table, "--json"], timeout=420)
+    if v is None:
+        print(f"smelt tune: error: {why}")
+        return
+    changed = [k for k in v["kernels"] if k["tuned"] != k["model"]]
+    print(f"{len(v['kernels'])} kernels timed ({why}); {len(changed)} take another tile than the model's; "
+          f"kernel time per run: model's tiles {v['model_ms']:.3f} ms, tuned {v['tuned_ms']:.3f} ms\n")
+    print("| kernel | launches | 64x64 | 128x64 | 64x128 | 128x128 | model | tuned |")
+    print("|---|---|---|---|---|---|---|---|")
+    for k in sorted(v["kernels"], key=lambda k: -k["ms"][k["model"]])[:12]:
+        ms = " | ".join(f"{k['ms'][t]:.4f}" for t in ["64x64", "128x64", "64x128", "128x128"])
+        print(f"| {k['kernel']} | {k['launches']} | {ms} | {k['model']} | {k['tuned']} |")
+    print("\n| tiles | median ms (50 runs) |")
+    print("|---|---|")
+    for label, extra in [("the model's", []), ("tuned", ["--tuning", table])]:
+        r, why = smelt(a.smelt, ["run", *common, "--backend", "cuda", "--repeat", "50", "--json", *extra])
+        print(f"| {label} | {r['median_ms']:.3f} |" if r else f"| {label} | error: {why} |", flush=True)
+
+
 def transformer(a):
     """BERT-base at batch 8, sequence 128, mixed-f16 (attention fused on
     tensor cores) against PyTorch's nn.TransformerEncoder of the same sizes
@@ -505,6 +534,7 @@ def main():
     speed(a)
     if not a.quick:
         transformer(a)
+        tuning(a)
     if a.train_runs:
         training(a)
     torch_compiled(a)
