@@ -540,7 +540,10 @@ fn accumulation_over_micro_batches_equals_the_whole_batch() {
 
 /// `n` steps of a compiled training step as CUDA C on the emulator (the
 /// parameters and state stay on the device between steps), every kernel
-/// checked against its description: the program and the last outputs.
+/// checked against its description, step `i` in the emulator's schedule
+/// `i % 3` (lockstep warps, one warp at a time in order, reversed: a race
+/// between a block's threads changes bytes in one of them): the program
+/// and the last outputs.
 fn emulated_steps(
     s: &mut smelt::Session,
     compiled: &smelt::Compiled,
@@ -552,11 +555,13 @@ fn emulated_steps(
     let blob = program.weights_blob(&compiled.graph).unwrap();
     let mut exec = smelt_runtime::emu::executor(program.clone(), &blob, &|_| {}).unwrap_or_else(|e| panic!("{e}"));
     let mut outs = Vec::new();
-    for _ in 0..n {
-        let (o, checks) = exec.run_checked(inputs, 1e-5).unwrap_or_else(|e| panic!("{e}"));
+    for i in 0..n {
+        let schedule = smelt_runtime::emu::Schedule::ALL[i % 3];
+        exec.device_mut().set_schedule(schedule);
+        let (o, checks) = exec.run_checked(inputs, 1e-5).unwrap_or_else(|e| panic!("{schedule:?}: {e}"));
         let bad: Vec<String> =
             checks.iter().filter(|c| !c.ok).map(|c| format!("{} ({}): {:.3e} of range", c.kernel, c.node, c.of_range)).collect();
-        assert!(bad.is_empty(), "kernels disagree with their descriptions:\n{}", bad.join("\n"));
+        assert!(bad.is_empty(), "{schedule:?}: kernels disagree with their descriptions:\n{}", bad.join("\n"));
         outs = o;
     }
     (program, outs)
