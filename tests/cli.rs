@@ -178,9 +178,7 @@ fn memory_limit_failure_names_the_peak_and_the_knobs() {
 /// set SMELT_REQUIRE_NVRTC; skipped with a reason elsewhere).
 #[test]
 fn compile_out_writes_kernels_ptx_and_plan() {
-    if !smelt_codegen::nvrtc_available() {
-        assert!(std::env::var_os("SMELT_REQUIRE_NVRTC").is_none(), "SMELT_REQUIRE_NVRTC is set but libnvrtc cannot be loaded");
-        eprintln!("SKIP: libnvrtc not found; `smelt compile --out` needs it");
+    if !common::nvrtc_or_skip("`smelt compile --out`") {
         return;
     }
     let tmp = std::env::temp_dir().join(format!("smelt-compile-out-{}", std::process::id()));
@@ -340,9 +338,7 @@ fn set_gives_a_graph_input_that_an_op_needs_at_compile_time() {
 /// occupancy from ptxas's registers and shared memory.
 #[test]
 fn compile_report_puts_every_launch_on_the_roofline() {
-    if !smelt_codegen::nvrtc_available() {
-        assert!(std::env::var_os("SMELT_REQUIRE_NVRTC").is_none(), "SMELT_REQUIRE_NVRTC is set but libnvrtc cannot be loaded");
-        eprintln!("SKIP: libnvrtc not found; `smelt compile --report` needs it");
+    if !common::nvrtc_or_skip("`smelt compile --report`") {
         return;
     }
     let report = |precision: &str, device: &str| {
@@ -419,9 +415,7 @@ fn compile_report_puts_every_launch_on_the_roofline() {
 /// ones unless asked, and asked there it is refused naming the fix.
 #[test]
 fn tf32_follows_the_target() {
-    if !smelt_codegen::nvrtc_available() {
-        assert!(std::env::var_os("SMELT_REQUIRE_NVRTC").is_none(), "SMELT_REQUIRE_NVRTC is set but libnvrtc cannot be loaded");
-        eprintln!("SKIP: libnvrtc not found");
+    if !common::nvrtc_or_skip("`smelt compile --arch`") {
         return;
     }
     let dir = std::env::temp_dir().join(format!("smelt-tf32-{}", std::process::id()));
@@ -453,9 +447,7 @@ fn tf32_follows_the_target() {
 /// others the model's. Bad tables and a missing GPU are the user's errors.
 #[test]
 fn tune_times_every_tile_and_compile_applies_the_table() {
-    if !smelt_codegen::nvrtc_available() {
-        assert!(std::env::var_os("SMELT_REQUIRE_NVRTC").is_none(), "SMELT_REQUIRE_NVRTC is set but libnvrtc cannot be loaded");
-        eprintln!("SKIP: libnvrtc not found; `smelt compile --report` needs it");
+    if !common::nvrtc_or_skip("`smelt compile --report`") {
         return;
     }
     let dir = std::env::temp_dir().join(format!("smelt-tune-{}", std::process::id()));

@@ -150,6 +150,18 @@ pub fn nvrtc_compiler(tag: &str) -> Option<smelt_codegen::nvrtc::Compiler> {
     None
 }
 
+/// Whether libnvrtc loads, for a test that needs it (`needs`: what does):
+/// where the test script requires it, its absence fails the test; elsewhere
+/// the test says why it skips.
+pub fn nvrtc_or_skip(needs: &str) -> bool {
+    if smelt_codegen::nvrtc_available() {
+        return true;
+    }
+    assert!(std::env::var_os("SMELT_REQUIRE_NVRTC").is_none(), "SMELT_REQUIRE_NVRTC is set but libnvrtc cannot be loaded");
+    eprintln!("SKIP: libnvrtc not found; {needs} needs it");
+    false
+}
+
 /// A driver session over an in-memory graph.
 pub fn session(g: &Graph, options: smelt::Options) -> smelt::Session {
     smelt::Session::from_graph("test graph", g.clone(), options).unwrap_or_else(|e| panic!("{e}"))

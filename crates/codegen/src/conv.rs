@@ -214,13 +214,18 @@ impl Conv {
         debug_assert!(self.algo == Algo::TensorCore || !(x || out), "channels-last on tensor cores only");
         self.x_nhwc = x;
         self.out_nhwc = out;
-        match (x, out) {
-            (true, true) => self.name += "_nhwc",
-            (false, true) => self.name += "_to_nhwc",
-            (true, false) => self.name += "_to_nchw",
-            (false, false) => {}
-        }
+        self.name += self.layout_suffix();
         self
+    }
+
+    /// What its name says of its layouts (see [`Conv::channels_last`]).
+    pub fn layout_suffix(&self) -> &'static str {
+        match (self.x_nhwc, self.out_nhwc) {
+            (true, true) => "_nhwc",
+            (false, true) => "_to_nhwc",
+            (true, false) => "_to_nchw",
+            (false, false) => "",
+        }
     }
 
     /// Elements of a 16-byte vector of the operands.

@@ -286,13 +286,7 @@ impl Kernel {
         let t = self.tile()?;
         let mut name = self.name();
         if let Kernel::Conv(c) = self {
-            let layout = match (c.x_nhwc, c.out_nhwc) {
-                (true, true) => "_nhwc",
-                (false, true) => "_to_nhwc",
-                (true, false) => "_to_nchw",
-                (false, false) => "",
-            };
-            name = name.strip_suffix(layout).unwrap_or(name);
+            name = name.strip_suffix(c.layout_suffix()).unwrap_or(name);
         }
         Some(name.strip_suffix(&t.suffix()).unwrap_or(name).to_string())
     }
