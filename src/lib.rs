@@ -16,6 +16,12 @@ pub mod tune;
 
 pub use driver::{Compiled, Error, Options, Planned, Recomputed, Remat, RematReport, RematSolver, Session, SplitReport, Timings, Training};
 
+/// The Rust examples of `docs/guide.md`, compiled by `cargo test --doc` so
+/// that they cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/guide.md")]
+pub struct GuideExamples;
+
 pub use smelt_codegen as codegen;
 pub use smelt_ir as ir;
 pub use smelt_passes as passes;

@@ -567,6 +567,18 @@ pub fn load_checkpoint(dir: &Path, cfg: &Config, graph: &mut Graph) -> Result<(u
     let arrays = npy::read_npz(&dir.join("checkpoint.npz"))?;
     let by_name: HashMap<String, smelt_ir::NodeId> =
         graph.node_ids().filter(|&n| graph.node(n).op.is_persistent()).map(|n| (graph.node(n).name.clone(), n)).collect();
+    // Every value the updates write (parameters, their optimizer state,
+    // running statistics, the step counter) must come from the archive: one
+    // left at its initial value would resume another run than the one saved.
+    let mut written = std::collections::BTreeSet::new();
+    for n in graph.node_ids() {
+        let ins = graph.inputs_of(n);
+        for slot in 0..graph.node(n).outputs.len() {
+            if let Some(v) = graph.node(n).op.updated_operand(slot).and_then(|i| ins.get(i)) {
+                written.insert(graph.node(v.node).name.clone());
+            }
+        }
+    }
     for (name, t) in arrays {
         let id = *by_name.get(&name).ok_or_else(|| err(format!("it holds \"{name}\", which the training step does not have")))?;
         let ty = graph.node(id).outputs[0].clone();
@@ -574,6 +586,15 @@ pub fn load_checkpoint(dir: &Path, cfg: &Config, graph: &mut Graph) -> Result<(u
             return Err(err(format!("it holds \"{name}\" as {}, the training step has {ty}", t.ty())));
         }
         graph.set_weight(id, t).map_err(|e| err(e.to_string()))?;
+        written.remove(&name);
+    }
+    if !written.is_empty() {
+        let missing: Vec<String> = written.iter().take(5).map(|n| format!("\"{n}\"")).collect();
+        let more = if written.len() > 5 { format!(" and {} more", written.len() - 5) } else { String::new() };
+        return Err(err(format!(
+            "checkpoint.npz lacks {}{more}, which the training step updates: it is incomplete or from another model",
+            missing.join(", ")
+        )));
     }
     Ok((meta.step, meta.scaler))
 }

@@ -423,3 +423,94 @@ fn tiles_follow_the_target_gpu() {
     }
     assert!(!better.is_empty(), "no GPU chose other tiles than the H100");
 }
+
+/// One kernel of each kind not snapshotted above, compiled with NVRTC and
+/// compared with its snapshot: fused attention on tensor cores, a GEMM on
+/// tensor cores, a normalization by block, a selection (pad), and a
+/// training step's convolution weight gradient and Adam update.
+#[test]
+fn attention_gemm_norm_select_grad_and_update_snapshots() {
+    use smelt_ir::builder::Builder;
+    use smelt_ir::{BinaryOp, Op, Optimizer};
+    let nvrtc = compiler();
+    let policy = |p: &str| smelt_passes::precision::Options { policy: p.parse().unwrap(), keep_f32: vec![], ..Default::default() };
+    let kernels = |g: &Graph, options: smelt::Options| -> Vec<Kernel> {
+        let k = common::session(g, options).compile().unwrap_or_else(|e| panic!("{e}")).graph;
+        k.node_ids().filter_map(|id| Kernel::of(&k, id)).collect()
+    };
+    let one = |ks: &[Kernel], what: &str, pred: &dyn Fn(&Kernel) -> bool| -> Kernel {
+        ks.iter()
+            .find(|k| pred(k))
+            .cloned()
+            .unwrap_or_else(|| panic!("no {what} kernel among {:?}", ks.iter().map(|k| k.name()).collect::<Vec<_>>()))
+    };
+    // Attention of 2 heads of 32, 40 queries, 50 keys, in f16.
+    let mut b = Builder::new(11);
+    let q = b.input("q", &[1, 2, 40, 32]).unwrap();
+    let k = b.weight("k".into(), &[1, 2, 50, 32], |r| r.normal());
+    let v = b.weight("v".into(), &[1, 2, 50, 32], |r| r.normal());
+    let kt = b.op(Op::Transpose { perm: vec![0, 1, 3, 2] }, &[k]).unwrap();
+    let s = b.op(Op::MatMul, &[q, kt]).unwrap();
+    let scale = b.constant("scale".into(), Tensor::from_f32(vec![], vec![32f32.sqrt().recip()]));
+    let s = b.op(Op::Binary(BinaryOp::Mul), &[s, scale]).unwrap();
+    let p = b.softmax(s).unwrap();
+    let y = b.op(Op::MatMul, &[p, v]).unwrap();
+    let ks = kernels(&b.finish("y", y).unwrap(), smelt::Options { precision: policy("f16"), ..Default::default() });
+    let attention = one(&ks, "attention", &|k| matches!(k, Kernel::Attention(a) if a.tc_rows.is_some()));
+    // A linear layer on tensor cores, in f16.
+    let mut b = Builder::new(12);
+    let x = b.input("x", &[64, 96]).unwrap();
+    let y = b.linear(x, 128).unwrap();
+    let ks = kernels(&b.finish("y", y).unwrap(), smelt::Options { precision: policy("f16"), ..Default::default() });
+    let gemm = one(&ks, "tensor-core GEMM", &|k| matches!(k, Kernel::Gemm(_)) && k.tensor_cores());
+    // A layer norm of 768 (a block per row), then a pad (a selection).
+    let mut b = Builder::new(13);
+    let x = b.input("x", &[2, 5, 768]).unwrap();
+    let scale = b.weight("scale".into(), &[768], |r| 1.0 + 0.1 * r.normal());
+    let bias = b.weight("bias".into(), &[768], |r| 0.1 * r.normal());
+    let n = b.op(Op::LayerNorm { axis: 2, epsilon: 1e-5 }, &[x, scale, bias]).unwrap();
+    let y = b.op(Op::Pad { pads: vec![0, 1, 0, 0, 2, 0], mode: smelt_ir::PadMode::Constant(0.0) }, &[n]).unwrap();
+    let ks = kernels(&b.finish("y", y).unwrap(), smelt::Options::default());
+    let norm = one(&ks, "block normalization", &|k| matches!(k, Kernel::Reduction(r) if r.by_block()));
+    let select = one(&ks, "selection", &|k| matches!(k, Kernel::Select(_)));
+    // A training step (Adam, mixed-f16) of conv, relu, linear.
+    let mut b = Builder::new(14);
+    let x = b.input("x", &[4, 16, 8, 8]).unwrap();
+    let y = b.conv(x, 32, 3, 1, 1).unwrap();
+    let y = b.relu(y).unwrap();
+    let y = b.op(Op::Flatten { axis: 1 }, &[y]).unwrap();
+    let y = b.linear(y, 10).unwrap();
+    let adam = Optimizer::Adam {
+        lr: 1e-3,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.0,
+        decoupled: false,
+        accumulate: 1,
+        schedule: Default::default(),
+    };
+    let train = smelt_passes::train::TrainConfig {
+        loss: smelt_passes::train::Loss::CrossEntropy { smoothing: 0.0 },
+        loss_on: None,
+        optimizer: Some(adam),
+        freeze: vec![],
+        batch_norm: Default::default(),
+        clip_norm: None,
+        loss_scale: false,
+    };
+    let ks =
+        kernels(&b.finish("y", y).unwrap(), smelt::Options { train: Some(train), precision: policy("mixed-f16"), ..Default::default() });
+    let grad = one(&ks, "conv weight gradient", &|k| matches!(k, Kernel::Grad(_)));
+    let update = one(&ks, "Adam update", &|k| matches!(k, Kernel::Update(_)));
+    for (name, k) in [
+        ("kind_attention_tc", attention),
+        ("kind_gemm_tc", gemm),
+        ("kind_norm_by_block", norm),
+        ("kind_select_pad", select),
+        ("kind_grad_conv_weight", grad),
+        ("kind_update_adam", update),
+    ] {
+        compile_and_snapshot(nvrtc.as_ref(), name, k.name(), &k.cuda());
+    }
+}

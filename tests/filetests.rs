@@ -21,7 +21,7 @@ fn check_fuse(path: &Path) -> (String, BTreeSet<String>) {
     let inputs = common::random_inputs(&before, 1);
     let want = smelt_runtime::cpu::run(&before, &inputs).unwrap();
     let got = smelt_runtime::cpu::run(&after, &inputs).unwrap();
-    for (a, b) in got.iter().zip(&want) {
+    for (a, b) in common::paired(&got, &want) {
         let c = smelt::compare(a, b, 1e-4, 1e-5);
         assert!(c.ok, "{}: fused numbers differ: {c:?}", path.display());
     }

@@ -6,7 +6,10 @@
 //! [`CAP`] aborts, naming the case), a hang (a case over [`CASE_SECS`]),
 //! or an error smelt calls its own bug.
 //!
-//! - `SMELT_FUZZ_SECS` (default 60): the time budget of the random cases.
+//! - `SMELT_FUZZ_CASES` (default [`CASES`]): how many random cases run,
+//!   the same ones on any machine under any load.
+//! - `SMELT_FUZZ_SECS`: go on past them until this many seconds have passed
+//!   (a longer campaign).
 //! - `SMELT_FUZZ_SEED` (default 0): which sequence of cases.
 //! - `SMELT_FUZZ_CASE=SEED:INDEX`: reruns one case and keeps its input in
 //!   `target/fuzz-case.{onnx,tir}`.
@@ -55,6 +58,11 @@ fn reset_peak() -> u64 {
     PEAK.store(now, Ordering::Relaxed);
     now
 }
+
+/// Random cases a run tries (`SMELT_FUZZ_CASES`): a fixed number, so that
+/// what is tested does not depend on the machine's load (about as many as
+/// the former 60-second budget ran on a loaded 2-core machine).
+const CASES: u64 = 6000;
 
 /// The case being run (seed << 32 | index), for the allocator's message.
 static CASE: AtomicU64 = AtomicU64::new(u64::MAX);
@@ -648,11 +656,12 @@ fn mutated_models_never_fail() {
         }
         return;
     }
-    let secs: u64 = std::env::var("SMELT_FUZZ_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
+    let cases: u64 = std::env::var("SMELT_FUZZ_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(CASES);
+    let secs: u64 = std::env::var("SMELT_FUZZ_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
     let t = Instant::now();
     let (mut index, mut failures) = (0u64, Vec::new());
     let mut reached = std::collections::BTreeMap::new();
-    while t.elapsed() < Duration::from_secs(secs) {
+    while index < cases || t.elapsed() < Duration::from_secs(secs) {
         let case = make_case(seed, index, &onnx, &tir);
         CASE.store(seed << 32 | index, Ordering::Relaxed);
         match run(&case) {

@@ -1,7 +1,8 @@
 //! GPU tests: the CUDA executor against the CPU reference. Where no NVIDIA
 //! GPU can be used (no driver, no device) this prints one SKIP line with the
 //! reason and exits successfully; it never passes silently. A plain `main`
-//! (harness = false) so that line is never captured.
+//! (harness = false) so that line is never captured (cargo-nextest shows
+//! it too: `.config/nextest.toml`).
 
 mod common;
 
@@ -52,6 +53,16 @@ fn near_ties(t: &smelt_ir::Tensor, tol: f64) -> usize {
 }
 
 fn main() {
+    // cargo-nextest lists a binary's tests (`--list --format terse`, and
+    // again with `--ignored`), then runs each (`--exact NAME`): this binary
+    // is one test, `gpu`.
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--list") {
+        if !args.iter().any(|a| a == "--ignored") {
+            println!("gpu: test");
+        }
+        return;
+    }
     // No driver library: nothing to test here. A driver that is present
     // but cannot run anything is a failure, not a skip.
     if !smelt_codegen::cuda_driver_available() {

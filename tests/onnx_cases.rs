@@ -72,14 +72,20 @@ fn classified(what: &str, e: smelt::Error) -> Failure {
 /// reference executor, and with `emulate` the fused program's generated
 /// CUDA C on the emulator, every kernel checked against its description.
 fn run_case(dir: &Path, emulate: bool) -> Result<usize, Failure> {
-    let r = std::panic::catch_unwind(|| run_case_inner(dir, emulate));
+    run_case_collecting(dir, emulate, None)
+}
+
+/// As [`run_case`]; with `programs`, the emulator's programs are only
+/// collected there, nothing runs.
+fn run_case_collecting(dir: &Path, emulate: bool, programs: Option<&mut Vec<smelt_codegen::Program>>) -> Result<usize, Failure> {
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_case_inner(dir, emulate, programs)));
     r.unwrap_or_else(|p| {
         let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
         Err(Failure::Bug(format!("panic: {}", msg.unwrap_or_default())))
     })
 }
 
-fn run_case_inner(dir: &Path, emulate: bool) -> Result<usize, Failure> {
+fn run_case_inner(dir: &Path, emulate: bool, mut programs: Option<&mut Vec<smelt_codegen::Program>>) -> Result<usize, Failure> {
     let mut sets: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.is_dir()).collect();
     sets.sort();
     for set in &sets {
@@ -114,6 +120,11 @@ fn run_case_inner(dir: &Path, emulate: bool) -> Result<usize, Failure> {
         let mut session = smelt::Session::from_graph("case", g.clone(), Default::default()).map_err(|e| classified("import", e))?;
         let compiled = session.compile().map_err(|e| classified("fuse", e))?;
         let fused = &compiled.graph;
+        if let Some(programs) = programs.as_deref_mut() {
+            let planned = session.plan(&compiled).map_err(|e| classified("plan", e))?;
+            programs.push(session.program(&compiled, &planned).map_err(|e| classified("code generation", e))?);
+            continue;
+        }
         let plan = smelt_passes::memory::plan(fused).map_err(|e| classified("plan", e.into()))?;
         smelt_passes::memory::check::check(fused, &plan).map_err(|e| Failure::Bug(format!("plan check: {e}")))?;
         let mut runs = vec![("imported", smelt_runtime::cpu::run(&g, &inputs)), ("fused", smelt_runtime::cpu::run(fused, &inputs))];
@@ -409,14 +420,29 @@ fn onnx_node_suite_on_the_emulator() {
     let list = allow_list(include_str!("onnx-node-cases.txt"), "onnx-node-cases.txt");
     let dir = common::testdata().join("onnx-node");
     let index = std::fs::read_to_string(dir.join("index.tsv")).expect("run scripts/fetch-testdata.sh: no .testdata/onnx-node");
+    let cases: Vec<(&str, &str)> = index
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|line| {
+            let f: Vec<&str> = line.split('\t').collect();
+            (f[0], f[2])
+        })
+        .filter(|(case, _)| !case.contains("_expanded") && list.get(*case) == Some(&None))
+        .collect();
+    // Every case's kernels compiled first, in batches on all cores (a case
+    // that fails here fails below with its reason).
+    let mut programs = Vec::new();
+    for (case, _) in &cases {
+        let _ = run_case_collecting(&dir.join(case), true, Some(&mut programs));
+    }
+    match smelt_runtime::emu::precompile(&programs) {
+        Ok(stats) => println!("precompiled the kernels of {} programs: {stats:?}", programs.len()),
+        Err(e) => println!("precompiling: {e} (the case fails below)"),
+    }
+    drop(programs);
     let mut ops = std::collections::BTreeSet::new();
     let (mut ran, mut failures) = (0, Vec::new());
-    for line in index.lines().filter(|l| !l.starts_with('#')) {
-        let f: Vec<&str> = line.split('\t').collect();
-        let (case, op) = (f[0], f[2]);
-        if case.contains("_expanded") || list.get(case) != Some(&None) {
-            continue;
-        }
+    for (case, op) in cases {
         ops.insert(op);
         ran += 1;
         match (run_case(&dir.join(case), true), NO_CUDA_KERNEL.contains(&case)) {

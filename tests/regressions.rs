@@ -18,7 +18,7 @@ fn roundtrip_numbers(src: &str) {
     let ins = common::random_inputs(&g, 3);
     let a = smelt_runtime::cpu::run(&g, &ins).unwrap();
     let b = smelt_runtime::cpu::run(&f, &ins).unwrap();
-    for (x, y) in b.iter().zip(&a) {
+    for (x, y) in common::paired(&b, &a) {
         assert_eq!(x.shape(), y.shape(), "{}", text::print(&f));
         let c = smelt::compare(x, y, 1e-3, 1e-4);
         assert!(c.ok, "{c:?}\n{}", text::print(&f));

@@ -52,7 +52,7 @@ fn check(name: &str, batch: usize, goals: &[Goal]) -> (usize, Vec<usize>) {
     let mut arenas = Vec::new();
     for &goal in goals {
         let (got, arena, splits, extra) = run(&spec, batch, Some(goal), &inputs);
-        for (a, b) in got.iter().zip(&want) {
+        for (a, b) in common::paired(&got, &want) {
             let c = smelt::compare(a, b, 1e-4, 1e-5);
             assert!(c.ok, "{name} batch {batch} {goal:?}: split outputs differ from unsplit: {c:?}");
         }
@@ -251,7 +251,7 @@ fn transformer_feed_forward_blocks_split_by_tokens() {
         let x: Vec<Tensor> = (0..c.graph.inputs().len()).map(|i| smelt::dummy_input(&c.graph, i)).collect();
         outs.push(program.run_cpu(&program.weights_blob(&c.graph).unwrap(), &x).unwrap());
     }
-    for (a, b) in outs[1].iter().zip(&outs[0]) {
+    for (a, b) in common::paired(&outs[1], &outs[0]) {
         let c = smelt::compare(a, b, 1e-4, 1e-5);
         assert!(c.ok, "{c:?}");
     }

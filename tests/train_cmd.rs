@@ -128,13 +128,28 @@ fn resuming_gives_the_weights_of_an_uninterrupted_run() {
     let b = npy::read_npz(&parts.join("checkpoint.npz")).unwrap();
     assert_eq!(a.len(), b.len());
     assert!(a.iter().any(|(n, _)| n.ends_with(".adam_v")) && a.iter().any(|(n, _)| n == "train.step"), "optimizer state is checkpointed");
-    for ((n, x), (m, y)) in a.iter().zip(&b) {
+    for ((n, x), (m, y)) in common::paired(&a, &b) {
         assert_eq!(n, m);
         assert_eq!(x, y, "{n} differs between the uninterrupted and the resumed run");
     }
     // Another learning rate is another run: refused.
     let e = refused(&[&common[..], &["--lr", "0.5", "--steps", "40", "--resume", s(&parts)]].concat());
     assert!(e.contains("it was made with the recipe"), "{e}");
+    // An archive without one of the values the step updates (a moment of
+    // Adam, the step counter, a bias) is refused, naming it: resuming would
+    // start that value over and silently train another run.
+    let adam_v = a.iter().find(|(n, _)| n.ends_with(".adam_v")).unwrap().0.clone();
+    let bias = a.iter().find(|(n, _)| n.ends_with("bias")).unwrap().0.clone();
+    for gone in [adam_v.as_str(), "train.step", bias.as_str()] {
+        let cut = scratch("cut");
+        std::fs::copy(parts.join("checkpoint.json"), cut.join("checkpoint.json")).unwrap();
+        let kept: Vec<(String, Tensor)> = b.iter().filter(|(n, _)| n != gone).cloned().collect();
+        assert_eq!(kept.len() + 1, b.len());
+        npy::write_npz(&cut.join("checkpoint.npz"), &kept).unwrap();
+        let e = refused(&[&common[..], &["--steps", "40", "--resume", s(&cut)]].concat());
+        assert!(e.contains("lacks") && e.contains(&format!("\"{gone}\"")), "{gone}: {e}");
+        std::fs::remove_dir_all(&cut).unwrap();
+    }
     std::fs::remove_dir_all(&whole).unwrap();
     std::fs::remove_dir_all(&parts).unwrap();
 }
@@ -307,7 +322,8 @@ fn the_emulator_runs_the_same_training_as_the_cpu() {
         got.push(npy::read_npz(&ck.join("checkpoint.npz")).unwrap());
         std::fs::remove_dir_all(&ck).unwrap();
     }
-    for ((n, a), (_, b)) in got[0].iter().zip(&got[1]) {
+    for ((n, a), (m, b)) in common::paired(&got[0], &got[1]) {
+        assert_eq!(n, m, "the two backends' checkpoints hold the same arrays in the same order");
         let e = excess(b, a, 1e-4, 1e-5);
         assert!(e <= 1.0, "{n}: the emulator's weights differ from the CPU's ({e:.2} times the tolerance)");
     }

@@ -8,6 +8,7 @@ mod common;
 use smelt_ir::onnx::read_tensor_file;
 use smelt_ir::{Op, Optimizer, Tensor};
 use smelt_passes::train::{training_step, Loss, TrainConfig};
+use smelt_runtime::emu::Schedule;
 use std::path::PathBuf;
 
 const CASES: [&str; 5] = ["mlp", "mlp_mse", "cnn", "resnet_blocks", "tenc"];
@@ -550,13 +551,24 @@ fn emulated_steps(
     inputs: &[Tensor],
     n: usize,
 ) -> (smelt_codegen::Program, Vec<Tensor>) {
+    emulated_steps_from(s, compiled, inputs, n, 0)
+}
+
+/// As [`emulated_steps`], step `i` in the schedule `(i + first) % 3`.
+fn emulated_steps_from(
+    s: &mut smelt::Session,
+    compiled: &smelt::Compiled,
+    inputs: &[Tensor],
+    n: usize,
+    first: usize,
+) -> (smelt_codegen::Program, Vec<Tensor>) {
     let planned = s.plan(compiled).unwrap_or_else(|e| panic!("{e}"));
     let program = s.program(compiled, &planned).unwrap_or_else(|e| panic!("{e}"));
     let blob = program.weights_blob(&compiled.graph).unwrap();
     let mut exec = smelt_runtime::emu::executor(program.clone(), &blob, &|_| {}).unwrap_or_else(|e| panic!("{e}"));
     let mut outs = Vec::new();
     for i in 0..n {
-        let schedule = smelt_runtime::emu::Schedule::ALL[i % 3];
+        let schedule = smelt_runtime::emu::Schedule::ALL[(i + first) % 3];
         exec.device_mut().set_schedule(schedule);
         let (o, checks) = exec.run_checked(inputs, 1e-5).unwrap_or_else(|e| panic!("{schedule:?}: {e}"));
         let bad: Vec<String> =
@@ -642,10 +654,37 @@ fn mixed_precision_training_steps_compile_and_run() {
     let classifiers: Vec<_> = stats.kept_f32.iter().filter(|k| k.reason == "classifier").collect();
     assert_eq!(classifiers.len(), 1, "only the last gemm is the classifier: {classifiers:?}");
     let (program, outs) = emulated_steps(&mut s, &compiled, &[x.clone(), labels.clone()], 3);
+    assert_eq!(program.outputs.len(), outs.len());
+    let model = &s.source;
+    let mut n = 0;
     for (io, got) in program.outputs.iter().zip(&outs) {
         if let Ok((_, want)) = read_tensor_file(&d.join("sgd").join(format!("{}.pb", io.name))) {
             let err = common::excess(got, &want, 0.0, 0.02);
             assert!(err <= 1.0, "{}: mixed-f16 weights after 3 steps are {err} x 2% of range from PyTorch's f32", io.name);
+            // The step moved the weight as PyTorch's did: the distance from
+            // the initial weight is PyTorch's within 10%.
+            let initial = model.weight(model.node_ids().find(|&id| model.node(id).name == io.name).unwrap()).unwrap();
+            let dist =
+                |t: &Tensor| t.to_f32_vec().iter().zip(initial.to_f32_vec()).map(|(a, b)| ((a - b) as f64).powi(2)).sum::<f64>().sqrt();
+            let (ours, theirs) = (dist(got), dist(&want));
+            assert!(
+                theirs > 0.0 && (ours - theirs).abs() <= 0.1 * theirs,
+                "{}: moved {ours:.3e} in 3 mixed-f16 steps, PyTorch's f32 {theirs:.3e}",
+                io.name
+            );
+            n += 1;
+        }
+    }
+    // Every parameter PyTorch trains (its files but the losses) was compared.
+    assert_eq!(n, std::fs::read_dir(d.join("sgd")).unwrap().count() - 1, "mixed-f16: parameters compared");
+    // One step from the same weights in each schedule of a block's threads
+    // (lockstep, warps in order, reversed): the same bytes, or threads race.
+    let runs: Vec<Vec<Tensor>> =
+        (0..3).map(|first| emulated_steps_from(&mut s, &compiled, &[x.clone(), labels.clone()], 1, first).1).collect();
+    for (i, run) in runs.iter().enumerate().skip(1) {
+        for ((a, b), io) in common::paired(&runs[0], run).zip(&program.outputs) {
+            let same = a.data().to_le_bytes() == b.data().to_le_bytes();
+            assert!(same, "{}: a mixed-f16 step in schedule {:?} differs from {:?}", io.name, Schedule::ALL[i], Schedule::ALL[0]);
         }
     }
 }

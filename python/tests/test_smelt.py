@@ -306,8 +306,12 @@ def test_errors_raise_their_types():
 
 
 def test_readme_and_module_examples_run():
+    # Each document's examples: as many as it has `>>>` lines, so an
+    # example that stopped being seen (a broken fence) fails here.
     for doc in (ROOT / "README.md", ROOT / "docs" / "guide.md"):
         failed, tried = doctest.testfile(str(doc), module_relative=False, optionflags=doctest.ELLIPSIS)
+        prompts = sum(1 for line in doc.read_text().splitlines() if line.lstrip().startswith(">>> "))
         assert failed == 0, doc
+        assert tried == prompts > 0, f"{doc}: {tried} examples ran of {prompts}"
     failed, tried = doctest.testmod(smelt, optionflags=doctest.ELLIPSIS)
     assert failed == 0 and tried > 0

@@ -4,6 +4,15 @@
 use smelt_ir::{builder::Builder, BinaryOp, DType, Graph, Op, Rng, Tensor, UnaryOp, ValueId};
 use std::path::PathBuf;
 
+/// `a` and `b` element by element, after asserting that both are as long
+/// and not empty: a comparison over a plain `zip` of lists of different
+/// lengths checks only the shorter one, and over empty lists nothing.
+pub fn paired<'a, A, B>(a: &'a [A], b: &'a [B]) -> std::iter::Zip<std::slice::Iter<'a, A>, std::slice::Iter<'a, B>> {
+    assert_eq!(a.len(), b.len(), "lists of different lengths compared");
+    assert!(!a.is_empty(), "empty lists compared");
+    a.iter().zip(b)
+}
+
 /// The nine light models of the onnx wheel.
 pub const LIGHT: [&str; 9] =
     ["bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet", "squeezenet", "vgg19", "zfnet512"];

@@ -15,157 +15,17 @@
 //! between a block's threads: a [`Schedule`] picks the order they run in
 //! between barriers, so a kernel run under each must give the same bytes.
 
+mod compile;
+
+pub use compile::{stats, translate, EmuCompiler, EmuKernel, KernelSource, Level, Param, Stats, Translated, HEADER};
+
 use crate::exec::{Device, DeviceInfo, Executor};
 use crate::RuntimeError;
-use smelt_codegen::cache::Cache;
 use smelt_codegen::program::{Program, Space, Step};
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void};
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
-
-/// smelt's CUDA header for the host compiler.
-pub const HEADER: &str = include_str!("smelt_emu.h");
-
-/// Options every kernel is compiled with: f32 arithmetic exactly as written
-/// (no contraction into fused multiply-adds, no fast math), as the CPU
-/// descriptions compute.
-const FLAGS: &[&str] = &["-std=c++17", "-O2", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math", "-fvisibility=hidden", "-w"];
-
-/// A kernel parameter, as its signature declares it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Param {
-    /// Its name.
-    pub name: String,
-    /// The pointee type (`float`, `__half`, `float4`), or the scalar type.
-    pub ty: String,
-    /// A pointer (else an `unsigned long long` scalar).
-    pub pointer: bool,
-    /// A pointer to const.
-    pub constant: bool,
-    /// Declared `__restrict__`.
-    pub restrict: bool,
-}
-
-/// One parameter declaration: `[const ]T* [__restrict__ ]NAME` or `T NAME`.
-fn parse_param(p: &str) -> Option<Param> {
-    let p = p.trim();
-    let (constant, rest) = match p.strip_prefix("const ") {
-        Some(r) => (true, r.trim()),
-        None => (false, p),
-    };
-    if let Some(star) = rest.find('*') {
-        let ty = rest[..star].trim().to_string();
-        let after = rest[star + 1..].trim();
-        let (restrict, name) = match after.strip_prefix("__restrict__") {
-            Some(n) => (true, n.trim()),
-            None => (false, after),
-        };
-        let ok = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-        // Multi-word pointee types: `long long`, `unsigned char`.
-        let ty = ty.split_whitespace().collect::<Vec<_>>().join(" ");
-        return (ty.split(' ').all(ok) && ok(name)).then(|| Param { name: name.to_string(), ty, pointer: true, constant, restrict });
-    }
-    let (ty, name) = rest.rsplit_once(' ')?;
-    let ok = ty.split_whitespace().all(|w| w.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'));
-    ok.then(|| Param { name: name.to_string(), ty: ty.trim().to_string(), pointer: false, constant, restrict: false })
-}
-
-/// The kernel's source for the host compiler, and its parameters: every
-/// function signature's pointer parameters become checked pointers
-/// (`smelt_emu::Ptr<const float> in0`), then a launcher is appended.
-pub fn translate(name: &str, source: &str) -> Result<(String, Vec<Param>), RuntimeError> {
-    let bad = |msg: String| RuntimeError::Emulator { kernel: name.to_string(), msg };
-    let mut out = String::from("#include \"smelt_emu.h\"\n");
-    let mut params = None;
-    for line in source.lines() {
-        let is_sig = (line.contains("__global__") || line.contains("__device__")) && line.contains('(');
-        if !is_sig {
-            out += line;
-            out.push('\n');
-            continue;
-        }
-        let open = line.find('(').expect("checked");
-        let close = line.rfind(')').ok_or_else(|| bad(format!("signature without a closing parenthesis: {line}")))?;
-        let mut ps = Vec::new();
-        for p in line[open + 1..close].split(',') {
-            ps.push(parse_param(p).ok_or_else(|| bad(format!("cannot read parameter `{}`", p.trim())))?);
-        }
-        let decl: Vec<String> = ps
-            .iter()
-            .map(|p| {
-                if p.pointer {
-                    format!("smelt_emu::Ptr<{}{}> {}", if p.constant { "const " } else { "" }, p.ty, p.name)
-                } else {
-                    format!("{}{} {}", if p.constant { "const " } else { "" }, p.ty, p.name)
-                }
-            })
-            .collect();
-        out += &format!("{}{}{}\n", &line[..=open], decl.join(", "), &line[close..]);
-        if line.contains("__global__") {
-            let fname = line[..open].split_whitespace().last().unwrap_or("");
-            if fname != name {
-                return Err(bad(format!("the source defines kernel {fname}")));
-            }
-            // The runtime passes 8-byte values: addresses and counts.
-            if let Some(p) = ps.iter().find(|p| !p.pointer && p.ty != "unsigned long long") {
-                return Err(bad(format!(
-                    "kernel parameter {} is a {}: the runtime passes pointers and unsigned long long counts only",
-                    p.name, p.ty
-                )));
-            }
-            params = Some(ps);
-        }
-    }
-    let params = params.ok_or_else(|| bad("no __global__ function in the source".into()))?;
-    // Barriers and warp operations need each thread on its own fiber.
-    let barriers = ["__syncthreads", "_sync(", "__syncwarp", "__activemask"].iter().any(|c| source.contains(c));
-    out += "\nnamespace {\nstruct Args {\n";
-    for p in &params {
-        if p.pointer {
-            out += &format!("    smelt_emu::Ptr<{}{}> {};\n", if p.constant { "const " } else { "" }, p.ty, p.name);
-        } else {
-            out += &format!("    unsigned long long {};\n", p.name);
-        }
-    }
-    out += "};\nvoid body(void* d) {\n    Args* a = (Args*)d;\n";
-    let call: Vec<String> = params.iter().map(|p| format!("a->{}", p.name)).collect();
-    out += &format!("    {name}({});\n}}\n}}  // namespace\n\n", call.join(", "));
-    out += "extern \"C\" __attribute__((visibility(\"default\"))) int smelt_emu_launch(void** args, smelt_emu::Launch* l) {\n";
-    out += "    smelt_emu::current = l;\n    Args a;\n";
-    for (i, p) in params.iter().enumerate() {
-        if p.pointer {
-            out += &format!(
-                "    a.{n} = smelt_emu::Ptr<{c}{t}>::make(args[{i}], {i}, \"{n}\");\n",
-                n = p.name,
-                c = if p.constant { "const " } else { "" },
-                t = p.ty
-            );
-        } else {
-            out += &format!("    std::memcpy(&a.{}, args[{i}], 8);\n", p.name);
-        }
-    }
-    // A misaligned vector parameter faults on a GPU (and here): no launch.
-    out += "    if (l->errors > 0) return 1;\n";
-    out += &format!("    return smelt_emu::run(l, {barriers}, body, &a);\n}}\n");
-    Ok((out, params))
-}
-
-/// The host C++ compiler: `$SMELT_CXX`, else `c++`.
-fn compiler() -> String {
-    std::env::var("SMELT_CXX").unwrap_or_else(|_| "c++".into())
-}
-
-/// The compiler's identity (its `--version` first line), part of the cache key.
-fn compiler_version(cxx: &str) -> Result<String, RuntimeError> {
-    let out = std::process::Command::new(cxx).arg("--version").output().map_err(|e| {
-        RuntimeError::NoCompiler(format!(
-            "cannot run `{cxx}` ({e}): the emulator compiles kernels with a C++ compiler (install g++, or set SMELT_CXX)"
-        ))
-    })?;
-    Ok(String::from_utf8_lossy(&out.stdout).lines().next().unwrap_or("").to_string())
-}
 
 #[repr(C)]
 struct Extent {
@@ -174,7 +34,7 @@ struct Extent {
 }
 
 #[repr(C)]
-struct Launch {
+pub(crate) struct Launch {
     grid: [u32; 3],
     block: [u32; 3],
     block_begin: u64,
@@ -210,160 +70,7 @@ impl Schedule {
     pub const ALL: [Schedule; 3] = [Schedule::Lockstep, Schedule::WarpsInOrder, Schedule::WarpsReversed];
 }
 
-type LaunchFn = unsafe extern "C" fn(*mut *mut c_void, *mut Launch) -> c_int;
-
-/// A kernel compiled for the host.
-pub struct EmuKernel {
-    name: String,
-    params: Vec<Param>,
-    entry: LaunchFn,
-    _lib: libloading::Library,
-}
-
-impl std::fmt::Debug for EmuKernel {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "EmuKernel({})", self.name)
-    }
-}
-
-impl EmuKernel {
-    /// Its parameters.
-    pub fn params(&self) -> &[Param] {
-        &self.params
-    }
-}
-
-/// Compiles kernels for the emulator, with a cache on disk.
-#[derive(Clone, Debug)]
-pub struct EmuCompiler {
-    cxx: String,
-    version: String,
-    dir: PathBuf,
-    includes: Arc<std::sync::OnceLock<Result<PathBuf, String>>>,
-}
-
-impl EmuCompiler {
-    /// The host compiler (`$SMELT_CXX` or `c++`), caching in `emu/` under the kernel cache.
-    pub fn new() -> Result<EmuCompiler, RuntimeError> {
-        let cxx = compiler();
-        let version = compiler_version(&cxx)?;
-        Ok(EmuCompiler { cxx, version, dir: Cache::default_dir().join("emu"), includes: Arc::default() })
-    }
-
-    /// The folder of smelt's CUDA headers for the host compiler (one per
-    /// header version, made once), with the main header precompiled when
-    /// the compiler can (it halves the time of a small kernel).
-    fn includes(&self) -> Result<PathBuf, String> {
-        // One thread of this process at a time writes the folder (other
-        // processes write under other temporary names, then rename).
-        static WRITING: std::sync::Mutex<()> = std::sync::Mutex::new(());
-        self.includes
-            .get_or_init(|| {
-                let _one = WRITING.lock().unwrap_or_else(|e| e.into_inner());
-                let inc = self.dir.join(format!("include-{}", Cache::key(HEADER, std::slice::from_ref(&self.version))));
-                let tag = format!("tmp{}", std::process::id());
-                let write = |file: &str, text: &str| -> Result<(), String> {
-                    let path = inc.join(file);
-                    if std::fs::read_to_string(&path).ok().as_deref() != Some(text) {
-                        let tmp = path.with_extension(&tag);
-                        std::fs::write(&tmp, text).map_err(|e| format!("{}: {e}", tmp.display()))?;
-                        std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))?;
-                    }
-                    Ok(())
-                };
-                std::fs::create_dir_all(&inc).map_err(|e| format!("{}: {e}", inc.display()))?;
-                write("smelt_emu.h", HEADER)?;
-                for stub in ["cuda_fp16.h", "cuda_bf16.h", "mma.h", "cuda_pipeline.h"] {
-                    write(stub, "#pragma once\n")?;
-                }
-                let pch = inc.join("smelt_emu.h.gch");
-                if !pch.exists() {
-                    let tmp = inc.join(format!("smelt_emu.h.gch.{tag}"));
-                    let flags = FLAGS.iter().filter(|f| **f != "-shared");
-                    let made = std::process::Command::new(&self.cxx)
-                        .args(flags)
-                        .args(["-x", "c++-header", "-o"])
-                        .arg(&tmp)
-                        .arg(inc.join("smelt_emu.h"))
-                        .output()
-                        .is_ok_and(|o| o.status.success());
-                    // Without a precompiled header, kernels compile from the text.
-                    if made {
-                        let _ = std::fs::rename(&tmp, &pch);
-                    } else {
-                        let _ = std::fs::remove_file(&tmp);
-                    }
-                }
-                Ok(inc)
-            })
-            .clone()
-    }
-
-    /// Compiles (or finds in the cache) and loads kernel `name`.
-    pub fn compile(&self, name: &str, source: &str) -> Result<EmuKernel, RuntimeError> {
-        let (unit, params) = translate(name, source)?;
-        let mut options: Vec<String> = FLAGS.iter().map(|s| s.to_string()).collect();
-        options.push(self.version.clone());
-        options.push(HEADER.to_string());
-        let key = Cache::key(&unit, &options);
-        let lib = self.dir.join(format!("{key}.so"));
-        let io = |p: &Path| {
-            let p = p.display().to_string();
-            move |e: std::io::Error| RuntimeError::Emulator { kernel: name.to_string(), msg: format!("{p}: {e}") }
-        };
-        let cpp = self.dir.join(format!("{key}.cpp"));
-        let cached = std::fs::read_to_string(&cpp).is_ok_and(|s| s == unit) && lib.exists();
-        if !cached {
-            let tag = format!("tmp{}_{:?}", std::process::id(), std::thread::current().id()).replace(['(', ')'], "");
-            let inc = self.includes().map_err(|msg| RuntimeError::Emulator { kernel: name.to_string(), msg })?;
-            let src_tmp = self.dir.join(format!("{key}.{tag}.cpp"));
-            let lib_tmp = self.dir.join(format!("{key}.{tag}.so"));
-            std::fs::write(&src_tmp, &unit).map_err(io(&src_tmp))?;
-            let out = std::process::Command::new(&self.cxx)
-                .args(FLAGS)
-                .arg("-I")
-                .arg(&inc)
-                .arg("-o")
-                .arg(&lib_tmp)
-                .arg(&src_tmp)
-                .output()
-                .map_err(|e| RuntimeError::NoCompiler(format!("cannot run `{}`: {e}", self.cxx)))?;
-            if !out.status.success() {
-                let _ = std::fs::remove_file(&src_tmp);
-                let log = String::from_utf8_lossy(&out.stderr);
-                let log: String = log.lines().take(30).collect::<Vec<_>>().join("\n");
-                return Err(RuntimeError::Emulator { kernel: name.to_string(), msg: format!("the host compiler rejected it:\n{log}") });
-            }
-            std::fs::rename(&lib_tmp, &lib).map_err(io(&lib))?;
-            std::fs::rename(&src_tmp, &cpp).map_err(io(&cpp))?;
-        }
-        // SAFETY: the library is smelt's own translation of a kernel; its
-        // initialisers only set up thread-local variables.
-        let l = unsafe { libloading::Library::new(&lib) }
-            .map_err(|e| RuntimeError::Emulator { kernel: name.to_string(), msg: format!("loading {}: {e}", lib.display()) })?;
-        // SAFETY: `smelt_emu_launch` is the launcher `translate` appended, of this type.
-        let entry = unsafe { l.get::<LaunchFn>(b"smelt_emu_launch\0") }
-            .map(|s| *s)
-            .map_err(|e| RuntimeError::Emulator { kernel: name.to_string(), msg: format!("no launcher in {}: {e}", lib.display()) })?;
-        Ok(EmuKernel { name: name.to_string(), params, entry, _lib: l })
-    }
-
-    /// Compiles `(name, source)` pairs on `threads` threads, calling
-    /// `progress(name)` after each; the first failure is returned.
-    pub fn compile_all(
-        &self,
-        kernels: &[(String, String)],
-        threads: usize,
-        progress: &(dyn Fn(&str) + Sync),
-    ) -> Result<HashMap<String, Arc<EmuKernel>>, RuntimeError> {
-        let compiled = smelt_codegen::program::parallel_map(kernels, threads, |(name, src)| {
-            let r = self.compile(name, src);
-            progress(name);
-            r.map(|k| (name.clone(), Arc::new(k)))
-        });
-        compiled.into_iter().collect()
-    }
-}
+pub(crate) type LaunchFn = unsafe extern "C" fn(*mut *mut c_void, *mut Launch) -> c_int;
 
 /// Runs a launch of `f` over `workers` threads (blocks in contiguous ranges;
 /// small launches on one): the message of the first faulty access, if any.
@@ -620,13 +327,50 @@ impl Device for Emulator {
 /// A program on the emulator.
 pub type EmuExecutor = Executor<Emulator>;
 
-/// Compiles every kernel of `program` for the host (on all cores, calling
-/// `progress` after each) and loads it with its weights blob.
+/// Every kernel of `program` once, at the level its launches' work asks
+/// for (their FLOPs, or elements produced, summed).
+pub fn sources(program: &Program) -> Vec<KernelSource> {
+    let mut work: HashMap<&str, u64> = HashMap::new();
+    for s in &program.steps {
+        *work.entry(s.kernel.name()).or_default() += s.kernel.flops() as u64;
+    }
+    program
+        .sources()
+        .into_iter()
+        .map(|(name, source)| {
+            let level = Level::for_work(work.get(name.as_str()).copied().unwrap_or(u64::MAX));
+            KernelSource { name, source, level }
+        })
+        .collect()
+}
+
+/// Compiles the kernels of `programs` into the cache (in batches, on all
+/// cores), so that later [`executor`]s of them only load: for callers that
+/// run many small programs one after another.
+pub fn precompile<'a>(programs: impl IntoIterator<Item = &'a Program>) -> Result<Stats, RuntimeError> {
+    let compiler = EmuCompiler::new()?;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let kernels: Vec<KernelSource> = programs.into_iter().flat_map(sources).collect();
+    let before = stats();
+    compiler.compile_many(&kernels, threads, &|_| {})?;
+    let after = stats();
+    Ok(Stats {
+        kernels: after.kernels - before.kernels,
+        hits: after.hits - before.hits,
+        compiled: after.compiled - before.compiled,
+        units: after.units - before.units,
+        compile_seconds: after.compile_seconds - before.compile_seconds,
+    })
+}
+
+/// Compiles every kernel of `program` for the host (in batches on all
+/// cores, calling `progress` after each) and loads it with its weights blob.
 pub fn executor(program: Program, weights: &[u8], progress: &(dyn Fn(&str) + Sync)) -> Result<EmuExecutor, RuntimeError> {
     let need = program.arena.saturating_add(weights.len());
     crate::check_host_memory("the emulator's arena and weights", need)?;
     let compiler = EmuCompiler::new()?;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let kernels = compiler.compile_all(&program.sources(), threads, progress)?;
+    let kernels = compiler.compile_many(&sources(&program), threads, progress)?;
+    let kernels = kernels.into_iter().map(|k| (k.name.clone(), Arc::new(k))).collect();
     Executor::new(Emulator::new(kernels, &compiler), program, weights, None)
 }
