@@ -569,41 +569,61 @@ impl Conv {
         let (cg, mg, k, p) = (self.cg(), self.mg(), self.k(), self.p());
         let plane = oh * ow;
         let mut out = vec![0f32; self.numel()];
-        let mut row = vec![0f32; p];
-        let mut acc = vec![0f32; mg * p];
+        // Positions in blocks whose accumulators stay in the cache; each
+        // output still sums its k products in order, one rounding each, so
+        // the result does not depend on the block.
+        const BLOCK: usize = 128;
+        let mut row = vec![0f32; BLOCK];
+        let mut corner = vec![(0usize, 0usize, 0usize); BLOCK];
+        let mut acc = vec![0f32; mg * BLOCK];
+        let mut wt = vec![0f32; k * mg];
         for g in 0..self.groups {
-            acc.fill(0.0);
-            for kk in 0..k {
-                let (ci, r, q) =
-                    if self.x_nhwc { (kk % cg, kk / (kw * cg), kk / cg % kw) } else { (kk / (kh * kw), kk / kw % kh, kk % kw) };
-                // Row kk of the im2col matrix, as the kernel decodes it.
-                for (gp, v) in row.iter_mut().enumerate() {
-                    let (nb, oy, ox) = (gp / plane, gp / ow % oh, gp % ow);
-                    let iy = (oy * sh + r * dh).checked_sub(ph).filter(|&i| i < h);
-                    let ix = (ox * sw + q * dw).checked_sub(pw).filter(|&i| i < wd);
-                    *v = match (iy, ix) {
-                        (Some(iy), Some(ix)) if self.x_nhwc => x[((nb * h + iy) * wd + ix) * c + g * cg + ci],
-                        (Some(iy), Some(ix)) => x[((nb * c + g * cg + ci) * h + iy) * wd + ix],
-                        _ => 0.0,
-                    };
-                }
-                for gm in 0..mg {
-                    let a = w[(g * mg + gm) * k + kk];
-                    acc[gm * p..][..p].iter_mut().zip(&row).for_each(|(acc, b)| *acc += a * b);
+            // The group's weights as [k, mg]: one contiguous column per kk.
+            for gm in 0..mg {
+                for kk in 0..k {
+                    wt[kk * mg + gm] = w[(g * mg + gm) * k + kk];
                 }
             }
-            for gm in 0..mg {
-                let co = g * mg + gm;
-                for gp in 0..p {
-                    let o = if self.out_nhwc { gp * m + co } else { ((gp / plane) * m + co) * plane + gp % plane };
-                    let mut v = acc[gm * p + gp];
-                    if let Some(b) = &bias {
-                        v += b[co];
+            for p0 in (0..p).step_by(BLOCK) {
+                let pb = BLOCK.min(p - p0);
+                acc[..mg * pb].fill(0.0);
+                // Each position's image and window corner, decoded once.
+                for (j, at) in corner[..pb].iter_mut().enumerate() {
+                    let gp = p0 + j;
+                    *at = (gp / plane, (gp / ow % oh) * sh, (gp % ow) * sw);
+                }
+                for kk in 0..k {
+                    let (ci, r, q) =
+                        if self.x_nhwc { (kk % cg, kk / (kw * cg), kk / cg % kw) } else { (kk / (kh * kw), kk / kw % kh, kk % kw) };
+                    let (dy, dx) = (r * dh, q * dw);
+                    // Row kk of the im2col matrix, as the kernel decodes it.
+                    for (v, &(nb, y0, x0)) in row[..pb].iter_mut().zip(&corner[..pb]) {
+                        let iy = (y0 + dy).checked_sub(ph).filter(|&i| i < h);
+                        let ix = (x0 + dx).checked_sub(pw).filter(|&i| i < wd);
+                        *v = match (iy, ix) {
+                            (Some(iy), Some(ix)) if self.x_nhwc => x[((nb * h + iy) * wd + ix) * c + g * cg + ci],
+                            (Some(iy), Some(ix)) => x[((nb * c + g * cg + ci) * h + iy) * wd + ix],
+                            _ => 0.0,
+                        };
                     }
-                    if let Some(r) = &residual {
-                        v += r[o];
+                    for (gm, &a) in wt[kk * mg..][..mg].iter().enumerate() {
+                        acc[gm * pb..][..pb].iter_mut().zip(&row[..pb]).for_each(|(acc, b)| *acc += a * b);
                     }
-                    out[o] = self.act.apply(v);
+                }
+                for gm in 0..mg {
+                    let co = g * mg + gm;
+                    for j in 0..pb {
+                        let gp = p0 + j;
+                        let o = if self.out_nhwc { gp * m + co } else { ((gp / plane) * m + co) * plane + gp % plane };
+                        let mut v = acc[gm * pb + j];
+                        if let Some(b) = &bias {
+                            v += b[co];
+                        }
+                        if let Some(r) = &residual {
+                            v += r[o];
+                        }
+                        out[o] = self.act.apply(v);
+                    }
                 }
             }
         }

@@ -472,7 +472,13 @@ impl Gemm {
         let (av, bv) = (tf32(inputs[0].to_f32_vec()), tf32(inputs[1].to_f32_vec()));
         let cv = self.bias.as_ref().map(|_| inputs[2].to_f32_vec());
         let (m, n, k) = (self.m, self.n, self.k);
-        let mut out = Vec::with_capacity(self.batches() * m * n);
+        let mut out = vec![0f32; self.batches() * m * n];
+        // A's rows and blocks of B's columns copied contiguous (B in blocks
+        // of 16 columns: each cache line of B is read once); each output
+        // still sums its k products in order.
+        const COLS: usize = 16;
+        let mut a_rows = vec![0f32; m * k];
+        let mut b_cols = vec![0f32; COLS * k];
         for z in 0..self.batches() {
             let (mut rem, mut ao, mut bo) = (z, 0, 0);
             for d in (0..self.batch.len()).rev() {
@@ -481,18 +487,32 @@ impl Gemm {
                 rem /= self.batch[d];
             }
             for row in 0..m {
-                for col in 0..n {
-                    let mut acc = 0.0f32;
-                    for j in 0..k {
-                        let x = if self.trans_a { av[ao + j * m + row] } else { av[ao + row * k + j] };
-                        let y = if self.trans_b { bv[bo + col * k + j] } else { bv[bo + j * n + col] };
-                        acc += x * y;
+                for j in 0..k {
+                    a_rows[row * k + j] = if self.trans_a { av[ao + j * m + row] } else { av[ao + row * k + j] };
+                }
+            }
+            for c0 in (0..n).step_by(COLS) {
+                let cb = COLS.min(n - c0);
+                for j in 0..k {
+                    for c in 0..cb {
+                        let col = c0 + c;
+                        b_cols[c * k + j] = if self.trans_b { bv[bo + col * k + j] } else { bv[bo + j * n + col] };
                     }
-                    let mut v = self.alpha * acc;
-                    if let (Some(cv), Some(st)) = (&cv, &self.bias) {
-                        v += self.beta * cv[row * st[0] + col * st[1]];
+                }
+                for row in 0..m {
+                    let a = &a_rows[row * k..][..k];
+                    for c in 0..cb {
+                        let col = c0 + c;
+                        let mut acc = 0.0f32;
+                        for (x, y) in a.iter().zip(&b_cols[c * k..][..k]) {
+                            acc += x * y;
+                        }
+                        let mut v = self.alpha * acc;
+                        if let (Some(cv), Some(st)) = (&cv, &self.bias) {
+                            v += self.beta * cv[row * st[0] + col * st[1]];
+                        }
+                        out[(z * m + row) * n + col] = self.act.apply(v);
                     }
-                    out.push(self.act.apply(v));
                 }
             }
         }
