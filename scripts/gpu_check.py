@@ -83,9 +83,9 @@ def compiles(a):
 
 # (reference run, smelt train's options) for scripts/make_train_runs.py's references.
 TRAIN_RUNS = [
-    ("sgd", ["--optimizer", "sgd", "--lr", "0.05"]),
+    ("sgd", ["--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9"]),
     ("adam", ["--optimizer", "adam", "--lr", "0.01"]),
-    ("sgd_acc4", ["--optimizer", "sgd", "--lr", "0.05", "--accumulate", "4"]),
+    ("sgd_acc4", ["--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9", "--accumulate", "4"]),
 ]
 RESNET_TRAIN = ["zoo:resnet50", "--optimizer", "adam", "--lr", "0.001", "--batch", "32"]
 # ResNet-50's training step runs at these precisions (PyTorch: f32, and bf16 autocast).

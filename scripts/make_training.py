@@ -6,12 +6,15 @@ weights, on one fixed batch.
 
 Output, per case, under <out>/<case>/:
     model.onnx               TorchScript exporter, opset 17, initial weights
-    input_0.pb, labels.pb    the batch (labels int64 [N]; targets for MSE)
-    <opt>/<param>.pb         each parameter after 3 steps (opt: sgd, adam)
+    input_0.pb, labels.pb    the batch (labels int64 [N], or [B, S] for the
+                             token models `lm` and `lm_causal`; targets for MSE)
+    <opt>/<param>.pb         each parameter PyTorch trains, after 3 steps
+                             (opt: sgd, adam...)
     <opt>/losses.pb          the loss before each step
     <opt>/running/<buffer>.pb  with batch norm in training mode (case
                              `bn_train`): the running statistics after 3 steps
-    meta.txt                 loss, batch norm mode, one `key=value` a line
+    meta.txt                 loss (ce, mse, tokens: per-token cross-entropy,
+                             causal-lm), batch norm mode, one `key=value` a line
 then <out>/.done.
 
 Usage: make_training.py [--out DIR]
@@ -85,6 +88,41 @@ class Encoder(torch.nn.Module):
         return self.head(self.enc(x).mean(dim=1))
 
 
+class TinyLM(torch.nn.Module):
+    """Token ids [B, S] to logits [B, S, V]: an embedding, a causal mix of
+    each position with the one before it, a GELU layer, a layer norm and a
+    head. The embedding table is frozen (requires_grad off): smelt does not
+    train a Gather's table yet."""
+
+    VOCAB = 11
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(self.VOCAB, 16)
+        self.emb.weight.requires_grad_(False)
+        self.prev = torch.nn.Linear(16, 16, bias=False)
+        self.l1 = torch.nn.Linear(16, 24)
+        self.norm = torch.nn.LayerNorm(24)
+        self.head = torch.nn.Linear(24, self.VOCAB)
+        with torch.no_grad():
+            self.norm.weight.add_(0.1 * torch.randn(24))
+            self.norm.bias.add_(0.1 * torch.randn(24))
+
+    def forward(self, ids):
+        e = self.emb(ids)
+        before = torch.nn.functional.pad(e[:, :-1], (0, 0, 1, 0))
+        h = torch.nn.functional.gelu(self.l1(e + self.prev(before)))
+        return self.head(self.norm(h))
+
+
+def token_loss(z, y, causal):
+    """PyTorch's per-token cross-entropy (ignore_index -100), shifted by one
+    for a causal language model as Hugging Face's *ForCausalLM heads do."""
+    if causal:
+        z, y = z[:, :-1], y[:, 1:]
+    return torch.nn.functional.cross_entropy(z.reshape(-1, z.shape[-1]), y.reshape(-1))
+
+
 def randomize_bn(m):
     for mod in m.modules():
         if isinstance(mod, torch.nn.BatchNorm2d):
@@ -110,6 +148,10 @@ def cases():
         Block(8, 1), Block(8, 2), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 7),
     ), (4, 3, 12, 12), "ce"
     yield "tenc", Encoder(), (3, 5, 16), "ce"
+    # Per-token cross-entropy: logits [B, S, V], labels [B, S] with some at
+    # -100 (ignored); and a causal LM's loss, the labels the input ids.
+    yield "lm", TinyLM(), (3, 7), "tokens"
+    yield "lm_causal", TinyLM(), (3, 7), "causal-lm"
     # Batch norm in training mode: batch statistics, running statistics
     # updated. (No conv bias before it: the batch mean cancels it, so its
     # gradient is rounding noise that Adam would amplify into a full step.)
@@ -135,8 +177,13 @@ def main():
         os.makedirs(d, exist_ok=True)
         model = randomize_bn(model).eval()
         bn_train = name == "bn_train"
-        x = torch.randn(*shape)
-        if loss == "ce":
+        tokens = isinstance(model, TinyLM)
+        x = torch.randint(0, TinyLM.VOCAB, shape) if tokens else torch.randn(*shape)
+        if tokens:
+            # The last two positions of the first sequence are padding.
+            y = x.clone() if loss == "causal-lm" else torch.randint(0, TinyLM.VOCAB, shape)
+            y[0, -2:] = -100
+        elif loss == "ce":
             classes = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and not isinstance(m, torch.nn.modules.linear.NonDynamicallyQuantizableLinear)][-1].out_features
             y = torch.randint(0, classes, (shape[0],))
         else:
@@ -158,7 +205,9 @@ def main():
             for _ in range(STEPS):
                 opt.zero_grad()
                 z = model(x)
-                if loss == "ce":
+                if tokens:
+                    l = token_loss(z, y, loss == "causal-lm")
+                elif loss == "ce":
                     if isinstance(model, torch.nn.Sequential) and isinstance(model[-1], torch.nn.Softmax):
                         z = model[:-1](x)
                     l = torch.nn.functional.cross_entropy(z, y)
@@ -174,6 +223,8 @@ def main():
             od = os.path.join(d, opt_name)
             os.makedirs(od, exist_ok=True)
             for k, p in model.named_parameters():
+                if not p.requires_grad:
+                    continue
                 save(p.detach().numpy(), os.path.join(od, k + ".pb"), k)
             save(np.array(losses, dtype=np.float32), os.path.join(od, "losses.pb"), "losses")
             if bn_train:

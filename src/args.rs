@@ -103,17 +103,22 @@ pub struct ModelArgs {
 #[command(next_help_heading = "Training (a whole step: forward, loss, backward, optimizer update)")]
 #[command(group(clap::ArgGroup::new("step").args(["train", "recipe"]).multiple(true)))]
 pub struct TrainArgs {
-    /// Compile one training step with this optimizer: sgd (momentum 0.9
-    /// unless --momentum), adam or adamw. Trained: every float initializer
+    /// Compile one training step with this optimizer: sgd (no momentum
+    /// unless --momentum, as torch.optim.SGD), adam or adamw. Trained: every float initializer
     /// that is a conv, gemm or matmul weight, a norm's scale or bias, or a
     /// bias added to a layer (and a text model's `param`s), except --freeze.
     #[arg(long, visible_alias = "optimizer", value_name = "OPTIMIZER", value_parser = ["sgd", "adam", "adamw"])]
     pub train: Option<String>,
-    /// The loss: ce (cross-entropy on logits against int64 labels, input
-    /// `labels`), mse (against f32 targets of the output's shape, input
+    /// The loss: ce (cross-entropy against int64 labels, input `labels`:
+    /// logits [N, C] take labels [N], per-token logits [B, S, V] labels
+    /// [B, S], logits [N, C, H, W] labels [N, H, W]; labels of -100 are
+    /// ignored, the mean is over the others, as PyTorch's), causal-lm (a
+    /// language model's loss: logits [B, S, V] at position i predict label
+    /// i + 1, so the labels can be the input ids, as Hugging Face's
+    /// *ForCausalLM), mse (against f32 targets of the output's shape, input
     /// `targets`) or auto (ce when the output is logits [N, C], mse
     /// otherwise). A model ending in Softmax is trained on its input.
-    #[arg(long, default_value = "auto", value_parser = ["auto", "ce", "mse"], requires = "step")]
+    #[arg(long, default_value = "auto", value_parser = ["auto", "ce", "causal-lm", "mse"], requires = "step")]
     pub loss: String,
     /// The output the loss reads (default: the only one).
     #[arg(long, value_name = "OUTPUT", requires = "step")]
@@ -124,8 +129,9 @@ pub struct TrainArgs {
     /// Learning rate (default 0.01 for sgd, 0.001 for adam and adamw).
     #[arg(long, requires = "step")]
     pub lr: Option<f32>,
-    /// SGD's momentum (0: no momentum buffers).
-    #[arg(long, default_value_t = 0.9, requires = "step")]
+    /// SGD's momentum (0, the default as in torch.optim.SGD: no momentum
+    /// buffers).
+    #[arg(long, default_value_t = 0.0, requires = "step")]
     pub momentum: f32,
     /// Nesterov momentum (sgd).
     #[arg(long, requires = "step")]
@@ -230,6 +236,7 @@ impl TrainArgs {
         let loss = match self.loss.as_str() {
             "mse" => Loss::MeanSquaredError,
             "ce" => Loss::CrossEntropy { smoothing: self.label_smoothing },
+            "causal-lm" => Loss::CausalLm { smoothing: self.label_smoothing },
             _ => Loss::Auto { smoothing: self.label_smoothing },
         };
         let batch_norm = if self.batch_norm == "train" {

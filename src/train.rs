@@ -17,6 +17,7 @@
 use crate::driver::Error;
 use smelt_codegen::program::Space;
 use smelt_ir::{npy, DType, Graph, Op, OpSet, Rng, Tensor, TensorType};
+use smelt_passes::train::{CeLayout, IGNORE_INDEX};
 use smelt_runtime::exec::{Device, Executor};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -114,8 +115,14 @@ impl Data {
                 }
             } else if input == "labels" {
                 if let Some(c) = classes {
-                    if let Some((i, y)) = a.to_i64_vec().into_iter().enumerate().find(|&(_, y)| y < 0 || y as usize >= c) {
-                        return Err(err(format!("label {y} of sample {i} is out of range: the model has {c} classes (0 to {})", c - 1)));
+                    let per = sample.iter().product::<usize>().max(1);
+                    let bad = |y: i64| (y < 0 && y != IGNORE_INDEX) || y >= c as i64;
+                    if let Some((i, y)) = a.to_i64_vec().into_iter().enumerate().find(|&(_, y)| bad(y)) {
+                        return Err(err(format!(
+                            "label {y} of sample {} is out of range: the model has {c} classes (0 to {}; {IGNORE_INDEX} ignores a label)",
+                            i / per,
+                            c - 1
+                        )));
                     }
                 }
             }
@@ -602,9 +609,11 @@ pub fn load_checkpoint(dir: &Path, cfg: &Config, graph: &mut Graph) -> Result<(u
 /// Loss and accuracy of a forward pass over a data set.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Evaluation {
-    /// Mean loss per sample (cross-entropy without smoothing, or squared error).
+    /// Mean loss per label that is not ignored (cross-entropy without
+    /// smoothing: per sample, or per token), or per sample (squared error).
     pub loss: f64,
-    /// Fraction of samples whose arg-max is the label (cross-entropy only).
+    /// Fraction of those labels that are their logits' arg-max
+    /// (cross-entropy only).
     pub accuracy: Option<f64>,
     /// Samples evaluated.
     pub samples: usize,
@@ -629,12 +638,14 @@ pub fn set_weights(model: &mut Graph, weights: &[(String, Tensor)]) -> Result<us
 /// on the CPU reference executor, in batches of its batch size; `rest`
 /// (the same model at the remainder's batch size) takes the last partial
 /// batch, which is skipped without it. The loss reads output `on`.
-pub fn evaluate(model: &Graph, rest: Option<&Graph>, data: &Data, on: &str, cross_entropy: bool) -> Result<Evaluation, Error> {
+pub fn evaluate(model: &Graph, rest: Option<&Graph>, data: &Data, on: &str, cross_entropy: Option<&CeLayout>) -> Result<Evaluation, Error> {
     let batch = model.inputs().first().map_or(1, |&i| model.node(i).outputs[0].shape.first().copied().unwrap_or(1)).max(1);
     let names: Vec<String> = model.inputs().iter().map(|&i| model.node(i).name.clone()).collect();
     let out = model.outputs().iter().position(|(n, _)| n == on).ok_or_else(|| Error::Usage(format!("the model has no output {on:?}")))?;
     let softmax = matches!(model.node(model.outputs()[out].1.node).op, Op::Softmax { .. });
-    let (mut loss, mut right, mut seen) = (0f64, 0usize, 0usize);
+    // Loss and accuracy over labels (tokens) for cross-entropy, samples for
+    // the mean squared error.
+    let (mut loss, mut right, mut seen, mut counted) = (0f64, 0usize, 0usize, 0usize);
     let mut chunks: Vec<(Vec<usize>, &Graph)> = Vec::new();
     let whole = data.samples / batch * batch;
     for start in (0..whole).step_by(batch) {
@@ -648,28 +659,52 @@ pub fn evaluate(model: &Graph, rest: Option<&Graph>, data: &Data, on: &str, cros
         let ys = smelt_runtime::cpu::run(g, &ins)?;
         let y = ys[out].to_f32_vec();
         let t = data.target(&idx).ok_or_else(|| Error::Usage("the data has no labels or targets".into()))?;
-        if cross_entropy {
+        if let Some(layout) = cross_entropy {
             let labels = t.to_i64_vec();
-            let classes = y.len() / idx.len();
-            for (i, &l) in labels.iter().enumerate() {
-                let row = &y[i * classes..(i + 1) * classes];
-                let p = if softmax {
-                    (row[l as usize] as f64).max(f64::MIN_POSITIVE).ln()
-                } else {
-                    let m = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
-                    let lse = m + row.iter().map(|&z| (z as f64 - m).exp()).sum::<f64>().ln();
-                    row[l as usize] as f64 - lse
-                };
-                loss -= p;
-                let arg = (0..classes).max_by(|&a, &b| row[a].total_cmp(&row[b]).then(b.cmp(&a))).unwrap_or(0);
-                right += (arg == l as usize) as usize;
+            let shape = ys[out].shape();
+            let c = layout.classes;
+            // A sample's logits as [outer, C, inner]: classes second
+            // ([N, C, d...]: inner = d...) or last ([B, S, C]: outer = S).
+            let (outer, inner) = if layout.class_axis == 1 {
+                (1, shape[2..].iter().product::<usize>())
+            } else {
+                (shape[1..shape.len() - 1].iter().product::<usize>(), 1)
+            };
+            let per = outer * inner;
+            for (i, sample) in y.chunks(per * c).enumerate() {
+                let labels = &labels[i * per..][..per];
+                let positions = if layout.shift { per - 1 } else { per };
+                for pos in 0..positions {
+                    let l = labels[if layout.shift { pos + 1 } else { pos }];
+                    if l == IGNORE_INDEX {
+                        continue;
+                    }
+                    let (o, k) = (pos / inner, pos % inner);
+                    let row: Vec<f32> = (0..c).map(|j| sample[(o * c + j) * inner + k]).collect();
+                    let p = if softmax {
+                        (row[l as usize] as f64).max(f64::MIN_POSITIVE).ln()
+                    } else {
+                        let m = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
+                        let lse = m + row.iter().map(|&z| (z as f64 - m).exp()).sum::<f64>().ln();
+                        row[l as usize] as f64 - lse
+                    };
+                    loss -= p;
+                    let arg = (0..c).max_by(|&a, &b| row[a].total_cmp(&row[b]).then(b.cmp(&a))).unwrap_or(0);
+                    right += (arg == l as usize) as usize;
+                    counted += 1;
+                }
             }
         } else {
             let t = t.to_f32_vec();
             let per = y.len() / idx.len();
             loss += y.iter().zip(&t).map(|(a, b)| ((a - b) as f64).powi(2)).sum::<f64>() / per as f64;
+            counted += idx.len();
         }
         seen += idx.len();
     }
-    Ok(Evaluation { loss: loss / seen.max(1) as f64, accuracy: cross_entropy.then(|| right as f64 / seen.max(1) as f64), samples: seen })
+    Ok(Evaluation {
+        loss: loss / counted.max(1) as f64,
+        accuracy: cross_entropy.map(|_| right as f64 / counted.max(1) as f64),
+        samples: seen,
+    })
 }

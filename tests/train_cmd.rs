@@ -95,9 +95,9 @@ fn weights_after_20_steps_are_pytorchs() {
         let d = runs(model);
         let (data, m) = (d.join("train.npz"), d.join("model.onnx"));
         for (run, opt) in [
-            ("sgd", &["--optimizer", "sgd", "--lr", "0.05"][..]),
+            ("sgd", &["--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9"][..]),
             ("adam", &["--optimizer", "adam", "--lr", "0.01"]),
-            ("sgd_acc4", &["--optimizer", "sgd", "--lr", "0.05", "--accumulate", "4"]),
+            ("sgd_acc4", &["--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9", "--accumulate", "4"]),
         ] {
             let ck = scratch(&format!("{model}-{run}"));
             let mut args = vec![s(&m), "--data", s(&data), "--batch", "32", "--steps", "20", "--no-shuffle", "--checkpoint", s(&ck)];
@@ -108,6 +108,54 @@ fn weights_after_20_steps_are_pytorchs() {
             std::fs::remove_dir_all(&ck).unwrap();
         }
     }
+}
+
+/// A causal language model from PyTorch (`training/lm_causal` of
+/// make_training.py: logits [B, S, V], the labels the input ids with the
+/// first sequence's last two at -100): `smelt train --loss causal-lm` reads
+/// per-token labels [N, S] from the .npz, its three steps give PyTorch's
+/// weights (every parameter PyTorch trains), and `--val` reports PyTorch's
+/// per-token loss over the labels not ignored.
+#[test]
+fn a_causal_lm_trains_on_token_labels_as_pytorch_does() {
+    let d = testdata().join("training").join("lm_causal");
+    let read = |f: &str| smelt_ir::onnx::read_tensor_file(&d.join(f)).unwrap().1;
+    let (ids, labels, losses) = (read("input_0.pb"), read("labels.pb"), read("sgd/losses.pb").to_f32_vec());
+    assert_eq!((ids.shape(), labels.shape()), (&[3, 7][..], &[3, 7][..]));
+    assert!(labels.to_i64_vec().contains(&-100), "the data has ignored labels");
+    let dir = scratch("causal-lm");
+    let data = dir.join("tokens.npz");
+    npy::write_npz(&data, &[("x".into(), ids), ("y".into(), labels)]).unwrap();
+    let m = d.join("model.onnx");
+    let sgd = ["--loss", "causal-lm", "--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9", "--weight-decay", "1e-4"];
+    let ck = dir.join("ck");
+    let r =
+        train(&[&[s(&m), "--data", s(&data), "--batch", "3", "--steps", "3", "--no-shuffle", "--checkpoint", s(&ck)][..], &sgd].concat());
+    let first = r["first_loss"].as_f64().unwrap();
+    assert!((first - losses[0] as f64).abs() <= 1e-4 * first, "first loss {first}, PyTorch's {}", losses[0]);
+    let got = npy::read_npz(&ck.join("checkpoint.npz")).unwrap();
+    let mut compared = 0;
+    for f in std::fs::read_dir(d.join("sgd")).unwrap() {
+        let name = f.unwrap().file_name().to_string_lossy().trim_end_matches(".pb").to_string();
+        if name == "losses" {
+            continue;
+        }
+        let want = read(&format!("sgd/{name}.pb"));
+        let (_, g) = got.iter().find(|(n, _)| *n == name).unwrap_or_else(|| panic!("{name} is not in the checkpoint"));
+        let e = excess(g, &want, 1e-4, 1e-5);
+        assert!(e <= 1.0, "{name} after 3 steps differs from PyTorch's ({e:.2} times rtol 1e-4 + 1e-5 of range)");
+        compared += 1;
+    }
+    assert_eq!(
+        compared, 7,
+        "parameters PyTorch trains: prev.weight, l1 and head weights and biases, norm scale and bias (not the frozen embedding)"
+    );
+    // After two steps, the validation loss is PyTorch's before its third.
+    let r = train(&[&[s(&m), "--data", s(&data), "--val", s(&data), "--batch", "3", "--steps", "2", "--no-shuffle"][..], &sgd].concat());
+    let v = r["validation"]["loss"].as_f64().unwrap();
+    assert!((v - losses[2] as f64).abs() <= 1e-4 * v, "validation loss {v}, PyTorch's {}", losses[2]);
+    assert_eq!(r["validation"]["samples"].as_u64(), Some(3));
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
@@ -229,7 +277,15 @@ fn bad_data_is_refused_before_any_step() {
         (
             "range",
             vec![("x".into(), x.clone()), ("y".into(), Tensor::from_i64(vec![n], (0..n as i64).map(|i| i % 5).collect()))],
-            "label 4 of sample 4 is out of range: the model has 4 classes (0 to 3)",
+            "label 4 of sample 4 is out of range: the model has 4 classes (0 to 3; -100 ignores a label)",
+        ),
+        (
+            "negative",
+            vec![
+                ("x".into(), x.clone()),
+                ("y".into(), Tensor::from_i64(vec![n], (0..n as i64).map(|i| if i == 7 { -1 } else { i % 4 }).collect())),
+            ],
+            "label -1 of sample 7 is out of range",
         ),
         (
             "nan",

@@ -11,7 +11,7 @@ use smelt_passes::train::{training_step, Loss, TrainConfig};
 use smelt_runtime::emu::Schedule;
 use std::path::PathBuf;
 
-const CASES: [&str; 5] = ["mlp", "mlp_mse", "cnn", "resnet_blocks", "tenc"];
+const CASES: [&str; 7] = ["mlp", "mlp_mse", "cnn", "resnet_blocks", "tenc", "lm", "lm_causal"];
 
 fn dir(case: &str) -> PathBuf {
     let d = common::testdata().join("training").join(case);
@@ -67,7 +67,15 @@ fn three_steps_give_pytorchs_weights() {
     for case in CASES {
         let d = dir(case);
         let meta = std::fs::read_to_string(d.join("meta.txt")).unwrap();
-        let loss = if meta.contains("loss=mse") { Loss::MeanSquaredError } else { Loss::CrossEntropy { smoothing: 0.0 } };
+        // ce and tokens (per-token logits [B, S, V], labels [B, S] with some
+        // at -100) are both cross-entropy, told apart by the logits' shape.
+        let loss = if meta.contains("loss=mse") {
+            Loss::MeanSquaredError
+        } else if meta.contains("loss=causal-lm") {
+            Loss::CausalLm { smoothing: 0.0 }
+        } else {
+            Loss::CrossEntropy { smoothing: 0.0 }
+        };
         let x = read_tensor_file(&d.join("input_0.pb")).unwrap().1;
         let labels = read_tensor_file(&d.join("labels.pb")).unwrap().1;
         for opt in ["sgd", "sgd_nesterov", "adam", "adamw", "sgd_clip", "adamw_cosine"] {

@@ -83,9 +83,13 @@ def test_plan_object():
     assert p.svg().startswith("<svg") and p.svg().rstrip().endswith("</svg>")
     html = p._repr_html_()
     assert "<table" in html and "<svg" in html and "arena" in html
-    step = smelt.load("zoo:mobilenet_v2", batch=8).plan(train="sgd")
+    step = smelt.load("zoo:mobilenet_v2", batch=8).plan(train="sgd", momentum=0.9)
     b = step.breakdown
-    assert b["activations"] == step.arena_bytes and b["parameters"] > 0 and b["optimizer_state"] > 0
+    # One momentum buffer per parameter; none with SGD's default (momentum
+    # 0, as torch.optim.SGD).
+    assert b["activations"] == step.arena_bytes and b["optimizer_state"] == b["parameters"] > 0
+    plain = smelt.load("zoo:mobilenet_v2", batch=8).plan(train="sgd")
+    assert plain.breakdown["optimizer_state"] == 0 and plain.breakdown["parameters"] == b["parameters"]
     assert step.total_bytes == step.training["total_bytes"]
     assert b["saved_activations"] + b["gradients"] + b["temporaries"] + b["batch"] + b["recomputed"] <= step.arena_bytes
 

@@ -4,12 +4,13 @@
 
 use crate::Open as _;
 use crate::TrainCmdArgs;
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use serde_json::json;
 use smelt::report::human_bytes;
 use smelt::train::{evaluate, load_checkpoint, set_weights, Config, Data, Evaluation, Length, StepReport, Trainer};
 use smelt_codegen::{nvrtc::Compiler, program::compile_all};
 use smelt_ir::{Graph, OpSet, TensorType};
+use smelt_passes::train::CeLayout;
 use smelt_runtime::exec::{Device, Executor};
 use std::collections::HashMap;
 use std::io::Write as _;
@@ -62,10 +63,16 @@ pub fn run(a: &TrainCmdArgs) -> Result<bool> {
         Some(o) => o.clone(),
         None => training.model.outputs().first().map(|(n, _)| n.clone()).context("the model has no outputs")?,
     };
-    let cross_entropy = matches!(training.step.loss, smelt_passes::train::Loss::CrossEntropy { .. });
-    let classes =
-        training.model.outputs().iter().find(|(n, _)| *n == loss_on).and_then(|(_, v)| training.model.ty(*v).shape.get(1).copied());
-    let classes = classes.filter(|_| cross_entropy);
+    // Cross-entropy's layout of the logits (None: mean squared error).
+    let causal = matches!(training.step.loss, smelt_passes::train::Loss::CausalLm { .. });
+    let cross_entropy = match training.step.loss {
+        smelt_passes::train::Loss::CrossEntropy { .. } | smelt_passes::train::Loss::CausalLm { .. } => {
+            let (_, v) = training.model.outputs().iter().find(|(n, _)| *n == loss_on).context("the loss's output")?;
+            Some(CeLayout::of(&training.model.ty(*v).shape, causal).map_err(|e| anyhow!("output {loss_on:?}: {e}"))?)
+        }
+        _ => None,
+    };
+    let classes = cross_entropy.as_ref().map(|l| l.classes);
     let load = |path: &Path, draw: u64, least: usize| -> Result<Data> {
         let d = match Data::synthetic_spec(&path.to_string_lossy()) {
             Some(n) => Data::synthetic(&inputs, classes, n?, a.seed, draw)?,
@@ -149,7 +156,7 @@ struct Run<'a> {
     total: usize,
     training: smelt::Training,
     loss_on: String,
-    cross_entropy: bool,
+    cross_entropy: Option<CeLayout>,
     spec: String,
     options: smelt::Options,
 }
@@ -213,7 +220,7 @@ impl Run<'_> {
             }
             if let (Some(v), true) = (&self.val, r.epoch_end && r.step < self.total) {
                 set_weights(&mut model, &t.weights()?)?;
-                let e = evaluate(&model, rest.as_ref(), v, &self.loss_on, self.cross_entropy)?;
+                let e = evaluate(&model, rest.as_ref(), v, &self.loss_on, self.cross_entropy.as_ref())?;
                 if !a.json {
                     bar.suspend(|| errln!("epoch {}: validation loss {:.4}{}", r.epoch + 1, e.loss, accuracy(&e)));
                 }
@@ -229,7 +236,7 @@ impl Run<'_> {
         let weights = t.weights()?;
         let set = set_weights(&mut model, &weights)?;
         let final_eval = match &self.val {
-            Some(v) => Some(evaluate(&model, rest.as_ref(), v, &self.loss_on, self.cross_entropy)?),
+            Some(v) => Some(evaluate(&model, rest.as_ref(), v, &self.loss_on, self.cross_entropy.as_ref())?),
             None => None,
         };
         if let Some(path) = &a.save {

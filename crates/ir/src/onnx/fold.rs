@@ -66,14 +66,24 @@ pub fn concat(parts: &[&Tensor], axis: usize) -> Result<Tensor, String> {
     Ok(Tensor::take(&joined, &order, out_shape))
 }
 
-/// Slices a 1-D constant (shape arithmetic only).
-pub fn slice_1d(data: &Tensor, start: i64, end: i64, step: i64) -> Result<Tensor, String> {
-    if data.shape().len() != 1 {
-        return Err("folding slices of constants needs a 1-D constant".into());
+/// Slices a constant of any rank: along each of `axes`, `start`, then
+/// every `step`, before `end` (all normalized: in range for the extent).
+pub fn slice(data: &Tensor, axes: &[usize], starts: &[i64], ends: &[i64], steps: &[i64]) -> Result<Tensor, String> {
+    let shape = data.shape();
+    let mut out = shape.to_vec();
+    let mut how: Vec<Option<(i64, i64)>> = vec![None; shape.len()];
+    for (k, &a) in axes.iter().enumerate() {
+        if a >= shape.len() || how[a].is_some() {
+            return Err(format!("slice axis {a} out of range or repeated for {}", data.ty()));
+        }
+        out[a] = crate::infer::slice_len(shape[a], starts[k], ends[k], steps[k])?;
+        how[a] = Some((starts[k], steps[k]));
     }
-    let len = crate::infer::slice_len(data.shape()[0], start, end, step)?;
-    let order: Vec<usize> = (0..len).map(|i| (start + i as i64 * step) as usize).collect();
-    Ok(Tensor::take(data, &order, vec![len]))
+    let order = strided(shape, &out, |d, i| match how[d] {
+        Some((start, step)) => (start + i as i64 * step) as usize,
+        None => i,
+    });
+    Ok(Tensor::take(data, &order, out))
 }
 
 /// Elementwise integer arithmetic on i64/i32 constants with broadcasting.

@@ -327,10 +327,8 @@ pub(super) fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
                 norm.2.push(e);
                 norm.3.push(step);
             }
-            if let (Some(t), 1, [0]) = (im.konst(x), n, norm.0.as_slice()) {
-                if !t.ty().dtype.is_float() {
-                    return Ok(konst(fold::slice_1d(&t, norm.1[0], norm.2[0], norm.3[0]).map_err(|m| cx.bad(m))?));
-                }
+            if let Some(t) = im.konst(x).filter(|t| !t.ty().dtype.is_float()) {
+                return Ok(konst(fold::slice(&t, &norm.0, &norm.1, &norm.2, &norm.3).map_err(|m| cx.bad(m))?));
             }
             emit(im, cx, Op::Slice { axes: norm.0, starts: norm.1, ends: norm.2, steps: norm.3 }, &[x])
         }

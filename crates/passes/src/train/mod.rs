@@ -18,10 +18,25 @@ use std::sync::Arc;
 /// The loss a step minimises.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Loss {
-    /// Cross-entropy of logits `[N, C]` (or `[N, C, 1...]`) against integer
-    /// labels `[N]` (input `labels`, i64), mean over the batch, with label
-    /// smoothing `0 <= s < 1` as PyTorch's `label_smoothing`.
+    /// Cross-entropy against integer labels (input `labels`, i64), as
+    /// `torch.nn.functional.cross_entropy`: the mean over the labels that
+    /// are not [`IGNORE_INDEX`], with label smoothing `0 <= s < 1` as
+    /// PyTorch's `label_smoothing`. Logits `[N, C]` (or `[N, C, 1...]`)
+    /// take labels `[N]`; per-token logits `[B, S, C]` (rank 3, classes
+    /// last, as language models and token classifiers write them) take
+    /// labels `[B, S]`; logits `[N, C, d...]` (rank 4 or more, classes
+    /// second, as PyTorch's layout for images) take labels `[N, d...]`.
+    /// See [`CeLayout`].
     CrossEntropy {
+        /// Label smoothing.
+        smoothing: f32,
+    },
+    /// A causal language model's loss, as Hugging Face's `*ForCausalLM`
+    /// computes it: logits `[B, S, V]` at position `i` predict label
+    /// `i + 1` (labels `[B, S]`, usually the input ids, [`IGNORE_INDEX`]
+    /// where no loss is wanted); the per-token cross-entropy of the `S - 1`
+    /// shifted pairs.
+    CausalLm {
         /// Label smoothing.
         smoothing: f32,
     },
@@ -34,6 +49,61 @@ pub enum Loss {
         /// Label smoothing of the cross-entropy.
         smoothing: f32,
     },
+}
+
+/// The label that cross-entropy ignores (PyTorch's `ignore_index`
+/// default, which Hugging Face's data collators write for padding).
+pub const IGNORE_INDEX: i64 = -100;
+
+/// How cross-entropy reads logits of a shape (see [`Loss::CrossEntropy`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct CeLayout {
+    /// The classes.
+    pub classes: usize,
+    /// The logits' axis of the classes: 1, or the last (rank 3).
+    pub class_axis: usize,
+    /// The labels' shape.
+    pub labels: Vec<usize>,
+    /// Whether logits at position `i` of axis 1 predict the label at
+    /// `i + 1` ([`Loss::CausalLm`]).
+    pub shift: bool,
+}
+
+impl CeLayout {
+    /// The layout of `logits` for plain (`causal` false) or causal-LM
+    /// cross-entropy; the error says what shapes would do.
+    pub fn of(logits: &[usize], causal: bool) -> Result<CeLayout, String> {
+        let r = logits.len();
+        if causal {
+            return match logits {
+                &[b, s, v] if s >= 2 => Ok(CeLayout { classes: v, class_axis: 2, labels: vec![b, s], shift: true }),
+                &[_, _, _] => Err("a causal language model's loss needs at least 2 positions to predict one".into()),
+                _ => Err("a causal language model's loss needs logits [B, S, V]".into()),
+            };
+        }
+        if r < 2 {
+            return Err("cross-entropy needs logits [N, C], [B, S, C] or [N, C, d...]".into());
+        }
+        Ok(if logits[2..].iter().all(|&d| d == 1) {
+            CeLayout { classes: logits[1], class_axis: 1, labels: vec![logits[0]], shift: false }
+        } else if r == 3 {
+            CeLayout { classes: logits[2], class_axis: 2, labels: logits[..2].to_vec(), shift: false }
+        } else {
+            let mut labels = vec![logits[0]];
+            labels.extend_from_slice(&logits[2..]);
+            CeLayout { classes: logits[1], class_axis: 1, labels, shift: false }
+        })
+    }
+
+    /// The labels that enter the loss (after the shift).
+    pub fn tokens(&self) -> usize {
+        let n: usize = self.labels.iter().product();
+        if self.shift {
+            n - self.labels[0]
+        } else {
+            n
+        }
+    }
 }
 
 /// How batch norms train.
@@ -217,20 +287,29 @@ pub fn training_step(model: &Graph, cfg: &TrainConfig) -> Result<TrainStep, Trai
         Loss::Auto { smoothing } if logits(model.ty(out_v)) => Loss::CrossEntropy { smoothing },
         Loss::Auto { .. } => {
             notes.push(format!(
-                "output {out_name:?} is {}, not logits [N, C]: the loss is the mean squared error against `targets` (--loss ce or mse to choose)",
+                "output {out_name:?} is {}, not logits [N, C]: the loss is the mean squared error against `targets` (--loss ce for per-token cross-entropy, causal-lm for a language model, mse to say so)",
                 model.ty(out_v)
             ));
             Loss::MeanSquaredError
         }
         l => l,
     };
-    if matches!(loss_kind, Loss::CrossEntropy { .. }) {
-        if let Op::Softmax { axis: 1 } = model.node(out_v.node).op {
-            notes.push(format!(
-                "output {out_name:?} is a softmax: cross-entropy is computed on its input (node \"{}\"'s operand), as frameworks train",
-                model.node(out_v.node).name
-            ));
-            out_v = model.inputs_of(out_v.node)[0];
+    let layout = match loss_kind {
+        Loss::CrossEntropy { .. } | Loss::CausalLm { .. } => Some(
+            CeLayout::of(&model.ty(out_v).shape, matches!(loss_kind, Loss::CausalLm { .. }))
+                .map_err(|why| TrainError::Usage(format!("output {out_name:?} is {}: {why}", model.ty(out_v))))?,
+        ),
+        _ => None,
+    };
+    if let Some(layout) = &layout {
+        if let Op::Softmax { axis } = model.node(out_v.node).op {
+            if axis == layout.class_axis {
+                notes.push(format!(
+                    "output {out_name:?} is a softmax: cross-entropy is computed on its input (node \"{}\"'s operand), as frameworks train",
+                    model.node(out_v.node).name
+                ));
+                out_v = model.inputs_of(out_v.node)[0];
+            }
         }
     }
     let freeze = |name: &str| cfg.freeze.iter().any(|p| matches(p, name));
@@ -305,29 +384,48 @@ pub fn training_step(model: &Graph, cfg: &TrainConfig) -> Result<TrainStep, Trai
     };
     let loss = match loss_kind {
         Loss::Auto { .. } => unreachable!("resolved above"),
-        Loss::CrossEntropy { smoothing } => {
-            let s = &pty.shape;
-            if s.len() < 2 || s[2..].iter().any(|&d| d != 1) {
-                return Err(TrainError::Usage(format!(
-                    "cross-entropy needs logits [N, C] (or [N, C, 1, ...]); output {out_name:?} is {pty}: use --loss mse or another --loss-on"
-                )));
-            }
+        Loss::CrossEntropy { smoothing } | Loss::CausalLm { smoothing } => {
+            let layout = layout.as_ref().expect("made above for cross-entropy");
             if !(0.0..1.0).contains(&smoothing) {
                 return Err(TrainError::Usage(format!("label smoothing {smoothing} must be in [0, 1)")));
             }
-            let (n, c) = (s[0], s[1]);
-            let z = ad.reshape(pred, vec![n, c])?;
-            let labels = ad.g.add_input(input_name("labels"), TensorType::new(DType::I64, vec![n])).map_err(bug)?;
+            let (c, rank) = (layout.classes, pty.shape.len());
+            let labels = ad.g.add_input(input_name("labels"), TensorType::new(DType::I64, layout.labels.clone())).map_err(bug)?;
+            // Classes last: [N, C, d...] moves C to the end.
+            let mut z = pred;
+            if layout.class_axis != rank - 1 {
+                let perm: Vec<usize> = std::iter::once(0).chain(2..rank).chain(std::iter::once(1)).collect();
+                z = ad.op(Op::Transpose { perm }, &[z])?;
+            }
+            let mut lab = labels;
+            if layout.shift {
+                // Position i predicts label i + 1.
+                let s = pty.shape[1] as i64;
+                z = ad.op(Op::Slice { axes: vec![1], starts: vec![0], ends: vec![s - 1], steps: vec![1] }, &[z])?;
+                lab = ad.op(Op::Slice { axes: vec![1], starts: vec![1], ends: vec![s], steps: vec![1] }, &[lab])?;
+            }
+            let t = layout.tokens();
+            let z = ad.reshape(z, vec![t, c])?;
+            let lab = ad.reshape(lab, vec![t, 1])?;
             let ls = ad.op(Op::LogSoftmax { axis: 1 }, &[z])?;
-            let lab = ad.op(Op::Unsqueeze { axes: vec![1] }, &[labels])?;
             let classes = ad.g.add_constant("loss.classes", Tensor::from_i64(vec![1, c], (0..c as i64).collect()));
             let eq = ad.op(Op::Compare(CompareOp::Equal), &[lab, classes])?;
             let on = ad.scalar(1.0 - smoothing + smoothing / c as f32);
             let off = ad.scalar(smoothing / c as f32);
             let target = ad.op(Op::Where, &[eq, on, off])?;
+            // Labels at IGNORE_INDEX weigh 0 and do not count.
+            let ignore = ad.g.add_constant("loss.ignore_index", Tensor::from_i64(vec![], vec![IGNORE_INDEX]));
+            let ignored = ad.op(Op::Compare(CompareOp::Equal), &[lab, ignore])?;
+            let kept = ad.op(Op::Not, &[ignored])?;
+            let weight = ad.op(Op::Cast { to: DType::F32 }, &[kept])?;
             let p = ad.mul(target, ls)?;
+            let p = ad.mul(p, weight)?;
             let s = ad.sum(p, vec![0, 1], false)?;
-            ad.mul_c(s, -1.0 / n.max(1) as f32)?
+            let count = ad.sum(weight, vec![0, 1], false)?;
+            let one = ad.scalar(1.0);
+            let count = ad.bin(smelt_ir::BinaryOp::Max, count, one)?;
+            let mean = ad.bin(smelt_ir::BinaryOp::Div, s, count)?;
+            ad.mul_c(mean, -1.0)?
         }
         Loss::MeanSquaredError => {
             let t = ad.g.add_input(input_name("targets"), pty.clone()).map_err(bug)?;
