@@ -13,6 +13,7 @@ Output, per case, under <out>/<case>/:
     <opt>/losses.pb          the loss before each step
     <opt>/running/<buffer>.pb  with batch norm in training mode (case
                              `bn_train`): the running statistics after 3 steps
+    trainable.txt            the parameters PyTorch trains, one a line
     meta.txt                 loss (ce, mse, tokens: per-token cross-entropy,
                              causal-lm), batch norm mode, one `key=value` a line
 then <out>/.done.
@@ -91,15 +92,16 @@ class Encoder(torch.nn.Module):
 class TinyLM(torch.nn.Module):
     """Token ids [B, S] to logits [B, S, V]: an embedding, a causal mix of
     each position with the one before it, a GELU layer, a layer norm and a
-    head. The embedding table is frozen (requires_grad off): smelt does not
-    train a Gather's table yet."""
+    head. The embedding table is frozen (requires_grad off) unless
+    `train_embedding`: smelt's default rule does not train a Gather's table,
+    PyTorch's list of parameters (--trainable) does."""
 
     VOCAB = 11
 
-    def __init__(self):
+    def __init__(self, train_embedding=False):
         super().__init__()
         self.emb = torch.nn.Embedding(self.VOCAB, 16)
-        self.emb.weight.requires_grad_(False)
+        self.emb.weight.requires_grad_(train_embedding)
         self.prev = torch.nn.Linear(16, 16, bias=False)
         self.l1 = torch.nn.Linear(16, 24)
         self.norm = torch.nn.LayerNorm(24)
@@ -152,6 +154,9 @@ def cases():
     # -100 (ignored); and a causal LM's loss, the labels the input ids.
     yield "lm", TinyLM(), (3, 7), "tokens"
     yield "lm_causal", TinyLM(), (3, 7), "causal-lm"
+    # Every parameter trained, the embedding too: smelt is told which by
+    # PyTorch's list (trainable.txt).
+    yield "lm_emb", TinyLM(train_embedding=True), (3, 7), "tokens"
     # Batch norm in training mode: batch statistics, running statistics
     # updated. (No conv bias before it: the batch mean cancels it, so its
     # gradient is rounding noise that Adam would amplify into a full step.)
@@ -195,6 +200,8 @@ def main():
         init = {k: v.clone() for k, v in model.state_dict().items()}
         if bn_train:
             model.train()
+        with open(os.path.join(d, "trainable.txt"), "w") as f:
+            f.write("".join(n + "\n" for n, p in model.named_parameters() if p.requires_grad))
         with open(os.path.join(d, "meta.txt"), "w") as f:
             f.write(f"loss={loss}\nsteps={STEPS}\nbatch_norm={'train' if bn_train else 'frozen'}\n")
         for opt_name, make in OPTS.items():

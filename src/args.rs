@@ -106,7 +106,8 @@ pub struct TrainArgs {
     /// Compile one training step with this optimizer: sgd (no momentum
     /// unless --momentum, as torch.optim.SGD), adam or adamw. Trained: every float initializer
     /// that is a conv, gemm or matmul weight, a norm's scale or bias, or a
-    /// bias added to a layer (and a text model's `param`s), except --freeze.
+    /// bias added to a layer (and a text model's `param`s), or exactly those
+    /// --trainable or --train-only name; except --freeze.
     #[arg(long, visible_alias = "optimizer", value_name = "OPTIMIZER", value_parser = ["sgd", "adam", "adamw"])]
     pub train: Option<String>,
     /// The loss: ce (cross-entropy against int64 labels, input `labels`:
@@ -171,6 +172,18 @@ pub struct TrainArgs {
     /// Keep these initializers fixed: names, `*` matching any characters. Repeatable.
     #[arg(long = "freeze", value_name = "PATTERN", requires = "step")]
     pub freeze: Vec<String>,
+    /// Train exactly the initializers named in FILE, one name a line, as
+    /// PyTorch lists them: `[n for n, p in model.named_parameters() if
+    /// p.requires_grad]` (instead of smelt's rule; --freeze still applies).
+    /// Each must be a float initializer of the model. `plan --train` shows
+    /// what is trained and why the rest is not.
+    #[arg(long, value_name = "FILE", requires = "step")]
+    pub trainable: Option<std::path::PathBuf>,
+    /// Train exactly the float initializers matching PATTERN (`*` matches
+    /// any characters; repeatable; each must match one), instead of smelt's
+    /// rule.
+    #[arg(long = "train-only", value_name = "PATTERN", requires = "step")]
+    pub train_only: Vec<String>,
     /// Recompute saved activations in the backward pass, instead of keeping
     /// them from the forward pass, until the step's activation arena is at
     /// most SIZE: the values cheapest to recompute per byte saved (on
@@ -247,11 +260,22 @@ impl TrainArgs {
         if self.clip_norm.is_some_and(|c| !(c > 0.0 && c.is_finite())) {
             return Err(usage!("--clip-norm must be a positive number"));
         }
+        let mut only = self.train_only.clone();
+        if let Some(f) = &self.trainable {
+            let text = std::fs::read_to_string(f).map_err(|e| usage!("--trainable {}: {e}", f.display()))?;
+            let names: Vec<String> =
+                text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).map(String::from).collect();
+            if names.is_empty() {
+                return Err(usage!("--trainable {}: no names in it (one initializer name a line)", f.display()));
+            }
+            only.extend(names);
+        }
         Ok(Some(TrainConfig {
             loss,
             loss_on: self.loss_on.clone(),
             optimizer: Some(optimizer),
             freeze: self.freeze.clone(),
+            only,
             batch_norm,
             clip_norm: self.clip_norm,
             loss_scale: false,

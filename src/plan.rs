@@ -160,6 +160,9 @@ pub struct TrainBreakdown {
     pub batch: Bytes,
     /// At the peak: recomputed forward values (`smelt fit`, `--remat-budget`).
     pub recomputed: Bytes,
+    /// Every float initializer of the model: trained, or why not.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub initializers: Vec<smelt_passes::train::Initializer>,
     /// The arena (at least the sum of the four above).
     pub arena_bytes: usize,
     /// Persistent bytes plus the arena: the step's device memory.
@@ -473,7 +476,10 @@ impl Planning {
         let fused = !session.options.no_fuse;
         let report = report(&compiled.graph, &planned.plan, fused, true);
         let without_fusion = report_of(&planned);
-        let training = session.train.as_ref().map(|t| train_breakdown(&compiled.graph, &planned.plan, &t.step.forward));
+        let training = session.train.as_ref().map(|t| TrainBreakdown {
+            initializers: t.step.initializers.clone(),
+            ..train_breakdown(&compiled.graph, &planned.plan, &t.step.forward)
+        });
         Ok(Planning { session, compiled, planned, report, without_fusion, training })
     }
 

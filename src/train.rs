@@ -634,6 +634,28 @@ pub fn set_weights(model: &mut Graph, weights: &[(String, Tensor)]) -> Result<us
     Ok(n)
 }
 
+/// One line on what a training step trains: how many float initializers
+/// are trained and frozen, the frozen ones by reason (a few names each).
+pub fn initializers_summary(inits: &[smelt_passes::train::Initializer]) -> String {
+    let trained = inits.iter().filter(|i| i.trained).count();
+    let mut line = format!("{trained} float initializers trained, {} frozen", inits.len() - trained);
+    let mut reasons: Vec<(&str, Vec<&str>)> = Vec::new();
+    for i in inits {
+        if let Some(why) = &i.frozen_because {
+            match reasons.iter_mut().find(|(r, _)| r == why) {
+                Some((_, names)) => names.push(&i.name),
+                None => reasons.push((why, vec![&i.name])),
+            }
+        }
+    }
+    for (why, names) in reasons {
+        let shown: Vec<&str> = names.iter().take(3).copied().collect();
+        let more = if names.len() > 3 { format!(" and {} more", names.len() - 3) } else { String::new() };
+        line += &format!("\n  {} frozen, {why}: {}{more}", names.len(), shown.join(", "));
+    }
+    line
+}
+
 /// Runs `model` (the forward pass, weights set) on every sample of `data`
 /// on the CPU reference executor, in batches of its batch size; `rest`
 /// (the same model at the remainder's batch size) takes the last partial

@@ -495,6 +495,7 @@ fn attention_gemm_norm_select_grad_and_update_snapshots() {
         loss_on: None,
         optimizer: Some(adam),
         freeze: vec![],
+        only: vec![],
         batch_norm: Default::default(),
         clip_norm: None,
         loss_scale: false,

@@ -29,6 +29,7 @@ fn adam(accumulate: usize) -> TrainConfig {
             schedule: Default::default(),
         }),
         freeze: Vec::new(),
+        only: Vec::new(),
         batch_norm: BatchNorm::Frozen,
         clip_norm: None,
         loss_scale: false,

@@ -158,6 +158,93 @@ fn a_causal_lm_trains_on_token_labels_as_pytorch_does() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `--trainable FILE` (PyTorch's list of parameters) trains exactly those,
+/// the embedding table too (`training/lm_emb`: PyTorch trains all 8), and
+/// three steps give PyTorch's weights; by smelt's rule the embedding stays
+/// frozen, and `plan --train` says so and why; `--train-only` patterns
+/// choose the same way; a name that matches nothing is refused.
+#[test]
+fn trainable_lists_choose_the_parameters_and_the_plan_says_why_the_rest_are_frozen() {
+    let d = testdata().join("training").join("lm_emb");
+    let (m, list) = (d.join("model.onnx"), d.join("trainable.txt"));
+    let plan = |extra: &[&str]| {
+        let out = smelt().args(["plan", s(&m), "--train", "sgd", "--loss", "ce", "--json"]).args(extra).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let mut trained = std::collections::BTreeSet::new();
+        let mut frozen = std::collections::BTreeMap::new();
+        for i in j["training"]["initializers"].as_array().expect("the initializers table") {
+            let name = i["name"].as_str().unwrap().to_string();
+            match i["frozen_because"].as_str() {
+                None => assert!(i["trained"].as_bool().unwrap() && trained.insert(name)),
+                Some(why) => assert!(!i["trained"].as_bool().unwrap() && frozen.insert(name, why.to_string()).is_none()),
+            }
+        }
+        (trained, frozen)
+    };
+    let names = |v: &[&str]| v.iter().map(|n| n.to_string()).collect::<std::collections::BTreeSet<String>>();
+    let all = ["emb.weight", "prev.weight", "l1.weight", "l1.bias", "norm.weight", "norm.bias", "head.weight", "head.bias"];
+    let (trained, frozen) = plan(&[]);
+    assert_eq!(trained, names(&all[1..]), "smelt's rule");
+    assert!(frozen["emb.weight"].contains("a Gather's table"), "{frozen:?}");
+    // The exporter's other float constants (GELU's scalars) stay frozen.
+    let unnamed =
+        |frozen: &std::collections::BTreeMap<String, String>| frozen.values().all(|w| w == "not named by --trainable or --train-only");
+    let (trained, frozen) = plan(&["--trainable", s(&list)]);
+    assert_eq!(trained, names(&all), "PyTorch's list");
+    assert!(unnamed(&frozen) && frozen.keys().all(|k| !all.contains(&k.as_str())), "{frozen:?}");
+    let (trained, frozen) = plan(&["--train-only", "head.*", "--train-only", "emb.weight"]);
+    assert_eq!(trained, names(&["emb.weight", "head.weight", "head.bias"]));
+    assert!(unnamed(&frozen) && all.iter().filter(|n| frozen.contains_key(**n)).count() == 5, "{frozen:?}");
+    // The text report says it too.
+    let out = smelt().args(["plan", s(&m), "--train", "sgd", "--loss", "ce"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("7 float initializers trained") && text.contains("a Gather's table (an embedding)"), "{text}");
+    let out = smelt().args(["plan", s(&m), "--train", "sgd", "--train-only", "nope.*"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("\"nope.*\": no float initializer"), "{err}");
+    // Training with PyTorch's list: every parameter ends at PyTorch's.
+    let dir = scratch("trainable");
+    let read = |f: &str| smelt_ir::onnx::read_tensor_file(&d.join(f)).unwrap().1;
+    let data = dir.join("tokens.npz");
+    npy::write_npz(&data, &[("x".into(), read("input_0.pb")), ("y".into(), read("labels.pb"))]).unwrap();
+    let ck = dir.join("ck");
+    let r = train(&[
+        s(&m),
+        "--data",
+        s(&data),
+        "--batch",
+        "3",
+        "--steps",
+        "3",
+        "--no-shuffle",
+        "--checkpoint",
+        s(&ck),
+        "--loss",
+        "ce",
+        "--optimizer",
+        "sgd",
+        "--lr",
+        "0.05",
+        "--momentum",
+        "0.9",
+        "--weight-decay",
+        "1e-4",
+        "--trainable",
+        s(&list),
+    ]);
+    assert_eq!(r["initializers"].as_array().unwrap().iter().filter(|i| i["trained"] == true).count(), 8);
+    let got = npy::read_npz(&ck.join("checkpoint.npz")).unwrap();
+    for name in all {
+        let want = read(&format!("sgd/{name}.pb"));
+        let (_, g) = got.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("{name} is not in the checkpoint"));
+        let e = excess(g, &want, 1e-4, 1e-5);
+        assert!(e <= 1.0, "{name} after 3 steps differs from PyTorch's ({e:.2} times rtol 1e-4 + 1e-5 of range)");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn resuming_gives_the_weights_of_an_uninterrupted_run() {
     let d = runs("cnn");

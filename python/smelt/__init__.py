@@ -167,8 +167,10 @@ def from_torch(
     later with ``dims={"sequence": 512}``. ``train=True`` exports for
     training: no constant folding, so every parameter stays an initializer
     under its PyTorch name (the module is exported in eval mode either way;
-    ``plan(train="adam")`` builds the training step). Input names default
-    to ``forward``'s parameter names.
+    ``plan(train="adam")`` builds the training step), and the step trains
+    exactly the parameters PyTorch trains (those with ``requires_grad``,
+    passed as the CLI's ``--trainable``; ``trainable=`` or ``train_only=``
+    override it). Input names default to ``forward``'s parameter names.
 
     Needs ``torch`` (and ``onnx``, which its exporter uses).
     """
@@ -224,7 +226,10 @@ def from_torch(
         module.train(was_training)
     batch = inputs[0].shape[0] if "batch" in dynamic and inputs[0].dim() > dynamic["batch"] else None
     sized = {d: int(inputs[0].shape[a]) for d, a in dynamic.items() if d != "batch" and a < inputs[0].dim()}
-    return _from_bytes(buf.getvalue(), type(module).__name__, batch, sized or None)
+    m = _from_bytes(buf.getvalue(), type(module).__name__, batch, sized or None)
+    if train:
+        m._trainable = [n for n, p in module.named_parameters() if p.requires_grad]
+    return m
 
 
 # ---------------------------------------------------------------- the model
@@ -245,6 +250,8 @@ _TRAIN_FLAGS = (
     "batch_norm",
     "loss_scale",
     "freeze",
+    "trainable",
+    "train_only",
 )
 
 
@@ -293,6 +300,10 @@ class Model:
         self._onnx: Optional[bytes] = None
         self._runners: Dict[Tuple[str, ...], Any] = {}
         self._ports: Optional[Dict[str, Any]] = None
+        # PyTorch's trained parameters (from_torch(train=True)): the step's
+        # --trainable unless the caller chooses.
+        self._trainable: Optional[List[str]] = None
+        self._trainable_file: Optional[str] = None
 
     def __repr__(self) -> str:
         b = f", batch={self.batch}" if self.batch is not None else ""
@@ -303,6 +314,14 @@ class Model:
         batch = self.batch if batch is None else batch
         sizes = dict(self.dims)
         sizes.update(dims or {})
+        if flags.get("train") and self._trainable is not None and not (flags.get("trainable") or flags.get("train_only")):
+            if self._trainable_file is None:
+                fd, path = tempfile.mkstemp(prefix="smelt-", suffix=".trainable.txt")
+                with os.fdopen(fd, "w") as f:
+                    f.write("".join(n + "\n" for n in self._trainable))
+                weakref.finalize(self, _remove, path)
+                self._trainable_file = path
+            flags["trainable"] = self._trainable_file
         return [self._spec] + _flags(batch=batch, dim=sizes, **flags)
 
     def _check(self) -> None:

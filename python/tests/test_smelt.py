@@ -179,6 +179,37 @@ def test_from_torch_resnet18_plans_as_the_cli_and_runs_as_onnxruntime(tmp_path):
     np.testing.assert_allclose(m.run(x3.astype(np.float64))["output"], got, rtol=0, atol=0)
 
 
+def test_from_torch_for_training_trains_what_pytorch_trains():
+    # An embedding (which smelt's own rule leaves frozen), a frozen layer
+    # and a trained head: from_torch(train=True) passes PyTorch's list.
+    torch.manual_seed(0)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(10, 8)
+            self.body = torch.nn.Linear(8, 8)
+            self.head = torch.nn.Linear(8, 5)
+            self.body.requires_grad_(False)
+
+        def forward(self, ids):
+            return self.head(torch.relu(self.body(self.emb(ids)))).mean(dim=1)
+
+    net = Net().eval()
+    m = smelt.from_torch(net, torch.randint(0, 10, (4, 6)), train=True)
+    pytorch = {n for n, p in net.named_parameters() if p.requires_grad}
+    assert pytorch == {"emb.weight", "head.weight", "head.bias"}
+
+    def table(**kw):
+        inits = m.plan(train="sgd", loss="ce", **kw).training["initializers"]
+        return {i["name"] for i in inits if i["trained"]}, {i["name"]: i["frozen_because"] for i in inits if not i["trained"]}
+
+    trained, frozen = table()
+    assert trained == pytorch and set(frozen) == {"body.weight", "body.bias"}, (trained, frozen)
+    trained, frozen = table(train_only=["head.*"])
+    assert trained == {"head.weight", "head.bias"} and frozen["emb.weight"] == "not named by --trainable or --train-only"
+
+
 def test_from_torch_transformer_encoder():
     torch.manual_seed(0)
     layer = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)

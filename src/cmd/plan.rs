@@ -149,7 +149,9 @@ fn print_training(a: &PlanArgs, t: &smelt::plan::TrainBreakdown, tr: &smelt::Tra
     let opt = a.model.train.train.as_deref().unwrap_or("?");
     let k = a.model.train.accumulate.max(1);
     let micro = if k > 1 { format!(", micro-steps of 1/{k} of the batch") } else { String::new() };
-    outln!("\ntraining step ({opt}, {} parameters trained{micro}): where the bytes go (with fusion)", tr.step.params.len());
+    outln!("\ntraining step ({opt}, {} parameters trained{micro})", tr.step.params.len());
+    outln!("{}", smelt::train::initializers_summary(&tr.step.initializers));
+    outln!("where the bytes go (with fusion)");
     let line = |label: &str, b: &Bytes, what: &str| -> Result<()> {
         let dt: Vec<String> = b.by_dtype.iter().map(|(d, n)| format!("{d} {}", human_bytes(*n))).collect();
         outln!("  {label:<22}{:>12}  {:<28}{what}", human_bytes(b.bytes), dt.join(", "));

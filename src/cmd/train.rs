@@ -194,6 +194,7 @@ impl Run<'_> {
                 human_bytes(arena),
                 human_bytes(weights_bytes)
             );
+            errln!("{}", smelt::train::initializers_summary(&self.training.step.initializers));
         }
         let mut model = self.training.model.clone();
         let rest = self.rest_model()?;
@@ -254,7 +255,7 @@ impl Run<'_> {
         let summary = json!({
             "backend": a.backend, "device": device, "steps": self.total, "steps_run": ran, "resumed_from": self.start,
             "samples": self.data.samples, "batch": self.config.batch, "accumulate": self.config.accumulate,
-            "steps_per_epoch": per_epoch, "dropped_per_epoch": dropped,
+            "steps_per_epoch": per_epoch, "dropped_per_epoch": dropped, "initializers": self.training.step.initializers,
             "first_loss": reports.first().map(|r| r.loss), "final_loss": reports.last().map(|r| r.loss),
             "final_epoch_mean_loss": last_epoch.iter().sum::<f32>() / last_epoch.len().max(1) as f32,
             "seconds": secs, "ms_per_step": secs * 1e3 / ran.max(1) as f64,

@@ -75,9 +75,9 @@ impl CeLayout {
     pub fn of(logits: &[usize], causal: bool) -> Result<CeLayout, String> {
         let r = logits.len();
         if causal {
-            return match logits {
-                &[b, s, v] if s >= 2 => Ok(CeLayout { classes: v, class_axis: 2, labels: vec![b, s], shift: true }),
-                &[_, _, _] => Err("a causal language model's loss needs at least 2 positions to predict one".into()),
+            return match *logits {
+                [b, s, v] if s >= 2 => Ok(CeLayout { classes: v, class_axis: 2, labels: vec![b, s], shift: true }),
+                [_, _, _] => Err("a causal language model's loss needs at least 2 positions to predict one".into()),
                 _ => Err("a causal language model's loss needs logits [B, S, V]".into()),
             };
         }
@@ -134,6 +134,10 @@ pub struct TrainConfig {
     pub optimizer: Option<Optimizer>,
     /// Initializers kept fixed: names, `*` matching any run of characters.
     pub freeze: Vec<String>,
+    /// Train exactly the float initializers these match (names, `*`
+    /// matching any run of characters; each must match one), instead of
+    /// the default rule; `--freeze` still applies. Empty: the default rule.
+    pub only: Vec<String>,
     /// How batch norms train.
     pub batch_norm: BatchNorm,
     /// Clip the gradients by their global L2 norm to at most this
@@ -194,6 +198,21 @@ pub struct TrainStep {
     pub notes: Vec<String>,
     /// The loss (never [`Loss::Auto`]).
     pub loss: Loss,
+    /// Every float initializer of the model: trained or not, and why not.
+    pub initializers: Vec<Initializer>,
+}
+
+/// A float initializer of the model and what training does with it.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Initializer {
+    /// Its name in the model.
+    pub name: String,
+    /// Its shape.
+    pub shape: Vec<usize>,
+    /// Whether the step trains it.
+    pub trained: bool,
+    /// Why it is not trained (`None` when it is).
+    pub frozen_because: Option<String>,
 }
 
 /// Whether `name` matches `pattern` (`*` matches any run of characters).
@@ -312,9 +331,32 @@ pub fn training_step(model: &Graph, cfg: &TrainConfig) -> Result<TrainStep, Trai
             }
         }
     }
-    let freeze = |name: &str| cfg.freeze.iter().any(|p| matches(p, name));
-    let mut train = trainable(model);
-    train.retain(|&n| !freeze(&model.node(n).name));
+    let freeze = |name: &str| cfg.freeze.iter().find(|p| matches(p, name));
+    let floats: Vec<NodeId> = model
+        .node_ids()
+        .filter(|&n| matches!(model.node(n).op, Op::Constant | Op::Parameter) && model.node(n).outputs[0].dtype.is_float())
+        .collect();
+    for p in &cfg.only {
+        if !floats.iter().any(|&n| matches(p, &model.node(n).name)) {
+            return Err(TrainError::Usage(format!(
+                "--trainable/--train-only {p:?}: no float initializer of the model has that name (an exporter may have folded it into a constant, or merged equal initializers into one: export with do_constant_folding=False, in training mode)"
+            )));
+        }
+    }
+    let by_rule = trainable(model);
+    let chosen = |n: NodeId| {
+        model.node(n).op == Op::Parameter
+            || if cfg.only.is_empty() { by_rule.contains(&n) } else { cfg.only.iter().any(|p| matches(p, &model.node(n).name)) }
+    };
+    // A batch norm's running statistics are never parameters (PyTorch's
+    // buffers); `--batch-norm train` makes them state.
+    let statistics: HashSet<NodeId> = model
+        .node_ids()
+        .filter(|&n| matches!(model.node(n).op, Op::BatchNorm { .. }))
+        .flat_map(|n| model.inputs_of(n)[3..].iter().map(|v| v.node).collect::<Vec<_>>())
+        .collect();
+    let train: HashSet<NodeId> =
+        floats.iter().copied().filter(|&n| chosen(n) && !statistics.contains(&n) && freeze(&model.node(n).name).is_none()).collect();
     // The forward pass, trained initializers as parameters.
     let mut g = Graph::new();
     let mut map: HashMap<ValueId, ValueId> = HashMap::new();
@@ -335,6 +377,33 @@ pub fn training_step(model: &Graph, cfg: &TrainConfig) -> Result<TrainStep, Trai
             }
         }
     }
+    // What happens to each float initializer, and why.
+    let gathered: HashSet<NodeId> =
+        model.node_ids().filter(|&n| matches!(model.node(n).op, Op::Gather { .. })).map(|n| model.inputs_of(n)[0].node).collect();
+    let initializers: Vec<Initializer> = floats
+        .iter()
+        .map(|&n| {
+            let (node, trained) = (model.node(n), train.contains(&n) && !running.contains(&n));
+            let frozen_because = (!trained).then(|| {
+                if running.contains(&n) {
+                    "a batch norm's running statistic: state that follows the batch (--batch-norm train)".to_string()
+                } else if statistics.contains(&n) {
+                    "a batch norm's running statistic, fixed as exported (--batch-norm train updates it)".to_string()
+                } else if let Some(p) = freeze(&node.name) {
+                    format!("--freeze {p}")
+                } else if !cfg.only.is_empty() {
+                    "not named by --trainable or --train-only".to_string()
+                } else if node.outputs[0].shape.is_empty() {
+                    "a scalar constant".to_string()
+                } else if gathered.contains(&n) {
+                    "a Gather's table (an embedding): the default rule does not train it; name it with --trainable or --train-only".to_string()
+                } else {
+                    "not a conv, gemm or matmul operand, a norm's scale or bias, or a bias added to a layer (the default rule); name it with --trainable or --train-only to train it".to_string()
+                }
+            });
+            Initializer { name: node.name.clone(), shape: node.outputs[0].shape.clone(), trained, frozen_because }
+        })
+        .collect();
     let step = match (cfg.optimizer, cfg.batch_norm) {
         (None, BatchNorm::Frozen) => None,
         _ => Some(g.add_persistent(Op::State, "train.step", Arc::new(Tensor::from_f32(vec![], vec![0.0])))),
@@ -620,7 +689,7 @@ pub fn training_step(model: &Graph, cfg: &TrainConfig) -> Result<TrainStep, Trai
     g.remove_dead();
     let forward = forward.into_iter().filter(|&n| g.contains(n)).collect();
     smelt_ir::verify(&g).map_err(bug)?;
-    Ok(TrainStep { graph: g, params: trained, forward, notes, loss: loss_kind })
+    Ok(TrainStep { graph: g, params: trained, forward, notes, loss: loss_kind, initializers })
 }
 
 /// A persistent value `name` of kind `op` with its data, or a reference
