@@ -175,6 +175,34 @@ fn persistent_after<O: smelt_runtime::cpu::Eval>(
         .collect())
 }
 
+/// An exporter's folded mask (0 and float32's lowest, added to a product,
+/// as the dynamo exporter adds a causal LM's to the attention scores) is
+/// not a bias: it stays frozen, and the table says why; the layers' weights
+/// and bias train.
+#[test]
+fn a_folded_additive_mask_is_not_trained_as_a_bias() {
+    use smelt_ir::{BinaryOp, DType, TensorType, ValueId};
+    let mut g = smelt_ir::Graph::new();
+    let x = g.add_input("x", TensorType::new(DType::F32, vec![2, 3])).unwrap();
+    let mut rng = smelt_ir::Rng::new(5);
+    let w = g.add_constant("w", random(&mut rng, &[3, 4], -1.0, 1.0));
+    let low = f32::MIN;
+    let mask = g.add_constant("mask", Tensor::from_f32(vec![2, 4], vec![0.0, 0.0, low, low, 0.0, 0.0, 0.0, low]));
+    let w2 = g.add_constant("w2", random(&mut rng, &[4, 5], -1.0, 1.0));
+    let b2 = g.add_constant("b2", random(&mut rng, &[5], -1.0, 1.0));
+    let v = |node| ValueId { node, slot: 0 };
+    let scores = g.add(Op::MatMul, "scores", &[x, w]).unwrap();
+    let masked = g.add(Op::Binary(BinaryOp::Add), "masked", &[v(scores), mask]).unwrap();
+    let p = g.add(Op::Softmax { axis: 1 }, "p", &[v(masked)]).unwrap();
+    let out = g.add(Op::MatMul, "out", &[v(p), w2]).unwrap();
+    let y = g.add(Op::Binary(BinaryOp::Add), "y", &[v(out), b2]).unwrap();
+    g.add_output("y", v(y));
+    let step = training_step(&g, &sgd_config()).unwrap();
+    assert_eq!(step.params, ["w", "w2", "b2"]);
+    let m = step.initializers.iter().find(|i| i.name == "mask").unwrap();
+    assert!(!m.trained && m.frozen_because.as_deref().is_some_and(|w| w.contains("additive mask")), "{m:?}");
+}
+
 /// A one-op model: operands are parameters (float) or constants (others),
 /// its first output the model's output.
 struct OneOp {

@@ -272,12 +272,23 @@ fn trainable(g: &Graph) -> HashSet<NodeId> {
         for i in picked {
             let src = through_views(ins[i]);
             let node = g.node(src);
-            if node.op == Op::Constant && node.outputs[0].dtype == DType::F32 && !node.outputs[0].shape.is_empty() {
+            if node.op == Op::Constant
+                && node.outputs[0].dtype == DType::F32
+                && !node.outputs[0].shape.is_empty()
+                && !g.weight(src).is_some_and(|t| is_mask(t))
+            {
                 out.insert(src);
             }
         }
     }
     out
+}
+
+/// Whether `t` is an additive mask rather than a bias: it holds values at
+/// or below -1e30 (exporters fold a causal or padding mask into a constant
+/// of 0 and -inf, or of `torch.finfo(float32).min`, added to the scores).
+fn is_mask(t: &Tensor) -> bool {
+    t.ty().dtype.is_float() && t.to_f32_vec().iter().any(|&x| x <= -1e30)
 }
 
 /// Builds the training step of `model` (a verified semantic graph).
@@ -395,6 +406,8 @@ pub fn training_step(model: &Graph, cfg: &TrainConfig) -> Result<TrainStep, Trai
                     "not named by --trainable or --train-only".to_string()
                 } else if node.outputs[0].shape.is_empty() {
                     "a scalar constant".to_string()
+                } else if model.weight(n).is_some_and(|t| is_mask(t)) {
+                    "an additive mask (values at or below -1e30): a constant the exporter folded, not a bias".to_string()
                 } else if gathered.contains(&n) {
                     "a Gather's table (an embedding): the default rule does not train it; name it with --trainable or --train-only".to_string()
                 } else {
