@@ -12,6 +12,20 @@ macro_rules! usage {
     ($($t:tt)*) => { Error::Usage(format!($($t)*)) };
 }
 
+/// The text of a `--trainable` list: at most 16 MiB (millions of names),
+/// UTF-8; anything else is refused, naming the file.
+fn read_list(f: &std::path::Path) -> Result<String, Error> {
+    use std::io::Read as _;
+    const LIMIT: u64 = 16 << 20;
+    let bad = |what: String| usage!("--trainable {}: {what}", f.display());
+    let mut bytes = Vec::new();
+    std::fs::File::open(f).and_then(|h| h.take(LIMIT + 1).read_to_end(&mut bytes)).map_err(|e| bad(e.to_string()))?;
+    if bytes.len() as u64 > LIMIT {
+        return Err(bad(format!("over {} MiB: a list of names is much smaller", LIMIT >> 20)));
+    }
+    String::from_utf8(bytes).map_err(|_| bad("not UTF-8 text (one initializer name a line)".into()))
+}
+
 /// Parses `--dim NAME=N`.
 pub fn dim_size(s: &str) -> Result<(String, usize), String> {
     let (name, n) = s.split_once('=').ok_or_else(|| format!("{s:?} is not NAME=N (e.g. sequence=512)"))?;
@@ -262,7 +276,7 @@ impl TrainArgs {
         }
         let mut only = self.train_only.clone();
         if let Some(f) = &self.trainable {
-            let text = std::fs::read_to_string(f).map_err(|e| usage!("--trainable {}: {e}", f.display()))?;
+            let text = read_list(f)?;
             let names: Vec<String> =
                 text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).map(String::from).collect();
             if names.is_empty() {

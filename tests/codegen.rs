@@ -431,7 +431,7 @@ fn tiles_follow_the_target_gpu() {
 #[test]
 fn attention_gemm_norm_select_grad_and_update_snapshots() {
     use smelt_ir::builder::Builder;
-    use smelt_ir::{BinaryOp, Op, Optimizer};
+    use smelt_ir::{BinaryOp, Op};
     let nvrtc = compiler();
     let policy = |p: &str| smelt_passes::precision::Options { policy: p.parse().unwrap(), keep_f32: vec![], ..Default::default() };
     let kernels = |g: &Graph, options: smelt::Options| -> Vec<Kernel> {
@@ -480,16 +480,7 @@ fn attention_gemm_norm_select_grad_and_update_snapshots() {
     let y = b.relu(y).unwrap();
     let y = b.op(Op::Flatten { axis: 1 }, &[y]).unwrap();
     let y = b.linear(y, 10).unwrap();
-    let adam = Optimizer::Adam {
-        lr: 1e-3,
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-8,
-        weight_decay: 0.0,
-        decoupled: false,
-        accumulate: 1,
-        schedule: Default::default(),
-    };
+    let adam = common::adam(1, Default::default());
     let train = smelt_passes::train::TrainConfig {
         loss: smelt_passes::train::Loss::CrossEntropy { smoothing: 0.0 },
         loss_on: None,

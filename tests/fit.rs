@@ -10,7 +10,7 @@ mod common;
 
 use common::smelt;
 use smelt::{Options, Remat, Session};
-use smelt_ir::{npy, Optimizer};
+use smelt_ir::npy;
 use smelt_passes::train::{BatchNorm, Loss, TrainConfig};
 use std::path::{Path, PathBuf};
 
@@ -18,16 +18,7 @@ fn adam(accumulate: usize) -> TrainConfig {
     TrainConfig {
         loss: Loss::CrossEntropy { smoothing: 0.0 },
         loss_on: None,
-        optimizer: Some(Optimizer::Adam {
-            lr: 1e-3,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay: 0.0,
-            decoupled: false,
-            accumulate,
-            schedule: Default::default(),
-        }),
+        optimizer: Some(common::adam(accumulate, Default::default())),
         freeze: Vec::new(),
         only: Vec::new(),
         batch_norm: BatchNorm::Frozen,

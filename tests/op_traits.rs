@@ -202,16 +202,7 @@ fn samples() -> Vec<(KernelOp, Vec<TensorType>)> {
         accumulate: 1,
         schedule: Default::default(),
     };
-    let adam = smelt_ir::Optimizer::Adam {
-        lr: 1e-3,
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-8,
-        weight_decay: 0.0,
-        decoupled: false,
-        accumulate: 3,
-        schedule: smelt_ir::Schedule { warmup: 2, total: 9 },
-    };
+    let adam = common::adam(3, smelt_ir::Schedule { warmup: 2, total: 9 });
     v.push((KernelOp::Op(Op::Update(sgd)), vec![p.clone(), p.clone(), f32t(&[]), p.clone()]));
     v.push((KernelOp::Op(Op::Update(adam)), vec![p.clone(), p.clone(), f32t(&[]), p.clone(), p.clone(), p.clone()]));
     v.push((KernelOp::Op(Op::Update(smelt_ir::Optimizer::Count)), vec![f32t(&[])]));

@@ -204,6 +204,12 @@ fn trainable_lists_choose_the_parameters_and_the_plan_says_why_the_rest_are_froz
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("\"nope.*\": no float initializer"), "{err}");
+    // A list that is not one: binary, missing.
+    for (file, says) in [(m.clone(), "not UTF-8 text"), (d.join("no-such-list.txt"), "no-such-list.txt")] {
+        let out = smelt().args(["plan", s(&m), "--train", "sgd", "--trainable", s(&file)]).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.code() == Some(2) && err.contains(says) && !err.contains("panicked"), "{err}");
+    }
     // Training with PyTorch's list: every parameter ends at PyTorch's.
     let dir = scratch("trainable");
     let read = |f: &str| smelt_ir::onnx::read_tensor_file(&d.join(f)).unwrap().1;

@@ -13,6 +13,12 @@ pub fn paired<'a, A, B>(a: &'a [A], b: &'a [B]) -> std::iter::Zip<std::slice::It
     a.iter().zip(b)
 }
 
+/// PyTorch's default Adam (lr 1e-3, betas 0.9 and 0.999, eps 1e-8, no
+/// weight decay) over `accumulate` micro-batches with `schedule`.
+pub fn adam(accumulate: usize, schedule: smelt_ir::Schedule) -> smelt_ir::Optimizer {
+    smelt_ir::Optimizer::Adam { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0, decoupled: false, accumulate, schedule }
+}
+
 /// The nine light models of the onnx wheel.
 pub const LIGHT: [&str; 9] =
     ["bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet", "squeezenet", "vgg19", "zfnet512"];
