@@ -9,6 +9,9 @@
 #                           needs torch from scripts/requirements-torch.txt)
 #   .testdata/training/     small models with PyTorch's weights after three
 #                           optimizer steps (scripts/make_training.py)
+#   .testdata/hf_training/ Hugging Face models (LMs, encoders, ViT, ConvNeXt,
+#                           Swin) by both exporters, with PyTorch's weights
+#                           after three steps (scripts/make_hf_training.py)
 #   .testdata/train_runs/   data sets for `smelt train` and PyTorch's weights
 #                           after 20 steps on them (scripts/make_train_runs.py)
 #   .testdata/onnx-node/    ONNX's node conformance suite, generated from the
@@ -88,6 +91,15 @@ else
     log "making training cases (seconds)"
     rm -rf .testdata/training
     "$py" scripts/make_training.py 2> >(grep -v -e 'torch.onnx.export' -e 'DeprecationWarning' >&2)
+fi
+# 6b. Hugging Face models trained three steps by PyTorch, both exporters.
+hf_stamp=.testdata/hf_training/.done
+if [[ -f $hf_stamp && $hf_stamp -nt scripts/make_hf_training.py && $hf_stamp -nt $torch_stamp && $hf_stamp -nt $pip_stamp ]]; then
+    log "Hugging Face training cases up to date"
+else
+    log "making Hugging Face training cases (under a minute)"
+    rm -rf .testdata/hf_training
+    "$py" scripts/make_hf_training.py > >(grep -v '^\[torch.onnx\]' >&2) 2> >(grep -v -e 'torchvision is not installed' -e '^\[transformers\]' -e 'Evaluation failed' -e 'Skipping constant folding' -e 'Warning' -e 'warn' >&2)
 fi
 # 7. `smelt train` runs: data sets and PyTorch's weights after 20 steps.
 tr2_stamp=.testdata/train_runs/.done

@@ -93,8 +93,8 @@ class TinyLM(torch.nn.Module):
     """Token ids [B, S] to logits [B, S, V]: an embedding, a causal mix of
     each position with the one before it, a GELU layer, a layer norm and a
     head. The embedding table is frozen (requires_grad off) unless
-    `train_embedding`: smelt's default rule does not train a Gather's table,
-    PyTorch's list of parameters (--trainable) does."""
+    `train_embedding`: smelt's default rule trains it (a parameter's name),
+    PyTorch's list of parameters (--trainable) says when not to."""
 
     VOCAB = 11
 
@@ -154,8 +154,8 @@ def cases():
     # -100 (ignored); and a causal LM's loss, the labels the input ids.
     yield "lm", TinyLM(), (3, 7), "tokens"
     yield "lm_causal", TinyLM(), (3, 7), "causal-lm"
-    # Every parameter trained, the embedding too: smelt is told which by
-    # PyTorch's list (trainable.txt).
+    # Every parameter trained, the embedding too, by smelt's default rule
+    # (the others take PyTorch's list, trainable.txt).
     yield "lm_emb", TinyLM(train_embedding=True), (3, 7), "tokens"
     # Batch norm in training mode: batch statistics, running statistics
     # updated. (No conv bias before it: the batch mean cancels it, so its

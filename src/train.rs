@@ -634,6 +634,21 @@ pub fn set_weights(model: &mut Graph, weights: &[(String, Tensor)]) -> Result<us
     Ok(n)
 }
 
+/// `weights` with the tied copies of `inits` added: each the transpose of
+/// its source's value (tied weights are one parameter, written in every
+/// place the model reads it).
+pub fn with_tied(mut weights: Vec<(String, Tensor)>, inits: &[smelt_passes::train::Initializer]) -> Vec<(String, Tensor)> {
+    for i in inits {
+        let Some(src) = &i.tied_to else { continue };
+        let Some(t) = weights.iter().find(|(n, _)| n == src).map(|w| w.1.clone()) else { continue };
+        let (r, c) = (t.ty().shape[0], t.ty().shape[1]);
+        let v = t.to_f32_vec();
+        let tv: Vec<f32> = (0..c).flat_map(|j| v.iter().skip(j).step_by(c).take(r).copied().collect::<Vec<_>>()).collect();
+        weights.push((i.name.clone(), Tensor::from_f32(vec![c, r], tv)));
+    }
+    weights
+}
+
 /// One line on what a training step trains: how many float initializers
 /// are trained and frozen, the frozen ones by reason (a few names each).
 pub fn initializers_summary(inits: &[smelt_passes::train::Initializer]) -> String {

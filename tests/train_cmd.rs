@@ -127,7 +127,22 @@ fn a_causal_lm_trains_on_token_labels_as_pytorch_does() {
     let data = dir.join("tokens.npz");
     npy::write_npz(&data, &[("x".into(), ids), ("y".into(), labels)]).unwrap();
     let m = d.join("model.onnx");
-    let sgd = ["--loss", "causal-lm", "--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9", "--weight-decay", "1e-4"];
+    // PyTorch froze the embedding: its list says so.
+    let list = d.join("trainable.txt");
+    let sgd = [
+        "--loss",
+        "causal-lm",
+        "--optimizer",
+        "sgd",
+        "--lr",
+        "0.05",
+        "--momentum",
+        "0.9",
+        "--weight-decay",
+        "1e-4",
+        "--trainable",
+        s(&list),
+    ];
     let ck = dir.join("ck");
     let r =
         train(&[&[s(&m), "--data", s(&data), "--batch", "3", "--steps", "3", "--no-shuffle", "--checkpoint", s(&ck)][..], &sgd].concat());
@@ -184,22 +199,28 @@ fn trainable_lists_choose_the_parameters_and_the_plan_says_why_the_rest_are_froz
     };
     let names = |v: &[&str]| v.iter().map(|n| n.to_string()).collect::<std::collections::BTreeSet<String>>();
     let all = ["emb.weight", "prev.weight", "l1.weight", "l1.bias", "norm.weight", "norm.bias", "head.weight", "head.bias"];
+    // smelt's rule: every parameter's name, the embedding's too; the
+    // exporter's other float constants (GELU's scalars) stay frozen.
     let (trained, frozen) = plan(&[]);
-    assert_eq!(trained, names(&all[1..]), "smelt's rule");
-    assert!(frozen["emb.weight"].contains("a Gather's table"), "{frozen:?}");
-    // The exporter's other float constants (GELU's scalars) stay frozen.
+    assert_eq!(trained, names(&all), "smelt's rule");
+    assert!(frozen.len() == 3 && frozen.values().all(|w| w == "a scalar constant"), "{frozen:?}");
     let unnamed =
         |frozen: &std::collections::BTreeMap<String, String>| frozen.values().all(|w| w == "not named by --trainable or --train-only");
     let (trained, frozen) = plan(&["--trainable", s(&list)]);
     assert_eq!(trained, names(&all), "PyTorch's list");
     assert!(unnamed(&frozen) && frozen.keys().all(|k| !all.contains(&k.as_str())), "{frozen:?}");
+    // The same model with its embedding frozen in PyTorch (case lm): its list leaves it out.
+    let frozen_emb = testdata().join("training").join("lm").join("trainable.txt");
+    let (trained, frozen) = plan(&["--trainable", s(&frozen_emb)]);
+    assert_eq!(trained, names(&all[1..]), "PyTorch's list without the embedding");
+    assert!(unnamed(&frozen) && frozen.contains_key("emb.weight"), "{frozen:?}");
     let (trained, frozen) = plan(&["--train-only", "head.*", "--train-only", "emb.weight"]);
     assert_eq!(trained, names(&["emb.weight", "head.weight", "head.bias"]));
     assert!(unnamed(&frozen) && all.iter().filter(|n| frozen.contains_key(**n)).count() == 5, "{frozen:?}");
     // The text report says it too.
     let out = smelt().args(["plan", s(&m), "--train", "sgd", "--loss", "ce"]).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("7 float initializers trained") && text.contains("a Gather's table (an embedding)"), "{text}");
+    assert!(text.contains("8 float initializers trained, 3 frozen") && text.contains("3 frozen, a scalar constant"), "{text}");
     let out = smelt().args(["plan", s(&m), "--train", "sgd", "--train-only", "nope.*"]).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");

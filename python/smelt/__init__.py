@@ -221,6 +221,10 @@ def from_torch(
                 output_names=list(output_names),
                 dynamic_axes=axes or None,
                 do_constant_folding=not train,
+                # In training mode the exporter keeps parameters of equal
+                # values apart (a fresh model's norms); it would also run
+                # batch norms and dropout as in training, so only without.
+                training=torch.onnx.TrainingMode.TRAINING if train and _no_train_mode_ops(module) else torch.onnx.TrainingMode.EVAL,
             )
     finally:
         module.train(was_training)
@@ -230,6 +234,19 @@ def from_torch(
     if train:
         m._trainable = [n for n, p in module.named_parameters() if p.requires_grad]
     return m
+
+
+def _no_train_mode_ops(module):
+    """Whether `module` exports alike in training mode: no batch norm, no
+    dropout that drops."""
+    import torch
+
+    for m in module.modules():
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+            return False
+        if isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0:
+            return False
+    return True
 
 
 # ---------------------------------------------------------------- the model

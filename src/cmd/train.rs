@@ -7,7 +7,7 @@ use crate::TrainCmdArgs;
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::json;
 use smelt::report::human_bytes;
-use smelt::train::{evaluate, load_checkpoint, set_weights, Config, Data, Evaluation, Length, StepReport, Trainer};
+use smelt::train::{evaluate, load_checkpoint, set_weights, with_tied, Config, Data, Evaluation, Length, StepReport, Trainer};
 use smelt_codegen::{nvrtc::Compiler, program::compile_all};
 use smelt_ir::{Graph, OpSet, TensorType};
 use smelt_passes::train::CeLayout;
@@ -220,7 +220,7 @@ impl Run<'_> {
                 }
             }
             if let (Some(v), true) = (&self.val, r.epoch_end && r.step < self.total) {
-                set_weights(&mut model, &t.weights()?)?;
+                set_weights(&mut model, &with_tied(t.weights()?, &self.training.step.initializers))?;
                 let e = evaluate(&model, rest.as_ref(), v, &self.loss_on, self.cross_entropy.as_ref())?;
                 if !a.json {
                     bar.suspend(|| errln!("epoch {}: validation loss {:.4}{}", r.epoch + 1, e.loss, accuracy(&e)));
@@ -234,7 +234,7 @@ impl Run<'_> {
         if let Some(dir) = &a.checkpoint {
             t.save_checkpoint(dir)?;
         }
-        let weights = t.weights()?;
+        let weights = with_tied(t.weights()?, &self.training.step.initializers);
         let set = set_weights(&mut model, &weights)?;
         let final_eval = match &self.val {
             Some(v) => Some(evaluate(&model, rest.as_ref(), v, &self.loss_on, self.cross_entropy.as_ref())?),

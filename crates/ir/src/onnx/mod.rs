@@ -89,7 +89,16 @@ pub fn import(bytes: &[u8], opts: &ImportOptions) -> Result<Graph, IrError> {
     }
     let used = graph.node.iter().flat_map(|n| n.input.iter().cloned()).chain(graph.output.iter().map(|o| o.name().to_string())).collect();
     let graph_inputs = graph.input.iter().map(|i| i.name().to_string()).collect();
-    let mut im = Importer { g: Graph::new(), env: HashMap::new(), opset, batch: None, used, kept: Default::default(), graph_inputs };
+    let mut im = Importer {
+        g: Graph::new(),
+        env: HashMap::new(),
+        opset,
+        batch: None,
+        used,
+        kept: Default::default(),
+        graph_inputs,
+        sequences: HashMap::new(),
+    };
 
     for init in &graph.initializer {
         if init.name().is_empty() {
@@ -223,6 +232,8 @@ pub(crate) struct Importer {
     pub kept: std::collections::HashSet<String>,
     /// The graph inputs' names (to say which value `--set` could give).
     pub graph_inputs: std::collections::HashSet<String>,
+    /// Sequences (`SplitToSequence`'s output): their parts.
+    pub sequences: HashMap<String, Vec<Entry>>,
 }
 
 impl Importer {

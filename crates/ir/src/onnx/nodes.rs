@@ -121,6 +121,13 @@ pub(super) fn convert(im: &mut Importer, node: &NodeProto) -> Result<(), IrError
             )));
         }
     }
+    // Sequences, as the dynamo exporter writes `torch.split`: the parts of
+    // a SplitToSequence, each picked by a SequenceAt at a constant index.
+    match node.op_type() {
+        "SplitToSequence" => return split_to_sequence(im, &cx),
+        "SequenceAt" => return sequence_at(im, &cx),
+        _ => {}
+    }
     let outs = lower(im, &cx)?;
     for (name, entry) in node.output.iter().zip(outs) {
         if name.is_empty() {
@@ -130,6 +137,62 @@ pub(super) fn convert(im: &mut Importer, node: &NodeProto) -> Result<(), IrError
             return Err(cx.bad(format!("invalid ONNX: it writes \"{name}\", a name already defined (every value has one producer)")));
         }
         im.env.insert(name.clone(), entry);
+    }
+    Ok(())
+}
+
+fn split_to_sequence(im: &mut Importer, cx: &Cx) -> Result<(), IrError> {
+    let x = cx.need(0)?;
+    let shape = im.ty(x)?.shape;
+    let ax = axis(cx, cx.int("axis", 0)?, shape.len())?;
+    let d = shape[ax];
+    let sizes = match cx.input(1) {
+        None if cx.int("keepdims", 1)? == 0 => {
+            return Err(cx.unsupported("SplitToSequence into parts of one without their axis (keepdims 0)"));
+        }
+        None => vec![1; d],
+        Some(_) => {
+            let t = const_input(im, cx, 1, "split")?;
+            let v = t.to_i64_vec();
+            if t.ty().shape.is_empty() {
+                let c = usize::try_from(v[0]).ok().filter(|&c| c > 0).ok_or_else(|| cx.bad(format!("invalid ONNX: split {}", v[0])))?;
+                (0..d.div_ceil(c)).map(|i| c.min(d - i * c)).collect()
+            } else {
+                cx.usizes(v, "split")?
+            }
+        }
+    };
+    if sizes.iter().sum::<usize>() != d {
+        return Err(cx.bad(format!("invalid ONNX: split sizes {sizes:?} do not add up to {d} along axis {ax}")));
+    }
+    let mut parts = Vec::with_capacity(sizes.len());
+    let mut start = 0;
+    for n in sizes {
+        let (s, e) = (start as i64, (start + n) as i64);
+        parts.push(emit(im, cx, Op::Slice { axes: vec![ax], starts: vec![s], ends: vec![e], steps: vec![1] }, &[x])?.remove(0));
+        start += n;
+    }
+    let out = cx.node.output.first().filter(|o| !o.is_empty()).ok_or_else(|| cx.bad("the node has no output"))?;
+    im.sequences.insert(out.clone(), parts);
+    Ok(())
+}
+
+fn sequence_at(im: &mut Importer, cx: &Cx) -> Result<(), IrError> {
+    let seq = cx.need(0)?;
+    let n = im
+        .sequences
+        .get(seq)
+        .map(Vec::len)
+        .ok_or_else(|| cx.unsupported(format!("SequenceAt of {seq:?}, a sequence not made by SplitToSequence")))?;
+    let i = const_input(im, cx, 1, "position")?.to_i64_vec().first().copied().ok_or_else(|| cx.bad("invalid ONNX: an empty position"))?;
+    let j = if i < 0 { i + n as i64 } else { i };
+    if !(0..n as i64).contains(&j) {
+        return Err(cx.bad(format!("invalid ONNX: position {i} of a sequence of {n}")));
+    }
+    let entry = im.sequences[seq][j as usize].clone();
+    let out = cx.node.output.first().filter(|o| !o.is_empty()).ok_or_else(|| cx.bad("the node has no output"))?;
+    if im.env.insert(out.clone(), entry).is_some() {
+        return Err(cx.bad(format!("invalid ONNX: it writes \"{out}\", a name already defined (every value has one producer)")));
     }
     Ok(())
 }
@@ -843,7 +906,7 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
         }
         "GatherElements" => {
             let (d, i) = (cx.need(0)?, cx.need(1)?);
-            let (Some(data), Some(idx)) = (im.konst(d), im.konst(i)) else {
+            let (Some(data), Some(idx)) = (im.konst(d).filter(|_| !im.kept.contains(d)), im.konst(i)) else {
                 return built(im, cx);
             };
             let ax = axis(cx, cx.int("axis", 0)?, data.shape().len())?;
@@ -1997,7 +2060,8 @@ fn positions(rank: usize, at: usize, n: usize, from: i64, dtype: DType) -> Tenso
     Tensor::from_i64(shape, (0..n as i64).map(|i| i + from).collect()).cast(dtype)
 }
 
-/// Ops built from others at import: GatherElements at run time (a one-hot
+/// Ops built from others at import: GatherElements at run time (floats
+/// and integers: a one-hot
 /// comparison of the indices, negative ones too, with the positions, and a
 /// sum), OneHot, DepthToSpace and SpaceToDepth (reshape, transpose,
 /// reshape), CumSum (a MatMul by a triangular constant), ReduceProd (the
@@ -2018,7 +2082,11 @@ fn built(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
     let xv = im.value(x)?;
     let y = match op_type {
         "GatherElements" => {
-            float_only("GatherElements at run time")?;
+            // Integers too (RoBERTa's position ids, computed from the input
+            // ids): the sum of one picked element is exact.
+            if !matches!(ty.dtype, DType::I64 | DType::I32) {
+                float_only("GatherElements at run time")?;
+            }
             let i = cx.need(1)?;
             let it = im.ty(i)?;
             let a = axis(cx, cx.int("axis", 0)?, r)?;

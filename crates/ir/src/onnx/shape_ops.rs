@@ -137,7 +137,9 @@ pub(super) fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
         "Gather" => {
             let (data, indices) = (cx.need(0)?, cx.need(1)?);
             let ax = axis(cx, cx.int("axis", 0)?, im.ty(data)?.shape.len())?;
-            match (im.konst(data), im.konst(indices)) {
+            // A kept weight (training) is an op's operand: a parameter
+            // gathered by constant indices (position embeddings) trains.
+            match (im.konst(data).filter(|_| !im.kept.contains(data)), im.konst(indices)) {
                 // Shape arithmetic: folded.
                 (Some(d), Some(i)) => Ok(konst(fold::gather(&d, &i, ax).map_err(|m| cx.bad(m))?)),
                 // An embedding lookup or a slice of a computed tensor: an op.

@@ -213,6 +213,10 @@ pub struct Initializer {
     pub trained: bool,
     /// Why it is not trained (`None` when it is).
     pub frozen_because: Option<String>,
+    /// The initializer it is the transpose of (tied weights: one
+    /// parameter, trained as the source; saved as its transpose).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tied_to: Option<String>,
 }
 
 /// Whether `name` matches `pattern` (`*` matches any run of characters).
@@ -235,21 +239,70 @@ pub fn matches(pattern: &str, name: &str) -> bool {
     true
 }
 
-/// The values trained by default: the graph's parameters (a text model
-/// declares them with `param`), and the float initializers that are a
+/// The last part of the names PyTorch gives its buffers (state that is not
+/// a parameter: `requires_grad` off) in the models people export: batch
+/// norms' statistics, rotary frequencies and caches, position and token type
+/// ids, a positional encoding table, masks, Swin's relative position index.
+const BUFFERS: [&str; 14] = [
+    "running_mean",
+    "running_var",
+    "num_batches_tracked",
+    "inv_freq",
+    "original_inv_freq",
+    "position_ids",
+    "token_type_ids",
+    "relative_position_index",
+    "cos_cached",
+    "sin_cached",
+    "pe",
+    "attn_mask",
+    "masked_bias",
+    "causal_mask",
+];
+
+/// What an initializer's name says it is.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Named {
+    /// A module path (`model.layers.0.mlp.up_proj.weight`): PyTorch's
+    /// exporters keep the names of parameters they write as they are.
+    Parameter,
+    /// A module path ending in a buffer's name ([`BUFFERS`]).
+    Buffer,
+    /// Anything else: an exporter's name for a value it computed
+    /// (`onnx::MatMul_530`, `/m/Constant_output_0`, `val_26`), or another
+    /// tool's convention. The structural rule decides.
+    Other,
+}
+
+fn named(name: &str) -> Named {
+    let path = name.contains('.')
+        && !name.starts_with('/')
+        && !name.contains("::")
+        && name.split('.').all(|p| !p.is_empty() && p.chars().all(|c| c.is_alphanumeric() || c == '_'));
+    match name.rsplit('.').next() {
+        _ if !path => Named::Other,
+        Some(last) if BUFFERS.contains(&last) => Named::Buffer,
+        _ => Named::Parameter,
+    }
+}
+
+/// The values trained by default. The graph's parameters (a text model
+/// declares them with `param`); float initializers named by a module path
+/// (what PyTorch's exporters write for a parameter), but for buffers'
+/// names; and, whatever their names, the float initializers that are a
 /// layer's weights or bias, a normalization's scale and bias, or a bias
 /// added to a layer's output (through views and transposes: exporters
-/// transpose a linear layer's weight before its MatMul).
+/// transpose a linear layer's weight before its MatMul, and fold the
+/// transpose into a new initializer). A bias has at most one dimension
+/// over 1: a constant added to a layer's output with more is a mask.
 fn trainable(g: &Graph) -> HashSet<NodeId> {
-    let through_views = |mut v: ValueId| loop {
-        let op = &g.node(v.node).op;
-        if op.traits().kind == smelt_ir::traits::Kind::View || matches!(op, Op::Transpose { .. }) {
-            v = g.inputs_of(v.node)[0];
-        } else {
-            return v.node;
-        };
-    };
     let mut out: HashSet<NodeId> = g.node_ids().filter(|&n| g.node(n).op == Op::Parameter).collect();
+    for n in g.node_ids() {
+        let node = g.node(n);
+        if node.op == Op::Constant && named(&node.name) == Named::Parameter && candidate(g, n) {
+            out.insert(n);
+        }
+    }
     for n in g.node_ids() {
         let ins = g.inputs_of(n);
         let picked: Vec<usize> = match &g.node(n).op {
@@ -258,11 +311,11 @@ fn trainable(g: &Graph) -> HashSet<NodeId> {
             Op::BatchNorm { .. } | Op::LayerNorm { .. } => (1..ins.len().min(3)).collect(),
             Op::Binary(smelt_ir::BinaryOp::Add) | Op::Sum => {
                 let layer = ins.iter().any(|&v| {
-                    let p = through_views(v);
+                    let p = through_views(g, v);
                     matches!(g.node(p).op, Op::Conv(_) | Op::Gemm { .. } | Op::MatMul)
                 });
                 if layer {
-                    (0..ins.len()).collect()
+                    (0..ins.len()).filter(|&i| bias_shaped(&g.ty(ins[i]).shape)).collect()
                 } else {
                     vec![]
                 }
@@ -270,15 +323,115 @@ fn trainable(g: &Graph) -> HashSet<NodeId> {
             _ => vec![],
         };
         for i in picked {
-            let src = through_views(ins[i]);
-            let node = g.node(src);
-            if node.op == Op::Constant
-                && node.outputs[0].dtype == DType::F32
-                && !node.outputs[0].shape.is_empty()
-                && !g.weight(src).is_some_and(|t| is_mask(t))
-            {
+            let src = through_views(g, ins[i]);
+            if g.node(src).op == Op::Constant && named(&g.node(src).name) != Named::Buffer && candidate(g, src) {
                 out.insert(src);
             }
+        }
+    }
+    out
+}
+
+/// The value `v` is a view or transpose of.
+fn through_views(g: &Graph, mut v: ValueId) -> NodeId {
+    loop {
+        let op = &g.node(v.node).op;
+        if op.traits().kind == smelt_ir::traits::Kind::View || matches!(op, Op::Transpose { .. }) {
+            v = g.inputs_of(v.node)[0];
+        } else {
+            return v.node;
+        }
+    }
+}
+
+/// A float initializer that can train: f32, not a scalar, not a mask.
+fn candidate(g: &Graph, n: NodeId) -> bool {
+    let t = &g.node(n).outputs[0];
+    t.dtype == DType::F32 && !t.shape.is_empty() && !g.weight(n).is_some_and(|t| is_mask(t))
+}
+
+/// At most one dimension over 1: a bias's shape, not a mask's.
+fn bias_shaped(shape: &[usize]) -> bool {
+    shape.iter().filter(|&&d| d > 1).count() <= 1
+}
+
+/// Tied weights as exporters write them: one PyTorch parameter used twice
+/// (an embedding table and the LM head that shares it) reaches the file as
+/// two initializers, one the exact transpose of the other. Each copy maps
+/// to its source (the one named by a module path, else the first).
+fn ties(g: &Graph, floats: &[NodeId]) -> HashMap<NodeId, NodeId> {
+    let mats: Vec<(NodeId, &Tensor)> = floats
+        .iter()
+        .filter_map(|&n| {
+            let t = g.weight(n)?;
+            (g.node(n).op == Op::Constant && t.ty().shape.len() == 2 && t.ty().dtype == DType::F32).then_some((n, t.as_ref()))
+        })
+        .collect();
+    let mut out = HashMap::new();
+    for (i, &(a, ta)) in mats.iter().enumerate() {
+        for &(b, tb) in &mats[i + 1..] {
+            let (sa, sb) = (&ta.ty().shape, &tb.ty().shape);
+            if sa[0] != sb[1] || sa[1] != sb[0] || out.contains_key(&a) || out.contains_key(&b) {
+                continue;
+            }
+            let (va, vb) = (ta.to_f32_vec(), tb.to_f32_vec());
+            // Equal values everywhere (a fresh norm's ones) prove nothing.
+            if va.iter().all(|&x| x.to_bits() == va[0].to_bits()) {
+                continue;
+            }
+            let (r, c) = (sa[0], sa[1]);
+            let transposed = (0..r).all(|i| (0..c).all(|j| va[i * c + j].to_bits() == vb[j * r + i].to_bits()));
+            if transposed {
+                let (src, copy) =
+                    if named(&g.node(b).name) == Named::Parameter && named(&g.node(a).name) != Named::Parameter { (b, a) } else { (a, b) };
+                out.insert(copy, src);
+            }
+        }
+    }
+    out
+}
+
+/// Parameters an exporter may have merged: an initializer named by a
+/// module path that several nodes of one kind read, in different modules
+/// where the node names say (the TorchScript exporter writes one
+/// initializer for parameters of equal values, as a fresh model's norms).
+fn merged(g: &Graph, floats: &[NodeId]) -> Vec<String> {
+    let mut readers: HashMap<NodeId, Vec<NodeId>> = HashMap::new();
+    for n in g.node_ids() {
+        for v in g.inputs_of(n) {
+            readers.entry(v.node).or_default().push(n);
+        }
+    }
+    let module = |n: NodeId| {
+        let name = &g.node(n).name;
+        name.starts_with('/').then(|| name.rsplit_once('/').map_or("", |p| p.0).to_string())
+    };
+    let mut out = Vec::new();
+    for &p in floats {
+        let node = g.node(p);
+        if named(&node.name) != Named::Parameter || node.outputs[0].shape.is_empty() {
+            continue;
+        }
+        let Some(rs) = readers.get(&p) else { continue };
+        let mut by_kind: HashMap<String, Vec<NodeId>> = HashMap::new();
+        for &r in rs {
+            let op = &g.node(r).op;
+            if matches!(op, Op::Binary(_) | Op::LayerNorm { .. } | Op::MatMul | Op::Gemm { .. } | Op::Conv(_) | Op::Gather { .. }) {
+                by_kind.entry(format!("{:?}", std::mem::discriminant(op))).or_default().push(r);
+            }
+        }
+        if let Some(rs) = by_kind.values().find(|rs| {
+            let modules: HashSet<Option<String>> = rs.iter().map(|&r| module(r)).collect();
+            rs.len() > 1 && (modules.len() > 1 || modules.contains(&None))
+        }) {
+            let names: Vec<&str> = rs.iter().take(3).map(|&r| g.node(r).name.as_str()).collect();
+            out.push(format!(
+                "initializer {:?} is read by {} nodes of one kind ({}{}): if those are separate parameters in PyTorch, the exporter merged them because their values were equal (a fresh model's norms), and smelt trains one; export with training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False (TorchScript) or optimize=False (dynamo), or pass --trainable",
+                node.name,
+                rs.len(),
+                names.join(", "),
+                if rs.len() > 3 { ", ..." } else { "" }
+            ));
         }
     }
     out
@@ -355,10 +508,13 @@ pub fn training_step(model: &Graph, cfg: &TrainConfig) -> Result<TrainStep, Trai
         }
     }
     let by_rule = trainable(model);
+    // A tied copy trains as its source does, as one parameter.
+    let tied = ties(model, &floats);
     let chosen = |n: NodeId| {
         model.node(n).op == Op::Parameter
             || if cfg.only.is_empty() { by_rule.contains(&n) } else { cfg.only.iter().any(|p| matches(p, &model.node(n).name)) }
     };
+    notes.extend(merged(model, &floats));
     // A batch norm's running statistics are never parameters (PyTorch's
     // buffers); `--batch-norm train` makes them state.
     let statistics: HashSet<NodeId> = model
@@ -366,8 +522,8 @@ pub fn training_step(model: &Graph, cfg: &TrainConfig) -> Result<TrainStep, Trai
         .filter(|&n| matches!(model.node(n).op, Op::BatchNorm { .. }))
         .flat_map(|n| model.inputs_of(n)[3..].iter().map(|v| v.node).collect::<Vec<_>>())
         .collect();
-    let train: HashSet<NodeId> =
-        floats.iter().copied().filter(|&n| chosen(n) && !statistics.contains(&n) && freeze(&model.node(n).name).is_none()).collect();
+    let trains = |n: NodeId| chosen(n) && !statistics.contains(&n) && freeze(&model.node(n).name).is_none();
+    let train: HashSet<NodeId> = floats.iter().copied().filter(|&n| !tied.contains_key(&n) && trains(n)).collect();
     // The forward pass, trained initializers as parameters.
     let mut g = Graph::new();
     let mut map: HashMap<ValueId, ValueId> = HashMap::new();
@@ -394,9 +550,12 @@ pub fn training_step(model: &Graph, cfg: &TrainConfig) -> Result<TrainStep, Trai
     let initializers: Vec<Initializer> = floats
         .iter()
         .map(|&n| {
-            let (node, trained) = (model.node(n), train.contains(&n) && !running.contains(&n));
+            let source = tied.get(&n).copied();
+            let (node, trained) = (model.node(n), train.contains(&source.unwrap_or(n)) && !running.contains(&n));
             let frozen_because = (!trained).then(|| {
-                if running.contains(&n) {
+                if let Some(s) = source {
+                    format!("the transpose of {:?} (tied weights), which is frozen", model.node(s).name)
+                } else if running.contains(&n) {
                     "a batch norm's running statistic: state that follows the batch (--batch-norm train)".to_string()
                 } else if statistics.contains(&n) {
                     "a batch norm's running statistic, fixed as exported (--batch-norm train updates it)".to_string()
@@ -408,13 +567,16 @@ pub fn training_step(model: &Graph, cfg: &TrainConfig) -> Result<TrainStep, Trai
                     "a scalar constant".to_string()
                 } else if model.weight(n).is_some_and(|t| is_mask(t)) {
                     "an additive mask (values at or below -1e30): a constant the exporter folded, not a bias".to_string()
+                } else if named(&node.name) == Named::Buffer {
+                    "named as a PyTorch buffer, not a parameter".to_string()
                 } else if gathered.contains(&n) {
-                    "a Gather's table (an embedding): the default rule does not train it; name it with --trainable or --train-only".to_string()
+                    "a table a Gather reads under a name the exporter made up: a constant it computed (with do_constant_folding or the dynamo optimizer, a parameter gathered by constant indices, as position embeddings, is folded into one: export without folding to train it), or name it with --trainable".to_string()
                 } else {
-                    "not a conv, gemm or matmul operand, a norm's scale or bias, or a bias added to a layer (the default rule); name it with --trainable or --train-only to train it".to_string()
+                    "not named by a module path, and not a conv, gemm or matmul operand, a norm's scale or bias, or a bias added to a layer (one dimension over 1): a constant the exporter computed; name it with --trainable or --train-only to train it".to_string()
                 }
             });
-            Initializer { name: node.name.clone(), shape: node.outputs[0].shape.clone(), trained, frozen_because }
+            let tied_to = source.map(|s| model.node(s).name.clone());
+            Initializer { name: node.name.clone(), shape: node.outputs[0].shape.clone(), trained, frozen_because, tied_to }
         })
         .collect();
     let step = match (cfg.optimizer, cfg.batch_norm) {
@@ -422,9 +584,17 @@ pub fn training_step(model: &Graph, cfg: &TrainConfig) -> Result<TrainStep, Trai
         _ => Some(g.add_persistent(Op::State, "train.step", Arc::new(Tensor::from_f32(vec![], vec![0.0])))),
     };
     let mut stat_updates: Vec<(String, ValueId)> = Vec::new();
-    for id in model.topo_order().map_err(bug)? {
+    // Initializers first, tied copies after their sources.
+    let mut order = model.topo_order().map_err(bug)?;
+    order.sort_by_key(|&n| (!model.inputs_of(n).is_empty(), tied.contains_key(&n)));
+    for id in order {
         let node = model.node(id);
-        let new = if running.contains(&id) {
+        let source = tied.get(&id).filter(|s| train.contains(s));
+        let new = if let Some(s) = source {
+            let t = g.add(Op::Transpose { perm: vec![1, 0] }, node.name.clone(), &[map[&ValueId { node: *s, slot: 0 }]]).map_err(bug)?;
+            g.set_origin(t, vec![]);
+            t
+        } else if running.contains(&id) {
             persistent(&mut g, Op::State, &node.name, &node.outputs[0], model.weight(id).cloned()).node
         } else if let (Op::BatchNorm { epsilon }, BatchNorm::Train { momentum }) = (&node.op, cfg.batch_norm) {
             let ins: Vec<ValueId> = model.inputs_of(id).iter().map(|v| map[v]).collect();

@@ -475,17 +475,38 @@ pub(super) fn vjp(ad: &mut Ad, n: NodeId, dys: &[Option<ValueId>], needs: &[bool
             }
         }
         Op::Slice { axes, starts, steps, .. } => {
-            if steps.iter().any(|&s| s != 1) {
-                return Err(unsupported("the gradient of a strided slice is not supported yet"));
+            if steps.iter().any(|&s| s < 1) {
+                return Err(unsupported("the gradient of a slice with a negative step is not supported yet"));
             }
+            // A strided axis first spreads dy out: each element followed by
+            // step - 1 zeros (a new axis padded, merged), the tail cut.
             let r = xs[0].len();
+            let mut d = dy;
+            let mut span = ad.shape(y);
+            for (i, &a) in axes.iter().enumerate() {
+                let (s, n) = (steps[i] as usize, span[a]);
+                if s == 1 || n == 0 {
+                    continue;
+                }
+                let mut merged = ad.shape(d);
+                let mut wide = merged.clone();
+                wide.insert(a + 1, 1);
+                d = ad.reshape(d, wide)?;
+                let mut pads = vec![0; 2 * (r + 1)];
+                pads[r + 1 + a + 1] = s - 1;
+                d = ad.op(Op::Pad { pads, mode: PadMode::Constant(0.0) }, &[d])?;
+                merged[a] = n * s;
+                d = ad.reshape(d, merged)?;
+                let keep = (n - 1) * s + 1;
+                d = ad.op(Op::Slice { axes: vec![a], starts: vec![0], ends: vec![keep as i64], steps: vec![1] }, &[d])?;
+                span[a] = keep;
+            }
             let mut pads = vec![0; 2 * r];
-            let ys = ad.shape(y);
             for (i, &a) in axes.iter().enumerate() {
                 pads[a] = starts[i] as usize;
-                pads[r + a] = xs[0][a] - starts[i] as usize - ys[a];
+                pads[r + a] = xs[0][a] - starts[i] as usize - span[a];
             }
-            set!(0, ad.op(Op::Pad { pads, mode: PadMode::Constant(0.0) }, &[dy])?);
+            set!(0, ad.op(Op::Pad { pads, mode: PadMode::Constant(0.0) }, &[d])?);
         }
         Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze { .. } | Op::Unsqueeze { .. } | Op::Identity | Op::Dropout => {
             set!(0, ad.reshape(dy, xs[0].clone())?)
