@@ -8,7 +8,9 @@ defaults: momentum 0) and with Adam from the exported weights.
 
 Parameters get distinct values before export (exporters merge initializers
 of equal values); `llama_fresh` is a fresh Llama (all-ones norms) exported
-with the options the guide documents, to show that nothing is merged.
+with the options the guide documents, to show that nothing is merged, and
+`llama_fresh_merged/model.onnx` the same exported with the defaults (eval
+mode: its five norms' scales merged into one initializer).
 
 Exports, per model:
     torchscript   dynamo=False, opset 17, training=TrainingMode.TRAINING,
@@ -210,6 +212,13 @@ def main():
                     save(p.detach().numpy(), os.path.join(od, pn + ".pb"), pn)
                 save(np.array(losses, dtype=np.float32), os.path.join(od, "losses.pb"), "losses")
             mod.load_state_dict(init)
+        if name == "llama_fresh":
+            # Eval mode, default options: the exporter merges the equal norms.
+            d = os.path.join(out, "llama_fresh_merged")
+            os.makedirs(d, exist_ok=True)
+            mod.load_state_dict(init)
+            torch.onnx.export(mod, args, os.path.join(d, "model.onnx"), dynamo=False, opset_version=17, input_names=keys,
+                              output_names=["logits"])
     open(os.path.join(out, ".done"), "w").close()
 
 

@@ -157,6 +157,13 @@ def cases():
     # Every parameter trained, the embedding too, by smelt's default rule
     # (the others take PyTorch's list, trainable.txt).
     yield "lm_emb", TinyLM(train_embedding=True), (3, 7), "tokens"
+    # A fresh batch norm (zero running means and biases, unit variances and
+    # scales): the exporter writes its running statistics as Identities of
+    # its bias and scale, which PyTorch trains while the statistics stay.
+    yield "bn_fresh", nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 5),
+    ), (4, 3, 8, 8), "ce"
     # Batch norm in training mode: batch statistics, running statistics
     # updated. (No conv bias before it: the batch mean cancels it, so its
     # gradient is rounding noise that Adam would amplify into a full step.)
@@ -180,7 +187,7 @@ def main():
     for name, model, shape, loss in cases():
         d = os.path.join(out, name)
         os.makedirs(d, exist_ok=True)
-        model = randomize_bn(model).eval()
+        model = (model if name == "bn_fresh" else randomize_bn(model)).eval()
         bn_train = name == "bn_train"
         tokens = isinstance(model, TinyLM)
         x = torch.randint(0, TinyLM.VOCAB, shape) if tokens else torch.randn(*shape)

@@ -578,3 +578,148 @@ fn the_readmes_training_command_runs() {
     assert!(r["final_loss"].as_f64().unwrap().is_finite(), "{r}");
     assert!(r["validation"]["accuracy"].as_f64().is_some(), "{r}");
 }
+
+/// Tied weights written as two initializers (the dynamo exporter's Qwen2
+/// with tied embeddings: the embedding table, and its transpose folded for
+/// the LM head) train as one parameter, and `--save` writes the trained
+/// value in both places.
+#[test]
+fn tied_weights_train_as_one_parameter_and_save_in_both_places() {
+    let d = testdata().join("hf_training").join("qwen2_tied_dynamo");
+    let read = |f: &str| smelt_ir::onnx::read_tensor_file(&d.join(f)).unwrap().1;
+    let params = std::fs::read_to_string(d.join("params.txt")).unwrap();
+    let rows: Vec<Vec<&str>> = params.lines().map(|l| l.split('\t').collect()).collect();
+    let copy = rows.iter().find(|r| r[2] == "T").expect("a transposed copy");
+    let source = rows.iter().find(|r| r[1] == copy[1] && r[2] == "=").expect("its source");
+    let dir = scratch("tied");
+    let data = dir.join("tokens.npz");
+    npy::write_npz(&data, &[("input_ids".into(), read("input_0.pb")), ("labels".into(), read("labels.pb"))]).unwrap();
+    let saved = dir.join("trained.onnx");
+    let m = d.join("model.onnx");
+    let r = train(&[
+        s(&m),
+        "--data",
+        s(&data),
+        "--batch",
+        "2",
+        "--steps",
+        "2",
+        "--loss",
+        "causal-lm",
+        "--optimizer",
+        "sgd",
+        "--lr",
+        "0.1",
+        "--no-shuffle",
+        "--save",
+        s(&saved),
+    ]);
+    let inits = r["initializers"].as_array().unwrap();
+    let entry = inits.iter().find(|i| i["name"] == copy[0]).expect("the copy in the table");
+    assert_eq!((entry["trained"].as_bool(), entry["tied_to"].as_str()), (Some(true), Some(source[0])), "{entry}");
+    let weights = |path: &Path| {
+        let g = smelt_ir::onnx::import_file(path, &smelt_ir::onnx::ImportOptions { keep_weights: true, ..Default::default() }).unwrap();
+        let get = |name: &str| {
+            let n = g.node_ids().find(|&n| g.node(n).name == name).unwrap_or_else(|| panic!("no {name}"));
+            g.weight(n).unwrap().as_ref().clone()
+        };
+        (get(source[0]), get(copy[0]))
+    };
+    let (before, _) = weights(&m);
+    let (src, cp) = weights(&saved);
+    assert!(excess(&src, &before, 0.0, 1e-7) > 1.0, "the tied parameter trained");
+    let (r_, c_) = (src.shape()[0], src.shape()[1]);
+    let (sv, cv) = (src.to_f32_vec(), cp.to_f32_vec());
+    assert_eq!(cp.shape(), &[c_, r_][..]);
+    assert!(
+        (0..r_).all(|i| (0..c_).all(|j| sv[i * c_ + j].to_bits() == cv[j * r_ + i].to_bits())),
+        "the saved copy is the trained source's transpose"
+    );
+}
+
+/// A fresh model's equal parameters (Llama's all-ones RMSNorm scales),
+/// merged into one initializer by the TorchScript exporter in eval mode:
+/// the plan says so, naming the initializer and how to export instead.
+#[test]
+fn merged_parameters_are_reported() {
+    let m = testdata().join("hf_training").join("llama_fresh_merged").join("model.onnx");
+    let out = smelt().args(["plan", s(&m), "--train", "sgd", "--loss", "causal-lm"]).output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    let text = format!("{stdout}{stderr}");
+    assert!(text.contains("layernorm.weight\" is read by 5 nodes of one kind") && text.contains("TrainingMode.TRAINING"), "{text}");
+    // The same model exported as the guide says: nothing merged, no warning.
+    let m = testdata().join("hf_training").join("llama_fresh_torchscript").join("model.onnx");
+    let out = smelt().args(["plan", s(&m), "--train", "sgd", "--loss", "causal-lm"]).output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && !text.contains("is read by") && text.contains("21 float initializers trained"), "{text}");
+}
+
+/// `--batch` on an export whose batch is written into constants: rewritten
+/// where the exporter's Reshape and Expand show it, refused (exit 2, naming
+/// the node or the output) where not, never a graph whose output has
+/// another batch than its inputs.
+#[test]
+fn a_batch_baked_into_the_graph_is_rewritten_or_refused() {
+    let m = |case: &str| testdata().join("hf_training").join(case).join("model.onnx");
+    let inspect = |case: &str, batch: &str| {
+        let out = smelt().args(["inspect", s(&m(case)), "--batch", batch]).output().unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stdout).to_string(), String::from_utf8_lossy(&out.stderr).to_string())
+    };
+    let mut rewritten = Vec::new();
+    for case in
+        ["llama_torchscript", "llama_dynamo", "gpt2_torchscript", "gpt2_dynamo", "bert_torchscript", "vit_dynamo", "vit_torchscript"]
+    {
+        for batch in ["1", "3"] {
+            let (code, stdout, stderr) = inspect(case, batch);
+            if code == Some(0) {
+                rewritten.push(format!("{case}@{batch}"));
+            }
+            assert!(!stderr.contains("panicked"), "{stderr}");
+            match code {
+                Some(0) => {
+                    let logits = stdout.lines().find(|l| l.contains("logits")).unwrap_or_else(|| panic!("{case}: {stdout}"));
+                    assert!(logits.contains(&format!("[{batch},")), "{case} --batch {batch}: {logits}");
+                    same_rows_at_another_batch(&m(case), batch.parse().unwrap());
+                }
+                Some(2) => assert!(stderr.contains(&format!("--batch {batch}")) && stderr.contains("exporter"), "{case}: {stderr}"),
+                c => panic!("{case} --batch {batch}: exit {c:?}: {stderr}"),
+            }
+        }
+    }
+    // Where smelt rewrites today (Reshapes and Expands of the exported
+    // batch); BERT's mask and the dynamo Llama's attention are refused.
+    let want = ["llama_torchscript", "gpt2_torchscript", "gpt2_dynamo", "vit_dynamo", "vit_torchscript"];
+    assert_eq!(rewritten, want.iter().flat_map(|c| [format!("{c}@1"), format!("{c}@3")]).collect::<Vec<_>>());
+}
+
+/// The model at `batch` gives, on the exported batch's samples (repeated
+/// or cut to `batch` rows), the rows the exported graph gives them.
+fn same_rows_at_another_batch(model: &Path, batch: usize) {
+    let d = model.parent().unwrap();
+    let inputs: Vec<Tensor> = (0..)
+        .map(|i| d.join(format!("input_{i}.pb")))
+        .take_while(|p| p.is_file())
+        .map(|p| smelt_ir::onnx::read_tensor_file(&p).unwrap().1)
+        .collect();
+    let exported = inputs[0].shape()[0];
+    let pick = |t: &Tensor, n: usize| {
+        let per: usize = t.shape()[1..].iter().product();
+        let mut shape = t.shape().to_vec();
+        shape[0] = n;
+        let idx: Vec<usize> = (0..n).flat_map(|r| (0..per).map(move |k| (r % exported) * per + k)).collect();
+        match t.ty().dtype {
+            smelt_ir::DType::I64 => Tensor::from_i64(shape, idx.iter().map(|&k| t.to_i64_vec()[k]).collect()),
+            _ => Tensor::from_f32(shape, idx.iter().map(|&k| t.to_f32_vec()[k]).collect()),
+        }
+    };
+    let run = |b: Option<usize>, ins: &[Tensor]| {
+        let opts = smelt_ir::onnx::ImportOptions { batch: b, ..Default::default() };
+        let g = smelt_ir::onnx::import_file(model, &opts).unwrap();
+        smelt_runtime::cpu::run(&g, ins).unwrap().remove(0)
+    };
+    let want = run(None, &inputs);
+    let got = run(Some(batch), &inputs.iter().map(|t| pick(t, batch)).collect::<Vec<_>>());
+    let c = smelt::compare(&got, &pick(&want, batch), 1e-5, 1e-6);
+    assert!(c.ok, "{} at batch {batch}: rows differ from the exported batch's: {c:?}", model.display());
+}

@@ -11,7 +11,7 @@ use smelt_passes::train::{training_step, Loss, TrainConfig};
 use smelt_runtime::emu::Schedule;
 use std::path::PathBuf;
 
-const CASES: [&str; 8] = ["mlp", "mlp_mse", "cnn", "resnet_blocks", "tenc", "lm", "lm_causal", "lm_emb"];
+const CASES: [&str; 9] = ["mlp", "mlp_mse", "cnn", "resnet_blocks", "tenc", "lm", "lm_causal", "lm_emb", "bn_fresh"];
 
 fn dir(case: &str) -> PathBuf {
     let d = common::testdata().join("training").join(case);

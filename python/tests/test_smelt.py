@@ -180,8 +180,9 @@ def test_from_torch_resnet18_plans_as_the_cli_and_runs_as_onnxruntime(tmp_path):
 
 
 def test_from_torch_for_training_trains_what_pytorch_trains():
-    # An embedding (which smelt's own rule leaves frozen), a frozen layer
-    # and a trained head: from_torch(train=True) passes PyTorch's list.
+    # An embedding, a frozen layer (smelt's own rule would train it: its
+    # names are a parameter's) and a trained head: from_torch(train=True)
+    # passes PyTorch's list.
     torch.manual_seed(0)
 
     class Net(torch.nn.Module):
@@ -208,6 +209,21 @@ def test_from_torch_for_training_trains_what_pytorch_trains():
     assert trained == pytorch and set(frozen) == {"body.weight", "body.bias"}, (trained, frozen)
     trained, frozen = table(train_only=["head.*"])
     assert trained == {"head.weight", "head.bias"} and frozen["emb.weight"] == "not named by --trainable or --train-only"
+
+
+def test_from_torch_for_training_keeps_equal_parameters_apart():
+    # Fresh layer norms (ones and zeros): exported in eval mode, the
+    # TorchScript exporter would merge them into one initializer each;
+    # from_torch(train=True) exports in training mode, so all train.
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Linear(6, 8), torch.nn.LayerNorm(8), torch.nn.ReLU(),
+        torch.nn.Linear(8, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 3),
+    ).eval()
+    m = smelt.from_torch(net, torch.randn(4, 6), train=True)
+    inits = m.plan(train="sgd", loss="ce").training["initializers"]
+    trained = {i["name"] for i in inits if i["trained"]}
+    assert trained == {n for n, _ in net.named_parameters()}, trained
 
 
 def test_from_torch_transformer_encoder():

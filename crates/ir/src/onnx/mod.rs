@@ -161,7 +161,15 @@ pub fn import(bytes: &[u8], opts: &ImportOptions) -> Result<Graph, IrError> {
         im.env.insert(input.name().to_string(), Entry { konst: None, value: Some(v) });
     }
     for node in &graph.node {
-        nodes::convert(&mut im, node)?;
+        nodes::convert(&mut im, node).map_err(|e| match (e, im.batch) {
+            // Shapes that stop fitting once the batch changes: the exporter
+            // wrote the batch into a constant smelt did not recognise.
+            (IrError::Shape { node, msg }, Some((exported, new))) => IrError::Shape {
+                node,
+                msg: format!("{msg} (with --batch {new}: the exporter wrote its batch, {exported}, into a constant shape here; export with a dynamic batch axis, or at batch {new})"),
+            },
+            (e, _) => e,
+        })?;
     }
     let mut seen_outputs = std::collections::HashSet::new();
     for out in &graph.output {
@@ -306,6 +314,22 @@ impl Importer {
         };
         let dims: Option<Vec<Option<i64>>> =
             tt.shape.as_ref().map(|s| s.dim.iter().map(|d| if let Some(Dim::DimValue(v)) = d.value { Some(v) } else { None }).collect());
+        // With `--batch`, an output declared with the exported (or a
+        // symbolic) batch must come out with the new one: else the exporter
+        // baked the batch where smelt did not rewrite it.
+        if let (Some((exported, new)), Some(s)) = (self.batch, tt.shape.as_ref()) {
+            let declared = s.dim.first().map(|d| match d.value {
+                Some(Dim::DimValue(v)) => v == exported as i64,
+                Some(Dim::DimParam(_)) => true,
+                _ => false,
+            });
+            if declared == Some(true) && got.shape.first() != Some(&new) {
+                return Err(IrError::Usage(format!(
+                    "--batch {new}: graph output \"{}\" comes out {got}, not at batch {new}: the exporter wrote its batch ({exported}) into the graph where smelt cannot rewrite it; export with a dynamic batch axis (dynamic_axes, or dynamic_shapes for dynamo), or at batch {new}",
+                    out.name()
+                )));
+            }
+        }
         let rank_ok = dims.as_ref().is_none_or(|d| d.len() == got.shape.len());
         let dims_ok =
             self.batch.is_some() || dims.as_ref().is_none_or(|d| d.iter().zip(&got.shape).all(|(d, &n)| d.is_none_or(|d| d == n as i64)));

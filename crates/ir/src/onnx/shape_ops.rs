@@ -44,7 +44,13 @@ pub(super) fn handles(op_type: &str) -> bool {
 /// replacing a hard-coded exported batch when `--batch` changes it.
 fn reshape_target(im: &Importer, cx: &Cx, mut target: Vec<i64>, input: &[usize]) -> Result<Vec<usize>, IrError> {
     if let Some((exported, new)) = im.batch {
-        if !target.is_empty() && target[0] == exported as i64 && input.first() == Some(&new) {
+        // The input leads with the new batch, or holds the new batch's
+        // elements where the target holds the exported one's (GPT-2's
+        // [batch * sequence, 3 hidden] back to [batch, sequence, 3 hidden]).
+        let numel: usize = input.iter().product();
+        let fixed: Option<usize> = target[1.min(target.len())..].iter().map(|&d| usize::try_from(d).ok()).product();
+        let follows = fixed.is_some_and(|f| f * new == numel && f * exported != numel);
+        if !target.is_empty() && target[0] == exported as i64 && (input.first() == Some(&new) || follows) {
             target[0] = new as i64;
         }
     }
@@ -374,8 +380,17 @@ pub(super) fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
         }
         "Expand" => {
             let x = cx.need(0)?;
-            let target: Vec<usize> = cx.usizes(const_int_vec(im, cx, 1, "the shape")?, "shape")?;
+            let mut target: Vec<usize> = cx.usizes(const_int_vec(im, cx, 1, "the shape")?, "shape")?;
             let xt = im.ty(x)?;
+            // An exporter's baked batch (a mask, a class token or GQA's keys
+            // expanded to it) follows `--batch` when the operand's first
+            // dimension broadcasts to it or is the new batch.
+            if let Some((exported, new)) = im.batch {
+                let lead = target.len().checked_sub(xt.shape.len()).map(|k| if k == 0 { xt.shape.first().copied() } else { None });
+                if target.first() == Some(&exported) && lead.is_some_and(|d| d.is_none_or(|d| d == 1 || d == new)) {
+                    target[0] = new;
+                }
+            }
             let shape =
                 crate::infer::broadcast(&xt.shape, &target).ok_or_else(|| cx.bad(format!("{xt} does not broadcast with {target:?}")))?;
             emit(im, cx, Op::Expand { shape }, &[x])

@@ -396,10 +396,16 @@ fn ties(g: &Graph, floats: &[NodeId]) -> HashMap<NodeId, NodeId> {
 /// where the node names say (the TorchScript exporter writes one
 /// initializer for parameters of equal values, as a fresh model's norms).
 fn merged(g: &Graph, floats: &[NodeId]) -> Vec<String> {
+    // Readers through views: the exporter reads a merged initializer
+    // through an Identity per use.
     let mut readers: HashMap<NodeId, Vec<NodeId>> = HashMap::new();
     for n in g.node_ids() {
+        let op = &g.node(n).op;
+        if op.traits().kind == smelt_ir::traits::Kind::View || matches!(op, Op::Transpose { .. }) {
+            continue;
+        }
         for v in g.inputs_of(n) {
-            readers.entry(v.node).or_default().push(n);
+            readers.entry(through_views(g, v)).or_default().push(n);
         }
     }
     let module = |n: NodeId| {
@@ -426,7 +432,7 @@ fn merged(g: &Graph, floats: &[NodeId]) -> Vec<String> {
         }) {
             let names: Vec<&str> = rs.iter().take(3).map(|&r| g.node(r).name.as_str()).collect();
             out.push(format!(
-                "initializer {:?} is read by {} nodes of one kind ({}{}): if those are separate parameters in PyTorch, the exporter merged them because their values were equal (a fresh model's norms), and smelt trains one; export with training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False (TorchScript) or optimize=False (dynamo), or pass --trainable",
+                "initializer {:?} is read by {} nodes of one kind ({}{}): if those are separate parameters in PyTorch, the exporter merged them because their values were equal (a fresh model's norms), and smelt trains one; export with training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False (TorchScript) or optimize=False (dynamo)",
                 node.name,
                 rs.len(),
                 names.join(", "),
@@ -516,12 +522,32 @@ pub fn training_step(model: &Graph, cfg: &TrainConfig) -> Result<TrainStep, Trai
     };
     notes.extend(merged(model, &floats));
     // A batch norm's running statistics are never parameters (PyTorch's
-    // buffers); `--batch-norm train` makes them state.
-    let statistics: HashSet<NodeId> = model
-        .node_ids()
-        .filter(|&n| matches!(model.node(n).op, Op::BatchNorm { .. }))
-        .flat_map(|n| model.inputs_of(n)[3..].iter().map(|v| v.node).collect::<Vec<_>>())
-        .collect();
+    // buffers); `--batch-norm train` makes them state. An exporter may have
+    // merged one with a parameter of equal values (a fresh model's zero
+    // means and zero biases, unit variances and unit scales): that
+    // initializer trains in its other roles and the batch norm reads a
+    // frozen copy of it.
+    let norms: Vec<NodeId> = model.node_ids().filter(|&n| matches!(model.node(n).op, Op::BatchNorm { .. })).collect();
+    let stat_reads: HashSet<ValueId> = norms.iter().flat_map(|&n| model.inputs_of(n)[3..].to_vec()).collect();
+    let mut other_reads: HashSet<NodeId> = HashSet::new();
+    for n in model.node_ids() {
+        for (i, v) in model.inputs_of(n).iter().enumerate() {
+            let stat = matches!(model.node(n).op, Op::BatchNorm { .. }) && i >= 3;
+            if !stat && !stat_reads.contains(&ValueId { node: n, slot: 0 }) {
+                other_reads.insert(through_views(model, *v));
+            }
+        }
+    }
+    let statistics: HashSet<NodeId> = stat_reads.iter().map(|&v| through_views(model, v)).filter(|n| !other_reads.contains(n)).collect();
+    let shared: HashSet<NodeId> = stat_reads.iter().map(|&v| through_views(model, v)).filter(|n| other_reads.contains(n)).collect();
+    let mut merged_stats: Vec<NodeId> = shared.iter().copied().collect();
+    merged_stats.sort_by_key(|&n| model.node(n).name.clone());
+    for n in merged_stats {
+        notes.push(format!(
+            "initializer {:?} is a batch norm's running statistic and also read as a parameter (the exporter merged initializers of equal values): it trains as the parameter, and the batch norm reads its exported value, fixed",
+            model.node(n).name
+        ));
+    }
     let trains = |n: NodeId| chosen(n) && !statistics.contains(&n) && freeze(&model.node(n).name).is_none();
     let train: HashSet<NodeId> = floats.iter().copied().filter(|&n| !tied.contains_key(&n) && trains(n)).collect();
     // The forward pass, trained initializers as parameters.
@@ -533,11 +559,24 @@ pub fn training_step(model: &Graph, cfg: &TrainConfig) -> Result<TrainStep, Trai
     if let BatchNorm::Train { .. } = cfg.batch_norm {
         for n in model.node_ids().filter(|&n| matches!(model.node(n).op, Op::BatchNorm { .. })) {
             for v in &model.inputs_of(n)[3..] {
+                let src = through_views(model, *v);
+                if shared.contains(&src) {
+                    return Err(TrainError::Usage(format!(
+                        "batch norm {:?}: its running statistic is initializer {:?}, which the model also reads as a parameter (the exporter merged initializers of equal values, as a fresh model's zero means and biases): --batch-norm train needs them apart; export with distinct values, or keep batch norms frozen",
+                        model.node(n).name,
+                        model.node(src).name
+                    )));
+                }
                 if model.node(v.node).op.is_persistent() {
                     running.insert(v.node);
                 } else {
+                    let what = if model.node(src).op.is_persistent() {
+                        format!("{} of initializer {:?}", model.node(v.node).op.name(), model.node(src).name)
+                    } else {
+                        format!("computed by node {:?} ({})", model.node(v.node).name, model.node(v.node).op.name())
+                    };
                     return Err(TrainError::Usage(format!(
-                        "batch norm {:?}: its running statistics are computed, not initializers",
+                        "batch norm {:?}: its running statistics must be initializers to follow the batch, but one is {what}",
                         model.node(n).name
                     )));
                 }
@@ -606,6 +645,20 @@ pub fn training_step(model: &Graph, cfg: &TrainConfig) -> Result<TrainStep, Trai
             let v = persistent(&mut g, Op::Parameter, &node.name, &node.outputs[0], model.weight(id).cloned());
             params.push((g.node(v.node).name.clone(), v));
             v.node
+        } else if matches!(node.op, Op::BatchNorm { .. })
+            && model.inputs_of(id)[3..].iter().any(|v| train.contains(&through_views(model, *v)))
+        {
+            // A statistic merged with a trained parameter: its exported value.
+            let mut ins: Vec<ValueId> = model.inputs_of(id).iter().map(|v| map[v]).collect();
+            for (i, v) in model.inputs_of(id).iter().enumerate().skip(3) {
+                let src = through_views(model, *v);
+                if train.contains(&src) {
+                    let t = model.weight(src).ok_or_else(|| TrainError::Usage(format!("{:?} has no value", model.node(src).name)))?;
+                    let frozen = Tensor::from_f32(model.ty(*v).shape.clone(), t.to_f32_vec());
+                    ins[i] = g.add_constant(format!("{}.running.{i}", node.name), frozen);
+                }
+            }
+            g.copy_node_from(model, id, &ins).map_err(bug)?
         } else {
             let ins: Vec<ValueId> = model.inputs_of(id).iter().map(|v| map[v]).collect();
             g.copy_node_from(model, id, &ins).map_err(bug)?
