@@ -16,6 +16,9 @@ Exports, per model:
     torchscript   dynamo=False, opset 17, training=TrainingMode.TRAINING,
                   do_constant_folding=False (the options that keep every
                   parameter apart and in the file)
+    torchscript_folded  (Llama) the TorchScript exporter's defaults: eval
+                  mode, constant folding (linear weights folded into
+                  transposed copies), with trainable.txt, PyTorch's list
     dynamo        dynamo=True with its defaults, or optimize=False when the
                   optimizer folds a parameter away (GPT-2's and BERT's
                   position embeddings, ViT's class token); Swin does not
@@ -109,7 +112,10 @@ def save(t, path, name):
 
 
 def export(mod, m, keys, args, path, exporter, optimize=True):
-    if exporter == "torchscript":
+    if exporter == "torchscript_folded":
+        m.set_attn_implementation("eager")
+        torch.onnx.export(mod, args, path, dynamo=False, opset_version=17, input_names=keys, output_names=["logits"])
+    elif exporter == "torchscript":
         if hasattr(m, "set_attn_implementation") and m.config.model_type not in ("convnext",):
             m.set_attn_implementation("eager")  # the TorchScript exporter has no GQA attention
         torch.onnx.export(mod, args, path, dynamo=False, opset_version=17, input_names=keys, output_names=["logits"],
@@ -157,11 +163,14 @@ def main():
         params = dict(mod.named_parameters())
         init = {k: v.clone() for k, v in mod.state_dict().items()}
         exporters = ["torchscript"] if name in ("llama_fresh",) else ["torchscript", "dynamo"]
+        if name == "llama":
+            exporters.append("torchscript_folded")
         for exporter in exporters:
             d = os.path.join(out, f"{name}_{exporter}")
             os.makedirs(d, exist_ok=True)
             path = os.path.join(d, "model.onnx")
-            options = "training=TRAINING, do_constant_folding=False" if exporter == "torchscript" else "defaults"
+            options = {"torchscript": "training=TRAINING, do_constant_folding=False", "dynamo": "defaults",
+                       "torchscript_folded": "defaults (eval, constant folding), trained with PyTorch's list"}[exporter]
             try:
                 mod.load_state_dict(init)
                 export(mod, m, keys, args, path, exporter)
@@ -177,6 +186,11 @@ def main():
                 os.rmdir(d)
                 continue
             assert not missing, f"{name}/{exporter}: parameters not in the file: {missing}"
+            if exporter == "torchscript_folded":
+                # Linear weights folded into onnx::MatMul_N: --trainable
+                # names them as PyTorch does.
+                with open(os.path.join(d, "trainable.txt"), "w") as f:
+                    f.write("".join(n + "\n" for n, p in mod.named_parameters() if p.requires_grad))
             with open(os.path.join(d, "params.txt"), "w") as f:
                 f.write("".join(f"{k}\t{pn}\t{t}\n" for k, pn, t in rows))
             with open(os.path.join(d, "meta.txt"), "w") as f:

@@ -217,6 +217,11 @@ pub struct Initializer {
     /// parameter, trained as the source; saved as its transpose).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tied_to: Option<String>,
+    /// The name of the PyTorch parameter it holds where the file's name is
+    /// the exporter's (`onnx::MatMul_530`) and its node's name says
+    /// (`--trainable` takes either).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pytorch_name: Option<String>,
 }
 
 /// Whether `name` matches `pattern` (`*` matches any run of characters).
@@ -391,6 +396,34 @@ fn ties(g: &Graph, floats: &[NodeId]) -> HashMap<NodeId, NodeId> {
     out
 }
 
+/// PyTorch's names of the weights the TorchScript exporter folded into new
+/// initializers (a linear layer's transposed weight, `onnx::MatMul_530`):
+/// the module path its MatMul or Gemm node's name holds
+/// (`/model/layers.0/mlp/up_proj/MatMul`), and `.weight`.
+fn aliases(g: &Graph, floats: &[NodeId]) -> HashMap<NodeId, String> {
+    let mut modules: HashMap<NodeId, HashSet<String>> = HashMap::new();
+    for n in g.node_ids() {
+        let node = g.node(n);
+        if !matches!(node.op, Op::MatMul | Op::Gemm { .. }) || !node.name.starts_with('/') {
+            continue;
+        }
+        let Some((path, _)) = node.name[1..].rsplit_once('/') else { continue };
+        for v in g.inputs_of(n) {
+            let src = through_views(g, v);
+            if g.node(src).op == Op::Constant && named(&g.node(src).name) == Named::Other {
+                modules.entry(src).or_default().insert(format!("{}.weight", path.replace('/', ".")));
+            }
+        }
+    }
+    floats
+        .iter()
+        .filter_map(|n| {
+            let m = modules.get(n).filter(|m| m.len() == 1)?;
+            Some((*n, m.iter().next()?.clone()))
+        })
+        .collect()
+}
+
 /// Parameters an exporter may have merged: an initializer named by a
 /// module path that several nodes of one kind read, in different modules
 /// where the node names say (the TorchScript exporter writes one
@@ -506,8 +539,10 @@ pub fn training_step(model: &Graph, cfg: &TrainConfig) -> Result<TrainStep, Trai
         .node_ids()
         .filter(|&n| matches!(model.node(n).op, Op::Constant | Op::Parameter) && model.node(n).outputs[0].dtype.is_float())
         .collect();
+    let alias = aliases(model, &floats);
+    let named_by = |p: &str, n: NodeId| matches(p, &model.node(n).name) || alias.get(&n).is_some_and(|a| matches(p, a));
     for p in &cfg.only {
-        if !floats.iter().any(|&n| matches(p, &model.node(n).name)) {
+        if !floats.iter().any(|&n| named_by(p, n)) {
             return Err(TrainError::Usage(format!(
                 "--trainable/--train-only {p:?}: no float initializer of the model has that name (an exporter may have folded it into a constant, or merged equal initializers into one: export with do_constant_folding=False, in training mode)"
             )));
@@ -518,7 +553,7 @@ pub fn training_step(model: &Graph, cfg: &TrainConfig) -> Result<TrainStep, Trai
     let tied = ties(model, &floats);
     let chosen = |n: NodeId| {
         model.node(n).op == Op::Parameter
-            || if cfg.only.is_empty() { by_rule.contains(&n) } else { cfg.only.iter().any(|p| matches(p, &model.node(n).name)) }
+            || if cfg.only.is_empty() { by_rule.contains(&n) } else { cfg.only.iter().any(|p| named_by(p, n)) }
     };
     notes.extend(merged(model, &floats));
     // A batch norm's running statistics are never parameters (PyTorch's
@@ -615,7 +650,8 @@ pub fn training_step(model: &Graph, cfg: &TrainConfig) -> Result<TrainStep, Trai
                 }
             });
             let tied_to = source.map(|s| model.node(s).name.clone());
-            Initializer { name: node.name.clone(), shape: node.outputs[0].shape.clone(), trained, frozen_because, tied_to }
+            let pytorch_name = alias.get(&n).cloned();
+            Initializer { name: node.name.clone(), shape: node.outputs[0].shape.clone(), trained, frozen_because, tied_to, pytorch_name }
         })
         .collect();
     let step = match (cfg.optimizer, cfg.batch_norm) {
