@@ -691,6 +691,12 @@ fn a_batch_baked_into_the_graph_is_rewritten_or_refused() {
     // batch); BERT's mask and the dynamo Llama's attention are refused.
     let want = ["llama_torchscript", "gpt2_torchscript", "gpt2_dynamo", "vit_dynamo", "vit_torchscript"];
     assert_eq!(rewritten, want.iter().flat_map(|c| [format!("{c}@1"), format!("{c}@3")]).collect::<Vec<_>>());
+    // A traced sequence length (nn.TransformerEncoder's, exported with a
+    // dynamic sequence axis) under --dim: refused, saying why.
+    let tenc = testdata().join("transformers").join("torchscript_tenc").join("model.onnx");
+    let out = smelt().args(["inspect", s(&tenc), "--dim", "sequence=12"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.code() == Some(2) && err.contains("with --dim sequence=12: the exporter may have written"), "{err}");
 }
 
 /// The model at `batch` gives, on the exported batch's samples (repeated

@@ -98,6 +98,7 @@ pub fn import(bytes: &[u8], opts: &ImportOptions) -> Result<Graph, IrError> {
         kept: Default::default(),
         graph_inputs,
         sequences: HashMap::new(),
+        dims: opts.dims.clone(),
     };
 
     for init in &graph.initializer {
@@ -168,6 +169,14 @@ pub fn import(bytes: &[u8], opts: &ImportOptions) -> Result<Graph, IrError> {
                 node,
                 msg: format!("{msg} (with --batch {new}: the exporter wrote its batch, {exported}, into a constant shape here; export with a dynamic batch axis, or at batch {new})"),
             },
+            // The same for a size `--dim` gives (a traced sequence length).
+            (IrError::Shape { node, msg }, None) if !im.dims.is_empty() => {
+                let given: Vec<String> = im.dims.iter().map(|(n, s)| format!("{n}={s}")).collect();
+                IrError::Shape {
+                    node,
+                    msg: format!("{msg} (with --dim {}: the exporter may have written the exported size into a constant shape here, as a tracer does with a Python int; export with that axis dynamic, or at that size)", given.join(" --dim ")),
+                }
+            }
             (e, _) => e,
         })?;
     }
@@ -242,6 +251,8 @@ pub(crate) struct Importer {
     pub graph_inputs: std::collections::HashSet<String>,
     /// Sequences (`SplitToSequence`'s output): their parts.
     pub sequences: HashMap<String, Vec<Entry>>,
+    /// The sizes `--dim` gives symbolic dimensions.
+    pub dims: Vec<(String, usize)>,
 }
 
 impl Importer {
@@ -328,6 +339,19 @@ impl Importer {
                     "--batch {new}: graph output \"{}\" comes out {got}, not at batch {new}: the exporter wrote its batch ({exported}) into the graph where smelt cannot rewrite it; export with a dynamic batch axis (dynamic_axes, or dynamic_shapes for dynamo), or at batch {new}",
                     out.name()
                 )));
+            }
+        }
+        // An output declared with a dimension `--dim` sizes comes out at
+        // that size.
+        for (i, d) in tt.shape.iter().flat_map(|s| &s.dim).enumerate() {
+            let Some(Dim::DimParam(p)) = &d.value else { continue };
+            if let Some((_, size)) = self.dims.iter().find(|(n, _)| n == p) {
+                if got.shape.get(i) != Some(size) {
+                    return Err(IrError::Usage(format!(
+                        "--dim {p}={size}: graph output \"{}\" comes out {got}, its dimension {i} ({p}) not {size}: the exporter wrote the exported size into the graph where smelt cannot rewrite it; export with that axis dynamic, or at that size",
+                        out.name()
+                    )));
+                }
             }
         }
         let rank_ok = dims.as_ref().is_none_or(|d| d.len() == got.shape.len());

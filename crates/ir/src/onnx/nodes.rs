@@ -224,6 +224,7 @@ fn attributes(op_type: &str) -> Option<&'static [&'static str]> {
         "Trilu" => &["upper"],
         "GatherElements" => &["axis"],
         "GatherND" => &["batch_dims"],
+        "ScatterND" => &["reduction"],
         "CastLike" => &["saturate", "round_mode"],
         "Conv" => &["auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"],
         "ConvTranspose" => &["auto_pad", "dilations", "group", "kernel_shape", "output_padding", "output_shape", "pads", "strides"],
@@ -320,6 +321,7 @@ fn arity(op_type: &str, opset: i64) -> Option<(usize, usize, usize)> {
         t if UnaryOp::by_onnx_name(t).is_some() => (1, 1, 1),
         "Pow" | "MatMul" | "PRelu" | "Add" | "Sub" | "Mul" | "Div" | "Gather" | "Expand" | "Mod" | "GatherElements" | "GatherND"
         | "CastLike" | "And" | "Or" | "Xor" => (2, 2, 1),
+        "ScatterND" => (3, 3, 1),
         t if CompareOp::by_onnx_name(t).is_some() => (2, 2, 1),
         "Not" | "IsNaN" => (1, 1, 1),
         "Where" | "Range" => (3, 3, 1),
@@ -912,6 +914,7 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
             let ax = axis(cx, cx.int("axis", 0)?, data.shape().len())?;
             Ok(konst(fold::gather_elements(&data, &idx, ax).map_err(|m| cx.bad(m))?))
         }
+        "ScatterND" => scatter_nd(im, cx),
         "GatherND" => {
             // With constant indices: a Gather along the flattened leading
             // dims of data (a run-time mask selected by shape arithmetic).
@@ -1090,6 +1093,58 @@ fn made(cx: &Cx, ty: &TensorType) -> Result<(), IrError> {
 }
 
 /// A constant as a graph value (registered under a name derived from the node).
+/// ScatterND with constant indices (what exporters write: a window's
+/// mask, a slice assignment), any dtype: the data and the updates
+/// flattened and concatenated, and one Gather that takes each element from
+/// the data or, where an index row writes it, from the updates (the last
+/// write of an element wins, as ONNX's reference does).
+fn scatter_nd(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
+    match cx.string("reduction")?.as_deref().unwrap_or("none") {
+        "none" => {}
+        other => return Err(cx.unsupported(format!("ScatterND with reduction={other:?} (smelt computes \"none\")"))),
+    }
+    let (d, u) = (cx.need(0)?, cx.need(2)?);
+    let (dt, ut) = (im.ty(d)?, im.ty(u)?);
+    let idx = const_input(im, cx, 1, "indices")?;
+    let k = *idx.shape().last().ok_or_else(|| cx.bad("invalid ONNX: ScatterND indices must have rank at least 1"))?;
+    if k == 0 || k > dt.shape.len() {
+        return Err(cx.bad(format!("invalid ONNX: index rows of {k} for data {dt}")));
+    }
+    let rows = idx.shape()[..idx.shape().len() - 1].to_vec();
+    let mut want = rows.clone();
+    want.extend_from_slice(&dt.shape[k..]);
+    if ut.shape != want || ut.dtype != dt.dtype {
+        return Err(cx.bad(format!("invalid ONNX: updates {ut} for data {dt} and indices {:?} (want {:?})", idx.shape(), want)));
+    }
+    let n = dt.numel();
+    let slice: usize = dt.shape[k..].iter().product();
+    made(cx, &TensorType::new(DType::I64, vec![n]))?;
+    let mut from: Vec<i64> = (0..n as i64).collect();
+    let iv = idx.to_i64_vec();
+    for (j, row) in iv.chunks(k).enumerate() {
+        let mut base = 0usize;
+        for (a, &i) in row.iter().enumerate() {
+            let dim = dt.shape[a] as i64;
+            let i = if i < 0 { i + dim } else { i };
+            if !(0..dim).contains(&i) {
+                return Err(cx.bad(format!("index {i} out of range for extent {dim} (axis {a})")));
+            }
+            base = base * dt.shape[a] + i as usize;
+        }
+        for t in 0..slice {
+            from[base * slice + t] = (n + j * slice + t) as i64;
+        }
+    }
+    let (dv, uv) = (im.value(d)?, im.value(u)?);
+    let df = one_value(im, cx, Op::Reshape { shape: vec![n] }, &[dv])?;
+    let uf = one_value(im, cx, Op::Reshape { shape: vec![ut.numel()] }, &[uv])?;
+    let both = one_value(im, cx, Op::Concat { axis: 0 }, &[df, uf])?;
+    let at = constant(im, cx, "sources", Tensor::from_i64(vec![n], from))?;
+    let picked = one_value(im, cx, Op::Gather { axis: 0 }, &[both, at])?;
+    let out = one_value(im, cx, Op::Reshape { shape: dt.shape.clone() }, &[picked])?;
+    Ok(vec![Entry { konst: None, value: Some(out) }])
+}
+
 pub(super) fn constant(im: &mut Importer, cx: &Cx, tag: &str, t: Tensor) -> Result<ValueId, IrError> {
     made(cx, t.ty())?;
     let name = format!("{}:{tag}", cx.name);
