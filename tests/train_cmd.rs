@@ -625,6 +625,19 @@ fn tied_weights_train_as_one_parameter_and_save_in_both_places() {
         };
         (get(source[0]), get(copy[0]))
     };
+    // One parameter for --train-only and --freeze too, named either way.
+    let plan = |extra: &[&str]| {
+        let out = smelt().args(["plan", s(&m), "--train", "sgd", "--loss", "causal-lm", "--json"]).args(extra).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let trained =
+            |name: &str| j["training"]["initializers"].as_array().unwrap().iter().any(|i| i["name"] == name && i["trained"] == true);
+        (trained(source[0]), trained(copy[0]))
+    };
+    assert_eq!(plan(&["--train-only", copy[0]]), (true, true), "--train-only the copy");
+    assert_eq!(plan(&["--train-only", source[0]]), (true, true), "--train-only the source");
+    assert_eq!(plan(&["--freeze", copy[0]]), (false, false), "--freeze the copy");
+    assert_eq!(plan(&["--freeze", source[0]]), (false, false), "--freeze the source");
     let (before, _) = weights(&m);
     let (src, cp) = weights(&saved);
     assert!(excess(&src, &before, 0.0, 1e-7) > 1.0, "the tied parameter trained");

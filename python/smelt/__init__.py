@@ -204,33 +204,54 @@ def from_torch(
             a = {axis: dim for dim, axis in dynamic.items() if hasattr(t, "dim") and axis < t.dim()}
             if a:
                 axes[name] = a
-        buf = io.BytesIO()
-        with warnings.catch_warnings():
-            # The TorchScript exporter is deprecated (its replacement needs
-            # onnxscript and gives static shapes) and its tracer warns about
-            # torch's own shape checks.
-            warnings.simplefilter("ignore", DeprecationWarning)
-            warnings.simplefilter("ignore", torch.jit.TracerWarning)
-            torch.onnx.export(
-                module,
-                inputs,
-                buf,
-                dynamo=False,
-                opset_version=opset,
-                input_names=list(input_names),
-                output_names=list(output_names),
-                dynamic_axes=axes or None,
-                do_constant_folding=not train,
-                # In training mode the exporter keeps parameters of equal
-                # values apart (a fresh model's norms); it would also run
-                # batch norms and dropout as in training, so only without.
-                training=torch.onnx.TrainingMode.TRAINING if train and _no_train_mode_ops(module) else torch.onnx.TrainingMode.EVAL,
-            )
+        def export(mode):
+            buf = io.BytesIO()
+            with warnings.catch_warnings():
+                # The TorchScript exporter is deprecated (its replacement needs
+                # onnxscript and gives static shapes) and its tracer warns about
+                # torch's own shape checks.
+                warnings.simplefilter("ignore", DeprecationWarning)
+                warnings.simplefilter("ignore", torch.jit.TracerWarning)
+                torch.onnx.export(
+                    module,
+                    inputs,
+                    buf,
+                    dynamo=False,
+                    opset_version=opset,
+                    input_names=list(input_names),
+                    output_names=list(output_names),
+                    dynamic_axes=axes or None,
+                    do_constant_folding=not train,
+                    training=mode,
+                )
+            module.eval()
+            return buf.getvalue()
+
+        # In training mode the exporter keeps parameters of equal values
+        # apart (a fresh model's norms); it also exports batch norms and
+        # dropout as in training: used only without them, and where smelt
+        # refuses the result (a functional dropout that drops, a DropPath),
+        # the model is exported in eval mode instead.
+        modes = [torch.onnx.TrainingMode.EVAL]
+        if train and _no_train_mode_ops(module):
+            modes.insert(0, torch.onnx.TrainingMode.TRAINING)
+        exported = [(mode, export(mode)) for mode in modes[:1]]
     finally:
         module.train(was_training)
     batch = inputs[0].shape[0] if "batch" in dynamic and inputs[0].dim() > dynamic["batch"] else None
     sized = {d: int(inputs[0].shape[a]) for d, a in dynamic.items() if d != "batch" and a < inputs[0].dim()}
-    m = _from_bytes(buf.getvalue(), type(module).__name__, batch, sized or None)
+    mode, data = exported[0]
+    try:
+        m = _from_bytes(data, type(module).__name__, batch, sized or None)
+    except Error:
+        if mode == torch.onnx.TrainingMode.EVAL:
+            raise
+        was_training = module.training
+        try:
+            data = export(torch.onnx.TrainingMode.EVAL)
+        finally:
+            module.train(was_training)
+        m = _from_bytes(data, type(module).__name__, batch, sized or None)
     if train:
         m._trainable = [n for n, p in module.named_parameters() if p.requires_grad]
     return m

@@ -226,6 +226,25 @@ def test_from_torch_for_training_keeps_equal_parameters_apart():
     assert trained == {n for n, _ in net.named_parameters()}, trained
 
 
+def test_from_torch_for_training_falls_back_to_eval_mode_for_a_functional_dropout():
+    # A dropout smelt cannot see as a module: exported in training mode it
+    # would drop at random, which smelt refuses; from_torch exports in eval
+    # mode instead, and everything still trains.
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = torch.nn.Linear(6, 3)
+
+        def forward(self, x):
+            return self.l(torch.nn.functional.dropout(x, 0.1, self.training))
+
+    net = Net().eval()
+    m = smelt.from_torch(net, torch.randn(4, 6), train=True)
+    inits = m.plan(train="sgd", loss="ce").training["initializers"]
+    assert {i["name"] for i in inits if i["trained"]} == {"l.weight", "l.bias"}
+    assert not net.training
+
+
 def test_from_torch_transformer_encoder():
     torch.manual_seed(0)
     layer = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)

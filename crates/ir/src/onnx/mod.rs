@@ -329,11 +329,9 @@ impl Importer {
         // symbolic) batch must come out with the new one: else the exporter
         // baked the batch where smelt did not rewrite it.
         if let (Some((exported, new)), Some(s)) = (self.batch, tt.shape.as_ref()) {
-            let declared = s.dim.first().map(|d| match d.value {
-                Some(Dim::DimValue(v)) => v == exported as i64,
-                Some(Dim::DimParam(_)) => true,
-                _ => false,
-            });
+            // A leading dimension of the exported batch, on an output of
+            // rank 2 or more (not a scalar-like [1] at batch 1).
+            let declared = s.dim.first().map(|d| matches!(d.value, Some(Dim::DimValue(v)) if v == exported as i64) && s.dim.len() >= 2);
             if declared == Some(true) && got.shape.first() != Some(&new) {
                 return Err(IrError::Usage(format!(
                     "--batch {new}: graph output \"{}\" comes out {got}, not at batch {new}: the exporter wrote its batch ({exported}) into the graph where smelt cannot rewrite it; export with a dynamic batch axis (dynamic_axes, or dynamic_shapes for dynamo), or at batch {new}",

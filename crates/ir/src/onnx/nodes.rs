@@ -1240,6 +1240,54 @@ fn loss(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
 }
 
 /// A scalar constant as a graph value.
+/// GatherElements of integers at run time, exactly: a Gather of the
+/// flattened data at each element's flat index (the position's offset, a
+/// constant, plus the index, made non-negative, times the axis' stride).
+/// The index arithmetic runs in smelt's integer ops, exact below 2^24: data
+/// of more elements is refused.
+fn gather_elements_exact(im: &mut Importer, cx: &Cx, data: ValueId, ty: &TensorType, a: usize) -> Result<Vec<Entry>, IrError> {
+    let i = cx.need(1)?;
+    let it = im.ty(i)?;
+    let numel = ty.numel();
+    if numel > 1 << 24 {
+        return Err(cx.unsupported(format!("GatherElements at run time of {ty} (integer data of at most 2^24 elements)")));
+    }
+    let r = ty.shape.len();
+    let mut strides = vec![1usize; r];
+    for d in (0..r.saturating_sub(1)).rev() {
+        strides[d] = strides[d + 1] * ty.shape[d + 1];
+    }
+    // The offset of each position of the indices, but along the axis.
+    let positions = it.numel();
+    made(cx, &TensorType::new(DType::I64, vec![positions]))?;
+    let mut base = Vec::with_capacity(positions);
+    for p in 0..positions {
+        let (mut rest, mut off) = (p, 0usize);
+        for d in (0..r).rev() {
+            let k = rest % it.shape[d];
+            rest /= it.shape[d];
+            if d != a {
+                off += k * strides[d];
+            }
+        }
+        base.push(off as i64);
+    }
+    let iv = im.value(i)?;
+    let iv = if it.dtype == DType::I64 { iv } else { one_value(im, cx, Op::Cast { to: DType::I64 }, &[iv])? };
+    let zero = scalar(im, cx, "zero", DType::I64, 0.0)?;
+    let dim = scalar(im, cx, "extent", DType::I64, ty.shape[a] as f64)?;
+    let stride = scalar(im, cx, "stride", DType::I64, strides[a] as f64)?;
+    let negative = one_value(im, cx, Op::Compare(CompareOp::Less), &[iv, zero])?;
+    let wrapped = one_value(im, cx, Op::Binary(BinaryOp::Add), &[iv, dim])?;
+    let index = one_value(im, cx, Op::Where, &[negative, wrapped, iv])?;
+    let scaled = one_value(im, cx, Op::Binary(BinaryOp::Mul), &[index, stride])?;
+    let base = constant(im, cx, "offsets", Tensor::from_i64(it.shape.clone(), base))?;
+    let flat_index = one_value(im, cx, Op::Binary(BinaryOp::Add), &[scaled, base])?;
+    let flat = one_value(im, cx, Op::Reshape { shape: vec![numel] }, &[data])?;
+    let out = one_value(im, cx, Op::Gather { axis: 0 }, &[flat, flat_index])?;
+    Ok(vec![Entry { konst: None, value: Some(out) }])
+}
+
 fn scalar(im: &mut Importer, cx: &Cx, tag: &str, dtype: DType, v: f64) -> Result<ValueId, IrError> {
     constant(im, cx, tag, Tensor::full(&TensorType::new(dtype, vec![]), v))
 }
@@ -2138,7 +2186,7 @@ fn built(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
     let y = match op_type {
         "GatherElements" => {
             // Integers too (RoBERTa's position ids, computed from the input
-            // ids): the sum of one picked element is exact.
+            // ids): by a Gather, exact.
             if !matches!(ty.dtype, DType::I64 | DType::I32) {
                 float_only("GatherElements at run time")?;
             }
@@ -2150,6 +2198,9 @@ fn built(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
             }
             let n = ty.shape[a];
             made(cx, &TensorType::new(it.dtype, vec![n]))?;
+            if !ty.dtype.is_float() {
+                return gather_elements_exact(im, cx, xv, &ty, a);
+            }
             let cut: Vec<usize> = (0..r).filter(|&d| d != a && it.shape[d] < ty.shape[d]).collect();
             let mut data = xv;
             if !cut.is_empty() {

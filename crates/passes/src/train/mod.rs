@@ -247,8 +247,9 @@ pub fn matches(pattern: &str, name: &str) -> bool {
 /// The last part of the names PyTorch gives its buffers (state that is not
 /// a parameter: `requires_grad` off) in the models people export: batch
 /// norms' statistics, rotary frequencies and caches, position and token type
-/// ids, a positional encoding table, masks, Swin's relative position index.
-const BUFFERS: [&str; 14] = [
+/// ids, a positional encoding table (`pe`; `weights`, as M2M100's and
+/// XGLM's sinusoidal tables), masks, Swin's relative position index.
+const BUFFERS: [&str; 15] = [
     "running_mean",
     "running_var",
     "num_batches_tracked",
@@ -263,6 +264,7 @@ const BUFFERS: [&str; 14] = [
     "attn_mask",
     "masked_bias",
     "causal_mask",
+    "weights",
 ];
 
 /// What an initializer's name says it is.
@@ -304,7 +306,8 @@ fn trainable(g: &Graph) -> HashSet<NodeId> {
     let mut out: HashSet<NodeId> = g.node_ids().filter(|&n| g.node(n).op == Op::Parameter).collect();
     for n in g.node_ids() {
         let node = g.node(n);
-        if node.op == Op::Constant && named(&node.name) == Named::Parameter && candidate(g, n) {
+        // A parameter's name: scalars too (CLIP's logit scale).
+        if node.op == Op::Constant && named(&node.name) == Named::Parameter && (candidate(g, n) || is_scalar_f32(g, n)) {
             out.insert(n);
         }
     }
@@ -355,6 +358,12 @@ fn candidate(g: &Graph, n: NodeId) -> bool {
     t.dtype == DType::F32 && !t.shape.is_empty() && !g.weight(n).is_some_and(|t| is_mask(t))
 }
 
+/// An f32 scalar.
+fn is_scalar_f32(g: &Graph, n: NodeId) -> bool {
+    let t = &g.node(n).outputs[0];
+    t.dtype == DType::F32 && t.shape.is_empty()
+}
+
 /// At most one dimension over 1: a bias's shape, not a mask's.
 fn bias_shaped(shape: &[usize]) -> bool {
     shape.iter().filter(|&&d| d > 1).count() <= 1
@@ -365,32 +374,39 @@ fn bias_shaped(shape: &[usize]) -> bool {
 /// two initializers, one the exact transpose of the other. Each copy maps
 /// to its source (the one named by a module path, else the first).
 fn ties(g: &Graph, floats: &[NodeId]) -> HashMap<NodeId, NodeId> {
-    let mats: Vec<(NodeId, &Tensor)> = floats
+    let mats: Vec<(NodeId, &[f32], usize, usize)> = floats
         .iter()
         .filter_map(|&n| {
             let t = g.weight(n)?;
-            (g.node(n).op == Op::Constant && t.ty().shape.len() == 2 && t.ty().dtype == DType::F32).then_some((n, t.as_ref()))
+            match (g.node(n).op == Op::Constant, t.shape(), t.data()) {
+                (true, &[r, c], smelt_ir::TensorData::F32(v)) => Some((n, v.as_slice(), r, c)),
+                _ => None,
+            }
         })
         .collect();
+    // A copy has the exporter's name; its source, a parameter's (two
+    // parameters that happen to be transposes, as identity inits, stay two).
     let mut out = HashMap::new();
-    for (i, &(a, ta)) in mats.iter().enumerate() {
-        for &(b, tb) in &mats[i + 1..] {
-            let (sa, sb) = (&ta.ty().shape, &tb.ty().shape);
-            if sa[0] != sb[1] || sa[1] != sb[0] || out.contains_key(&a) || out.contains_key(&b) {
-                continue;
-            }
-            let (va, vb) = (ta.to_f32_vec(), tb.to_f32_vec());
-            // Equal values everywhere (a fresh norm's ones) prove nothing.
-            if va.iter().all(|&x| x.to_bits() == va[0].to_bits()) {
-                continue;
-            }
-            let (r, c) = (sa[0], sa[1]);
-            let transposed = (0..r).all(|i| (0..c).all(|j| va[i * c + j].to_bits() == vb[j * r + i].to_bits()));
-            if transposed {
-                let (src, copy) =
-                    if named(&g.node(b).name) == Named::Parameter && named(&g.node(a).name) != Named::Parameter { (b, a) } else { (a, b) };
-                out.insert(copy, src);
-            }
+    for &(copy, vc, r, c) in mats.iter().filter(|m| named(&g.node(m.0).name) == Named::Other) {
+        // Equal values everywhere (a fresh norm's ones) prove nothing.
+        if vc.is_empty() || vc.iter().all(|&x| x.to_bits() == vc[0].to_bits()) {
+            continue;
+        }
+        let is_transpose = |vs: &[f32]| {
+            // vs is [c, r]: vs[j * r + i] == vc[i * c + j]; a few positions first.
+            let at = |k: usize| (k / c, k % c);
+            let n = r * c;
+            let probe = [0, n / 3, n / 2, 2 * n / 3, n - 1];
+            probe.iter().copied().chain(0..n).all(|k| {
+                let (i, j) = at(k);
+                vs[j * r + i].to_bits() == vc[k].to_bits()
+            })
+        };
+        let source = mats
+            .iter()
+            .find(|&&(s, vs, sr, sc)| s != copy && (sr, sc) == (c, r) && named(&g.node(s).name) == Named::Parameter && is_transpose(vs));
+        if let Some(&(s, ..)) = source {
+            out.insert(copy, s);
         }
     }
     out
@@ -408,7 +424,8 @@ fn aliases(g: &Graph, floats: &[NodeId]) -> HashMap<NodeId, String> {
             continue;
         }
         let Some((path, _)) = node.name[1..].rsplit_once('/') else { continue };
-        for v in g.inputs_of(n) {
+        // The weight: a MatMul's or Gemm's second operand (not a Gemm's bias).
+        for v in g.inputs_of(n).into_iter().skip(1).take(1) {
             let src = through_views(g, v);
             if g.node(src).op == Op::Constant && named(&g.node(src).name) == Named::Other {
                 modules.entry(src).or_default().insert(format!("{}.weight", path.replace('/', ".")));
@@ -441,9 +458,20 @@ fn merged(g: &Graph, floats: &[NodeId]) -> Vec<String> {
             readers.entry(through_views(g, v)).or_default().push(n);
         }
     }
+    // The module path of a TorchScript node name, calls of one module
+    // (`/encoder/...`, `/encoder_1/...`) as one.
     let module = |n: NodeId| {
         let name = &g.node(n).name;
-        name.starts_with('/').then(|| name.rsplit_once('/').map_or("", |p| p.0).to_string())
+        name.starts_with('/').then(|| {
+            let path = name.rsplit_once('/').map_or("", |p| p.0);
+            path.split('/')
+                .map(|part| match part.rsplit_once('_') {
+                    Some((head, tail)) if !tail.is_empty() && tail.bytes().all(|b| b.is_ascii_digit()) => head,
+                    _ => part,
+                })
+                .collect::<Vec<_>>()
+                .join("/")
+        })
     };
     let mut out = Vec::new();
     for &p in floats {
@@ -452,7 +480,7 @@ fn merged(g: &Graph, floats: &[NodeId]) -> Vec<String> {
             continue;
         }
         let Some(rs) = readers.get(&p) else { continue };
-        let mut by_kind: HashMap<String, Vec<NodeId>> = HashMap::new();
+        let mut by_kind: std::collections::BTreeMap<String, Vec<NodeId>> = Default::default();
         for &r in rs {
             let op = &g.node(r).op;
             if matches!(op, Op::Binary(_) | Op::LayerNorm { .. } | Op::MatMul | Op::Gemm { .. } | Op::Conv(_) | Op::Gather { .. }) {
@@ -534,13 +562,13 @@ pub fn training_step(model: &Graph, cfg: &TrainConfig) -> Result<TrainStep, Trai
             }
         }
     }
-    let freeze = |name: &str| cfg.freeze.iter().find(|p| matches(p, name));
     let floats: Vec<NodeId> = model
         .node_ids()
         .filter(|&n| matches!(model.node(n).op, Op::Constant | Op::Parameter) && model.node(n).outputs[0].dtype.is_float())
         .collect();
     let alias = aliases(model, &floats);
     let named_by = |p: &str, n: NodeId| matches(p, &model.node(n).name) || alias.get(&n).is_some_and(|a| matches(p, a));
+    let freeze = |n: NodeId| cfg.freeze.iter().find(|p| named_by(p, n));
     for p in &cfg.only {
         if !floats.iter().any(|&n| named_by(p, n)) {
             return Err(TrainError::Usage(format!(
@@ -564,11 +592,15 @@ pub fn training_step(model: &Graph, cfg: &TrainConfig) -> Result<TrainStep, Trai
     // frozen copy of it.
     let norms: Vec<NodeId> = model.node_ids().filter(|&n| matches!(model.node(n).op, Op::BatchNorm { .. })).collect();
     let stat_reads: HashSet<ValueId> = norms.iter().flat_map(|&n| model.inputs_of(n)[3..].to_vec()).collect();
+    // Every read but a batch norm's of its statistics, through views.
     let mut other_reads: HashSet<NodeId> = HashSet::new();
     for n in model.node_ids() {
+        let op = &model.node(n).op;
+        if op.traits().kind == smelt_ir::traits::Kind::View || matches!(op, Op::Transpose { .. }) {
+            continue;
+        }
         for (i, v) in model.inputs_of(n).iter().enumerate() {
-            let stat = matches!(model.node(n).op, Op::BatchNorm { .. }) && i >= 3;
-            if !stat && !stat_reads.contains(&ValueId { node: n, slot: 0 }) {
+            if !(matches!(op, Op::BatchNorm { .. }) && i >= 3) {
                 other_reads.insert(through_views(model, *v));
             }
         }
@@ -583,8 +615,19 @@ pub fn training_step(model: &Graph, cfg: &TrainConfig) -> Result<TrainStep, Trai
             model.node(n).name
         ));
     }
-    let trains = |n: NodeId| chosen(n) && !statistics.contains(&n) && freeze(&model.node(n).name).is_none();
-    let train: HashSet<NodeId> = floats.iter().copied().filter(|&n| !tied.contains_key(&n) && trains(n)).collect();
+    // A tied pair is one parameter: chosen by either's name, frozen by
+    // either's; it trains as its source.
+    let train: HashSet<NodeId> = floats
+        .iter()
+        .copied()
+        .filter(|&n| {
+            let pair: Vec<NodeId> = std::iter::once(n).chain(tied.iter().filter(|t| *t.1 == n).map(|t| *t.0)).collect();
+            !tied.contains_key(&n)
+                && !statistics.contains(&n)
+                && pair.iter().any(|&m| chosen(m))
+                && pair.iter().all(|&m| freeze(m).is_none())
+        })
+        .collect();
     // The forward pass, trained initializers as parameters.
     let mut g = Graph::new();
     let mut map: HashMap<ValueId, ValueId> = HashMap::new();
@@ -633,7 +676,7 @@ pub fn training_step(model: &Graph, cfg: &TrainConfig) -> Result<TrainStep, Trai
                     "a batch norm's running statistic: state that follows the batch (--batch-norm train)".to_string()
                 } else if statistics.contains(&n) {
                     "a batch norm's running statistic, fixed as exported (--batch-norm train updates it)".to_string()
-                } else if let Some(p) = freeze(&node.name) {
+                } else if let Some(p) = freeze(n) {
                     format!("--freeze {p}")
                 } else if !cfg.only.is_empty() {
                     "not named by --trainable or --train-only".to_string()
