@@ -306,8 +306,7 @@ fn trainable(g: &Graph) -> HashSet<NodeId> {
     let mut out: HashSet<NodeId> = g.node_ids().filter(|&n| g.node(n).op == Op::Parameter).collect();
     for n in g.node_ids() {
         let node = g.node(n);
-        // A parameter's name: scalars too (CLIP's logit scale).
-        if node.op == Op::Constant && named(&node.name) == Named::Parameter && (candidate(g, n) || is_scalar_f32(g, n)) {
+        if node.op == Op::Constant && named(&node.name) == Named::Parameter && candidate(g, n) {
             out.insert(n);
         }
     }
@@ -356,12 +355,6 @@ fn through_views(g: &Graph, mut v: ValueId) -> NodeId {
 fn candidate(g: &Graph, n: NodeId) -> bool {
     let t = &g.node(n).outputs[0];
     t.dtype == DType::F32 && !t.shape.is_empty() && !g.weight(n).is_some_and(|t| is_mask(t))
-}
-
-/// An f32 scalar.
-fn is_scalar_f32(g: &Graph, n: NodeId) -> bool {
-    let t = &g.node(n).outputs[0];
-    t.dtype == DType::F32 && t.shape.is_empty()
 }
 
 /// At most one dimension over 1: a bias's shape, not a mask's.
