@@ -742,3 +742,29 @@ fn same_rows_at_another_batch(model: &Path, batch: usize) {
     let c = smelt::compare(&got, &pick(&want, batch, 0), 1e-5, 1e-6);
     assert!(c.ok, "{} at batch {batch}: rows differ from the exported batch's: {c:?}", model.display());
 }
+
+/// Optimizer values PyTorch's optimizers refuse are refused, exit 2,
+/// before any step: a negative learning rate, momentum or weight decay,
+/// and values that are not numbers.
+#[test]
+fn optimizer_values_are_checked_as_pytorch_checks_them() {
+    let d = testdata().join("training").join("mlp");
+    let read = |f: &str| smelt_ir::onnx::read_tensor_file(&d.join(f)).unwrap().1;
+    let dir = scratch("optimizer-values");
+    let data = dir.join("data.npz");
+    npy::write_npz(&data, &[("x".into(), read("input_0.pb")), ("y".into(), read("labels.pb"))]).unwrap();
+    let m = d.join("model.onnx");
+    let base = [s(&m), "--data", s(&data), "--batch", "8", "--steps", "1"];
+    for (flags, says) in [
+        (&["--optimizer", "sgd", "--lr=-0.1"][..], "invalid learning rate: -0.1"),
+        (&["--optimizer", "sgd", "--lr", "NaN"][..], "invalid learning rate: NaN"),
+        (&["--optimizer", "sgd", "--momentum=-1"][..], "invalid momentum: -1"),
+        (&["--optimizer", "adam", "--weight-decay=-1"][..], "invalid weight decay: -1"),
+        (&["--optimizer", "adamw", "--lr", "inf"][..], "invalid learning rate: inf"),
+    ] {
+        let err = refused(&[&base[..], flags].concat());
+        assert!(err.contains(says), "{flags:?}: {err}");
+    }
+    // 0 is PyTorch's too: a learning rate of 0 trains nothing, without error.
+    train(&[&base[..], &["--optimizer", "sgd", "--lr", "0"]].concat());
+}

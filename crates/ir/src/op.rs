@@ -665,6 +665,44 @@ pub enum Optimizer {
 }
 
 impl Optimizer {
+    /// Refuses what PyTorch's optimizers refuse (a negative learning rate,
+    /// momentum, epsilon or weight decay; betas outside [0, 1)), and any
+    /// value that is not finite.
+    pub fn check(&self) -> Result<(), String> {
+        let at_least_0 = |what: &str, v: f32| {
+            if v >= 0.0 && v.is_finite() {
+                Ok(())
+            } else {
+                Err(format!("invalid {what}: {v} (it must be a finite number, 0 or more, as PyTorch's optimizers require)"))
+            }
+        };
+        let beta = |what: &str, v: f32| {
+            if (0.0..1.0).contains(&v) {
+                Ok(())
+            } else {
+                Err(format!("invalid {what}: {v} (it must be in [0, 1), as PyTorch's Adam requires)"))
+            }
+        };
+        match *self {
+            Optimizer::Sgd { lr, momentum, dampening, weight_decay, .. } => {
+                at_least_0("learning rate", lr)?;
+                at_least_0("momentum", momentum)?;
+                at_least_0("dampening", dampening)?;
+                at_least_0("weight decay", weight_decay)
+            }
+            Optimizer::Adam { lr, beta1, beta2, eps, weight_decay, .. } => {
+                at_least_0("learning rate", lr)?;
+                beta("beta1", beta1)?;
+                beta("beta2", beta2)?;
+                at_least_0("epsilon", eps)?;
+                at_least_0("weight decay", weight_decay)
+            }
+            Optimizer::Ema { momentum } if (0.0..=1.0).contains(&momentum) => Ok(()),
+            Optimizer::Ema { momentum } => Err(format!("invalid running-statistics momentum: {momentum} (it must be in [0, 1])")),
+            Optimizer::Count => Ok(()),
+        }
+    }
+
     /// How many state tensors of the parameter's shape it keeps: the
     /// gradient accumulator first (when accumulating), then the rule's own.
     pub fn states(&self) -> usize {

@@ -507,6 +507,9 @@ fn is_mask(t: &Tensor) -> bool {
 /// Builds the training step of `model` (a verified semantic graph).
 pub fn training_step(model: &Graph, cfg: &TrainConfig) -> Result<TrainStep, TrainError> {
     let bug = TrainError::Bug;
+    if let Some(o) = &cfg.optimizer {
+        o.check().map_err(TrainError::Usage)?;
+    }
     let mut notes = Vec::new();
     // The loss's operand.
     let outputs = model.outputs();
