@@ -642,9 +642,8 @@ pub fn with_tied(mut weights: Vec<(String, Tensor)>, inits: &[smelt_passes::trai
         let Some(src) = &i.tied_to else { continue };
         let Some(t) = weights.iter().find(|(n, _)| n == src).map(|w| w.1.clone()) else { continue };
         let (r, c) = (t.ty().shape[0], t.ty().shape[1]);
-        let v = t.to_f32_vec();
-        let tv: Vec<f32> = (0..c).flat_map(|j| v.iter().skip(j).step_by(c).take(r).copied().collect::<Vec<_>>()).collect();
-        weights.push((i.name.clone(), Tensor::from_f32(vec![c, r], tv)));
+        let order: Vec<usize> = (0..c * r).map(|k| (k % r) * c + k / r).collect();
+        weights.push((i.name.clone(), t.take(&order, vec![c, r])));
     }
     weights
 }

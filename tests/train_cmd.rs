@@ -41,6 +41,18 @@ fn refused(args: &[&str]) -> String {
     stderr
 }
 
+/// Each of `names` in the checkpoint in `ck` is PyTorch's after 3 SGD
+/// steps (`sgd/NAME.pb` of the training case `d`).
+fn checkpoint_is_pytorchs(ck: &Path, d: &Path, names: &[String]) {
+    let got = npy::read_npz(&ck.join("checkpoint.npz")).unwrap();
+    for name in names {
+        let want = smelt_ir::onnx::read_tensor_file(&d.join("sgd").join(format!("{name}.pb"))).unwrap().1;
+        let (_, g) = got.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("{name} is not in the checkpoint"));
+        let e = excess(g, &want, 1e-4, 1e-5);
+        assert!(e <= 1.0, "{name} after 3 steps differs from PyTorch's ({e:.2} times rtol 1e-4 + 1e-5 of range)");
+    }
+}
+
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
@@ -148,21 +160,15 @@ fn a_causal_lm_trains_on_token_labels_as_pytorch_does() {
         train(&[&[s(&m), "--data", s(&data), "--batch", "3", "--steps", "3", "--no-shuffle", "--checkpoint", s(&ck)][..], &sgd].concat());
     let first = r["first_loss"].as_f64().unwrap();
     assert!((first - losses[0] as f64).abs() <= 1e-4 * first, "first loss {first}, PyTorch's {}", losses[0]);
-    let got = npy::read_npz(&ck.join("checkpoint.npz")).unwrap();
-    let mut compared = 0;
-    for f in std::fs::read_dir(d.join("sgd")).unwrap() {
-        let name = f.unwrap().file_name().to_string_lossy().trim_end_matches(".pb").to_string();
-        if name == "losses" {
-            continue;
-        }
-        let want = read(&format!("sgd/{name}.pb"));
-        let (_, g) = got.iter().find(|(n, _)| *n == name).unwrap_or_else(|| panic!("{name} is not in the checkpoint"));
-        let e = excess(g, &want, 1e-4, 1e-5);
-        assert!(e <= 1.0, "{name} after 3 steps differs from PyTorch's ({e:.2} times rtol 1e-4 + 1e-5 of range)");
-        compared += 1;
-    }
+    let names: Vec<String> = std::fs::read_dir(d.join("sgd"))
+        .unwrap()
+        .map(|f| f.unwrap().file_name().to_string_lossy().trim_end_matches(".pb").to_string())
+        .filter(|n| n != "losses")
+        .collect();
+    checkpoint_is_pytorchs(&ck, &d, &names);
     assert_eq!(
-        compared, 7,
+        names.len(),
+        7,
         "parameters PyTorch trains: prev.weight, l1 and head weights and biases, norm scale and bias (not the frozen embedding)"
     );
     // After two steps, the validation loss is PyTorch's before its third.
@@ -262,13 +268,7 @@ fn trainable_lists_choose_the_parameters_and_the_plan_says_why_the_rest_are_froz
         s(&list),
     ]);
     assert_eq!(r["initializers"].as_array().unwrap().iter().filter(|i| i["trained"] == true).count(), 8);
-    let got = npy::read_npz(&ck.join("checkpoint.npz")).unwrap();
-    for name in all {
-        let want = read(&format!("sgd/{name}.pb"));
-        let (_, g) = got.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("{name} is not in the checkpoint"));
-        let e = excess(g, &want, 1e-4, 1e-5);
-        assert!(e <= 1.0, "{name} after 3 steps differs from PyTorch's ({e:.2} times rtol 1e-4 + 1e-5 of range)");
-    }
+    checkpoint_is_pytorchs(&ck, &d, &all.map(String::from));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -727,10 +727,7 @@ fn same_rows_at_another_batch(model: &Path, batch: usize) {
         let mut shape = t.shape().to_vec();
         shape[0] = n;
         let idx: Vec<usize> = (0..n).flat_map(|r| (0..per).map(move |k| ((r + shift) % exported) * per + k)).collect();
-        match t.ty().dtype {
-            smelt_ir::DType::I64 => Tensor::from_i64(shape, idx.iter().map(|&k| t.to_i64_vec()[k]).collect()),
-            _ => Tensor::from_f32(shape, idx.iter().map(|&k| t.to_f32_vec()[k]).collect()),
-        }
+        t.take(&idx, shape)
     };
     let run = |b: Option<usize>, ins: &[Tensor]| {
         let opts = smelt_ir::onnx::ImportOptions { batch: b, ..Default::default() };

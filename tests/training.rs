@@ -154,18 +154,26 @@ fn steps<O: smelt_runtime::cpu::Eval>(
     labels: &Tensor,
     want_losses: &[f32],
 ) -> Result<Vec<(String, Tensor)>, String> {
-    Ok(persistent_after(g, x, labels, want_losses)?.into_iter().filter(|p| p.2 == Op::Parameter).map(|p| (p.0, p.1)).collect())
+    run_steps(g, &[x.clone(), labels.clone()], want_losses)
+}
+
+/// As [`steps`], on `inputs` (the model's, then the labels).
+fn run_steps<O: smelt_runtime::cpu::Eval>(
+    g: smelt_ir::Graph<O>,
+    inputs: &[Tensor],
+    want_losses: &[f32],
+) -> Result<Vec<(String, Tensor)>, String> {
+    Ok(persistent_after(g, inputs, want_losses)?.into_iter().filter(|p| p.2 == Op::Parameter).map(|p| (p.0, p.1)).collect())
 }
 
 /// As [`steps`], returning every persistent value after, with its kind.
 fn persistent_after<O: smelt_runtime::cpu::Eval>(
     mut g: smelt_ir::Graph<O>,
-    x: &Tensor,
-    labels: &Tensor,
+    inputs: &[Tensor],
     want_losses: &[f32],
 ) -> Result<Vec<(String, Tensor, Op)>, String> {
     for (i, want) in want_losses.iter().enumerate() {
-        let out = smelt_runtime::cpu::run_step(&mut g, &[x.clone(), labels.clone()]).map_err(|e| e.to_string())?;
+        let out = smelt_runtime::cpu::run_step(&mut g, inputs).map_err(|e| e.to_string())?;
         let got = out[0].to_f32_vec()[0];
         if (got - want).abs() > 1e-4 * want.abs() + 1e-6 {
             return Err(format!("step {i}: loss {got}, PyTorch {want}"));
@@ -767,8 +775,8 @@ fn batch_norm_in_training_mode_matches_pytorch() {
         let all = |r: Result<Vec<(String, Tensor, Op)>, String>| -> Vec<(String, Tensor)> {
             r.unwrap_or_else(|e| panic!("{opt}: {e}")).into_iter().map(|p| (p.0, p.1)).collect()
         };
-        let built = all(persistent_after(step.graph, &x, &labels, &want_losses));
-        let fused = all(persistent_after(compiled.graph.clone(), &x, &labels, &want_losses));
+        let built = all(persistent_after(step.graph, &[x.clone(), labels.clone()], &want_losses));
+        let fused = all(persistent_after(compiled.graph.clone(), &[x.clone(), labels.clone()], &want_losses));
         for (how, values) in [("as built", &built), ("fused", &fused), ("emulated", &emulated)] {
             let mut n = 0;
             for (name, got) in values {
@@ -836,8 +844,7 @@ const HF_CASES: [&str; 17] = [
 /// Transposes a matrix.
 fn transposed(t: &Tensor) -> Tensor {
     let (r, c) = (t.shape()[0], t.shape()[1]);
-    let v = t.to_f32_vec();
-    Tensor::from_f32(vec![c, r], (0..c * r).map(|k| v[(k % r) * c + k / r]).collect())
+    t.take(&(0..c * r).map(|k| (k % r) * c + k / r).collect::<Vec<_>>(), vec![c, r])
 }
 
 /// Every parameter PyTorch trains is trained, and nothing else (tied
@@ -952,20 +959,4 @@ fn hugging_face_models_train_as_pytorch_trains_them() {
         ));
     }
     println!("{}", table.join("\n"));
-}
-
-/// Runs one step per expected loss on `inputs` (the model's, then the
-/// labels), checking each loss; returns the parameters after.
-fn run_steps(mut g: smelt_ir::Graph, inputs: &[Tensor], want_losses: &[f32]) -> Result<Vec<(String, Tensor)>, String> {
-    for (i, want) in want_losses.iter().enumerate() {
-        let out = smelt_runtime::cpu::run_step(&mut g, inputs).map_err(|e| e.to_string())?;
-        let got = out[0].to_f32_vec()[0];
-        if (got - want).abs() > 1e-4 * want.abs() + 1e-6 {
-            return Err(format!("step {i}: loss {got}, PyTorch {want}"));
-        }
-    }
-    Ok(g.node_ids()
-        .filter(|&n| g.node(n).op == Op::Parameter)
-        .map(|n| (g.node(n).name.clone(), g.weight(n).unwrap().as_ref().clone()))
-        .collect())
 }

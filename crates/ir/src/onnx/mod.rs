@@ -165,12 +165,12 @@ pub fn import(bytes: &[u8], opts: &ImportOptions) -> Result<Graph, IrError> {
         nodes::convert(&mut im, node).map_err(|e| match (e, im.batch) {
             // Shapes that stop fitting once the batch changes: the exporter
             // wrote the batch into a constant smelt did not recognise.
-            (IrError::Shape { node, msg }, Some((exported, new))) => IrError::Shape {
+            (IrError::Shape { node, msg }, Some((exported, new))) if mismatch(&msg) => IrError::Shape {
                 node,
-                msg: format!("{msg} (with --batch {new}: the exporter wrote its batch, {exported}, into a constant shape here; export with a dynamic batch axis, or at batch {new})"),
+                msg: format!("{msg} (with --batch {new}: the exporter may have written its batch, {exported}, into a constant shape here; export with a dynamic batch axis, or at batch {new})"),
             },
             // The same for a size `--dim` gives (a traced sequence length).
-            (IrError::Shape { node, msg }, None) if !im.dims.is_empty() => {
+            (IrError::Shape { node, msg }, None) if !im.dims.is_empty() && mismatch(&msg) => {
                 let given: Vec<String> = im.dims.iter().map(|(n, s)| format!("{n}={s}")).collect();
                 IrError::Shape {
                     node,
@@ -195,6 +195,13 @@ pub fn import(bytes: &[u8], opts: &ImportOptions) -> Result<Graph, IrError> {
     im.g.remove_dead();
     crate::verify::verify(&im.g)?;
     Ok(im.g)
+}
+
+/// Whether an import error is shapes that do not fit together (what a
+/// size baked into a constant gives once `--batch` or `--dim` changes it),
+/// not an invalid index or attribute.
+fn mismatch(msg: &str) -> bool {
+    ["broadcast", "cannot reshape", "cannot concatenate"].iter().any(|k| msg.contains(k))
 }
 
 /// Refuses `--dim` names that no graph input uses, and sizes of 0.

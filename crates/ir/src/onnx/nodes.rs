@@ -162,7 +162,7 @@ fn split_to_sequence(im: &mut Importer, cx: &Cx) -> Result<(), IrError> {
             }
         }
     };
-    if sizes.iter().sum::<usize>() != d {
+    if sizes.iter().try_fold(0usize, |a, &n| a.checked_add(n)) != Some(d) {
         return Err(cx.bad(format!("invalid ONNX: split sizes {sizes:?} do not add up to {d} along axis {ax}")));
     }
     let mut parts = Vec::with_capacity(sizes.len());

@@ -48,8 +48,8 @@ fn reshape_target(im: &Importer, cx: &Cx, mut target: Vec<i64>, input: &[usize])
         // elements where the target holds the exported one's (GPT-2's
         // [batch * sequence, 3 hidden] back to [batch, sequence, 3 hidden]).
         let numel: usize = input.iter().product();
-        let fixed: Option<usize> = target[1.min(target.len())..].iter().map(|&d| usize::try_from(d).ok()).product();
-        let follows = fixed.is_some_and(|f| f * new == numel && f * exported != numel);
+        let fixed = target[1.min(target.len())..].iter().try_fold(1usize, |f, &d| f.checked_mul(usize::try_from(d).ok()?));
+        let follows = fixed.is_some_and(|f| f.checked_mul(new) == Some(numel) && f.checked_mul(exported) != Some(numel));
         if !target.is_empty() && target[0] == exported as i64 && (input.first() == Some(&new) || follows) {
             target[0] = new as i64;
         }
@@ -282,7 +282,7 @@ pub(super) fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
                     (0..parts).map(|i| chunk.min(d.saturating_sub(i * chunk))).collect()
                 }
             };
-            if sizes.iter().sum::<usize>() != shape[ax] {
+            if sizes.iter().try_fold(0usize, |a, &n| a.checked_add(n)) != Some(shape[ax]) {
                 return Err(cx.bad(format!("invalid ONNX: split sizes {sizes:?} do not add up to {} along axis {ax}", shape[ax])));
             }
             // One slice per part: each is its own kernel, reading only its part.
