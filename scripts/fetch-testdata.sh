@@ -7,6 +7,9 @@
 #   .testdata/transformers/ transformer exports (TorchScript and dynamo) with
 #                           onnxruntime's outputs (scripts/make_transformers.py;
 #                           needs torch from scripts/requirements-torch.txt)
+#   .testdata/vision/       torchvision's models (ResNet-18/34, ResNeXt, RegNet,
+#                           MobileNetV3, EfficientNet, ConvNeXt, ViT) with
+#                           onnxruntime's logits (scripts/make_vision.py)
 #   .testdata/training/     small models with PyTorch's weights after three
 #                           optimizer steps (scripts/make_training.py)
 #   .testdata/hf_training/ Hugging Face models (LMs, encoders, ViT, ConvNeXt,
@@ -44,7 +47,7 @@ fi
 # 2b. PyTorch and transformers (large: installed only when missing or changed).
 torch_req=scripts/requirements-torch.txt
 torch_stamp=.venv/.requirements-torch.txt
-if ! cmp -s "$torch_req" "$torch_stamp" || ! "$py" -c 'import torch, transformers, onnxscript' 2>/dev/null; then
+if ! cmp -s "$torch_req" "$torch_stamp" || ! "$py" -c 'import torch, torchvision, transformers, onnxscript' 2>/dev/null; then
     log "installing $(grep -v '^#' "$torch_req" | tr '\n' ' ')(about 5 GB, a few minutes)"
     "$py" -m pip install -q --disable-pip-version-check -r "$torch_req"
     cp "$torch_req" "$torch_stamp"
@@ -82,6 +85,15 @@ else
     log "exporting transformers (under a minute)"
     rm -rf .testdata/transformers
     "$py" scripts/make_transformers.py 2> >(grep -v -e 'torchvision is not installed' -e '^\[transformers\]' -e 'Evaluation failed' -e 'Skipping constant folding' >&2)
+fi
+# 5b. torchvision's models, exported as users export them.
+vi_stamp=.testdata/vision/.done
+if [[ -f $vi_stamp && $vi_stamp -nt scripts/make_vision.py && $vi_stamp -nt $torch_stamp && $vi_stamp -nt $pip_stamp ]]; then
+    log "torchvision exports up to date"
+else
+    log "exporting torchvision's models (under a minute)"
+    rm -rf .testdata/vision
+    "$py" scripts/make_vision.py 2> >(grep -v -e 'torch.onnx.export' -e 'DeprecationWarning' -e 'Warning' >&2)
 fi
 # 6. Training cases: PyTorch's weights after three optimizer steps.
 tr_stamp=.testdata/training/.done

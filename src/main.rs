@@ -289,8 +289,11 @@ pub(crate) struct RunArgs {
     pub(crate) backend: String,
     /// With --backend cuda or emulator: check every kernel against its
     /// description's CPU run on the same operands (read back from the
-    /// device before the launch) and list those that disagree beyond
-    /// --kernel-rtol of their output's range.
+    /// device before the launch), within --kernel-rtol of its output's
+    /// range, and against the CPU reference executor running the node's
+    /// op on them (channels-last operands converted by code of its own;
+    /// TF32 operands rounded as the GPU does), within 1e-4 of the range
+    /// (1e-2 for f16 and bf16 outputs); list those that disagree.
     #[arg(long)]
     pub(crate) check_kernels: bool,
     /// Tolerance of --check-kernels, relative to each output's largest

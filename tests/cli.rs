@@ -246,8 +246,9 @@ fn missing_kernels_name_the_model_nodes() {
 }
 
 /// `--backend emulator` runs the generated CUDA C; `--check-kernels`
-/// reports every kernel against its description, in the JSON too; the
-/// device-only flags are refused on the CPU backend.
+/// reports every kernel against its description and the reference
+/// executor, in the JSON too; a TF32 mismatch with --expect says how to
+/// compare exactly; the device-only flags are refused on the CPU backend.
 #[test]
 fn run_on_the_emulator_checks_kernels() {
     let v = common::variant("squeezenet");
@@ -260,8 +261,16 @@ fn run_on_the_emulator_checks_kernels() {
     let j: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(j["backend"], "emulator");
     let checks = j["kernel_checks"].as_array().unwrap();
-    assert!(checks.len() > 20 && checks.iter().all(|c| c["ok"] == true), "{checks:?}");
+    assert!(checks.len() > 40 && checks.iter().all(|c| c["ok"] == true), "{checks:?}");
+    // Every kernel against its description and against the reference executor.
+    let against = |what: &str| checks.iter().filter(|c| c["against"] == what).count();
+    assert!(against("description") == against("reference") && 2 * against("reference") == checks.len(), "{checks:?}");
     assert_eq!(j["outputs"][0]["comparison"]["ok"], true);
+    // Under TF32 (the default) the logits leave --expect's tolerance: the
+    // run says why and how to compare exactly.
+    let (code, out, err) = run(&args[..args.len() - 2].iter().chain(&["--backend", "emulator"]).copied().collect::<Vec<_>>());
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(out.contains("expected: MISMATCH") && out.contains("ran in TF32") && out.contains("run with --tf32 off"), "{out}");
     let (code, out, _) = run(&[&args[..], &["--backend", "emulator", "--profile"]].concat());
     assert_eq!(code, 0);
     assert!(out.contains("ran on the emulator") && out.contains("kernels,") && out.contains("expected: OK"), "{out}");

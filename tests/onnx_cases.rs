@@ -133,9 +133,10 @@ fn run_case_inner(dir: &Path, emulate: bool, mut programs: Option<&mut Vec<smelt
             let program = session.program(&compiled, &planned).map_err(|e| classified("code generation", e))?;
             let blob = program.weights_blob(fused).map_err(|e| classified("weights", e.into()))?;
             let mut exec = smelt_runtime::emu::executor(program, &blob, &|_| {}).map_err(|e| Failure::Bug(format!("emulator: {e}")))?;
+            exec.check_against_reference(compiled.graph.clone()).map_err(|e| Failure::Bug(format!("emulator: {e}")))?;
             let (outs, checks) = exec.run_checked(&inputs, 1e-5).map_err(|e| Failure::Bug(format!("emulator run: {e}")))?;
             if let Some(c) = checks.iter().find(|c| !c.ok) {
-                return Err(Failure::Wrong(format!("kernel {} (node {}) disagrees with its description: {c:?}", c.kernel, c.node)));
+                return Err(Failure::Wrong(format!("kernel {} (node {}) disagrees with its {:?}: {c:?}", c.kernel, c.node, c.against)));
             }
             runs.push(("emulated", Ok(outs)));
         }

@@ -139,10 +139,14 @@ fn split_programs_run_on_the_emulator_and_compile() {
         }
         let blob = program.weights_blob(&c.graph).unwrap();
         let mut exec = smelt_runtime::emu::executor(program, &blob, &|_| {}).unwrap_or_else(|e| panic!("{e}"));
+        exec.check_against_reference(c.graph.clone()).unwrap();
         let (outputs, checks) = exec.run_checked(&x, 1e-5).unwrap_or_else(|e| panic!("{name}: {e}"));
-        let bad: Vec<String> =
-            checks.iter().filter(|c| !c.ok).map(|c| format!("{} (node {}): {:.3e} of range", c.kernel, c.node, c.of_range)).collect();
-        assert!(bad.is_empty(), "{name}: kernels disagree with their descriptions:\n{}", bad.join("\n"));
+        let bad: Vec<String> = checks
+            .iter()
+            .filter(|c| !c.ok)
+            .map(|c| format!("{} (node {}) against its {:?}: {:.3e} of range", c.kernel, c.node, c.against, c.of_range))
+            .collect();
+        assert!(bad.is_empty(), "{name}: kernels disagree with their descriptions or the reference:\n{}", bad.join("\n"));
         let unsplit = Session::open(&spec, Options { batch: Some(batch), ..Default::default() }).unwrap().compile().unwrap();
         let want = smelt_runtime::cpu::run(&unsplit.graph, &x).unwrap();
         let r = smelt::compare(&outputs[0], &want[0], 1e-4, 1e-5);

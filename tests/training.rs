@@ -630,14 +630,18 @@ fn emulated_steps_from(
     let program = s.program(compiled, &planned).unwrap_or_else(|e| panic!("{e}"));
     let blob = program.weights_blob(&compiled.graph).unwrap();
     let mut exec = smelt_runtime::emu::executor(program.clone(), &blob, &|_| {}).unwrap_or_else(|e| panic!("{e}"));
+    exec.check_against_reference(compiled.graph.clone()).unwrap();
     let mut outs = Vec::new();
     for i in 0..n {
         let schedule = smelt_runtime::emu::Schedule::ALL[(i + first) % 3];
         exec.device_mut().set_schedule(schedule);
         let (o, checks) = exec.run_checked(inputs, 1e-5).unwrap_or_else(|e| panic!("{schedule:?}: {e}"));
-        let bad: Vec<String> =
-            checks.iter().filter(|c| !c.ok).map(|c| format!("{} ({}): {:.3e} of range", c.kernel, c.node, c.of_range)).collect();
-        assert!(bad.is_empty(), "{schedule:?}: kernels disagree with their descriptions:\n{}", bad.join("\n"));
+        let bad: Vec<String> = checks
+            .iter()
+            .filter(|c| !c.ok)
+            .map(|c| format!("{} ({}) against its {:?}: {:.3e} of range", c.kernel, c.node, c.against, c.of_range))
+            .collect();
+        assert!(bad.is_empty(), "{schedule:?}: kernels disagree with their descriptions or the reference:\n{}", bad.join("\n"));
         outs = o;
     }
     (program, outs)

@@ -262,15 +262,23 @@ fn emulate_in(case: &str, policy: &str, schedules: &[Schedule]) -> (f64, smelt::
     let program = s.program(&compiled, &planned).unwrap_or_else(|e| panic!("{case}: {e}"));
     let blob = program.weights_blob(&compiled.graph).unwrap();
     let mut exec = smelt_runtime::emu::executor(program, &blob, &|_| {}).unwrap_or_else(|e| panic!("{case}: {e}"));
+    exec.check_against_reference(compiled.graph.clone()).unwrap();
     let mut first: Option<Vec<Tensor>> = None;
     let mut worst = 0f64;
     for &schedule in schedules {
         exec.device_mut().set_schedule(schedule);
         let (outputs, checks) = exec.run_checked(&inputs, 1e-5).unwrap_or_else(|e| panic!("{case} {schedule:?}: {e}"));
-        let bad: Vec<String> =
-            checks.iter().filter(|c| !c.ok).map(|c| format!("{} (node {}): {:.3e} of range", c.kernel, c.node, c.of_range)).collect();
-        assert!(bad.is_empty(), "{case} {policy} {schedule:?}: kernels disagree with their descriptions:\n{}", bad.join("\n"));
-        worst = checks.iter().map(|c| c.of_range).fold(worst, f64::max);
+        let bad: Vec<String> = checks
+            .iter()
+            .filter(|c| !c.ok)
+            .map(|c| format!("{} (node {}) against its {:?}: {:.3e} of range", c.kernel, c.node, c.against, c.of_range))
+            .collect();
+        assert!(
+            bad.is_empty(),
+            "{case} {policy} {schedule:?}: kernels disagree with their descriptions or the reference:\n{}",
+            bad.join("\n")
+        );
+        worst = checks.iter().filter(|c| c.against == smelt_runtime::exec::Against::Description).map(|c| c.of_range).fold(worst, f64::max);
         match &first {
             None => first = Some(outputs),
             Some(want) => {

@@ -131,6 +131,17 @@ fn report(
         }
         None => None,
     };
+    // Where outputs differ from --expect and products ran in TF32, say so
+    // and how to compare exactly.
+    let tf32 = (g.tf32() != smelt_ir::Tf32::Off)
+        .then(|| g.node_ids().filter(|&id| <smelt_ir::KernelOp as smelt_runtime::cpu::Eval>::tf32(g, id)).count());
+    let tf32_note = tf32.filter(|&n| n > 0).map(|n| {
+        format!(
+            "{n} kernels ran in TF32 (--tf32 {}, the GPU default, as PyTorch's allow_tf32): their operands are rounded to 10 mantissa bits, \
+             which moves outputs by about 1e-3 of their range; run with --tf32 off to compare in exact f32",
+            g.tf32()
+        )
+    });
     let mut ok = true;
     let mut rows = Vec::new();
     for (i, ((name, _), t)) in g.outputs().iter().zip(&outs).enumerate() {
@@ -148,7 +159,8 @@ fn report(
                        "against_f32": against_f32.as_ref().map(|e| &e[i])})
             })
             .collect();
-        let mut v = json!({"precision": reference.map_or("f32".to_string(), |(_, p)| p.to_string()), "seconds": secs, "ok": ok, "rtol": rtol, "atol": atol, "outputs": outputs});
+        let mut v = json!({"precision": reference.map_or("f32".to_string(), |(_, p)| p.to_string()), "seconds": secs, "ok": ok, "rtol": rtol, "atol": atol, "outputs": outputs,
+                           "tf32": g.tf32().to_string(), "note": if ok { None } else { tf32_note.clone() }});
         if let (Some(v), serde_json::Value::Object(extra)) = (v.as_object_mut(), extra) {
             v.extend(extra);
         }
@@ -190,6 +202,9 @@ fn report(
             }
         }
     }
+    if let Some(note) = tf32_note.filter(|_| !ok) {
+        outln!("note: {note}");
+    }
     Ok(ok)
 }
 
@@ -198,7 +213,7 @@ fn report(
 /// NVRTC, or host code with the C++ compiler), load them with the weights,
 /// then run: on a GPU once to warm up and `repeat` timed runs, on the
 /// emulator once; with --check-kernels, every kernel is checked against
-/// its description.
+/// its description and against the reference executor.
 fn on_device(
     s: &mut smelt::Session,
     compiled: &smelt::Compiled,
@@ -250,6 +265,9 @@ fn drive<D: Device>(
     // step, so it runs exactly once (and is compared with the reference's one).
     let training = exec.program().steps.iter().any(|s| s.kernel.kind() == "update");
     let repeat = if emulated || training { 1 } else { args.repeat.max(1) };
+    if args.check_kernels {
+        exec.check_against_reference(fused.clone())?;
+    }
     let mut bad_kernels = 0;
     let ok = report(fused, a, reference, &mut |ins| {
         let mut checks = Vec::new();
@@ -282,9 +300,11 @@ fn drive<D: Device>(
         bad_kernels = checks.iter().filter(|c| !c.ok).count();
         if !json_out {
             if args.check_kernels {
+                use smelt_runtime::exec::Against;
                 for c in checks.iter().filter(|c| !c.ok) {
+                    let with = if c.against == Against::Description { "its description" } else { "the reference executor" };
                     outln!(
-                        "kernel {} (node {}): MISMATCH with its description: max abs err {:.3e} ({:.3e} of range), {} elements outside",
+                        "kernel {} (node {}): MISMATCH with {with}: max abs err {:.3e} ({:.3e} of range), {} elements outside",
                         c.kernel,
                         c.node,
                         c.max_abs,
@@ -292,13 +312,26 @@ fn drive<D: Device>(
                         c.mismatches
                     );
                 }
-                let worst = checks.iter().map(|c| c.of_range).fold(0f64, f64::max);
-                outln!(
-                    "checked {} kernels against their descriptions: {} agree within {:e} of range (worst {worst:.3e})",
-                    checks.len(),
-                    checks.len() - bad_kernels,
-                    args.kernel_rtol
-                );
+                for (against, what, tol) in [
+                    (Against::Description, "their descriptions", format!("{:e} of range", args.kernel_rtol)),
+                    (
+                        Against::Reference,
+                        "the reference executor (the node's op, layouts converted apart)",
+                        format!(
+                            "{:e} (f32) or {:e} (f16, bf16) of range",
+                            smelt_runtime::exec::reference_rtol(smelt_ir::DType::F32),
+                            smelt_runtime::exec::reference_rtol(smelt_ir::DType::F16)
+                        ),
+                    ),
+                ] {
+                    let these: Vec<_> = checks.iter().filter(|c| c.against == against).collect();
+                    let worst = these.iter().map(|c| c.of_range).fold(0f64, f64::max);
+                    outln!(
+                        "checked {} kernels against {what}: {} agree within {tol} (worst {worst:.3e})",
+                        these.len(),
+                        these.iter().filter(|c| c.ok).count(),
+                    );
+                }
             }
             if profile {
                 print_profile(&kernels)?;

@@ -34,9 +34,16 @@ pub struct Arg {
     pub offset: usize,
     /// Bytes of the value (contiguous).
     pub bytes: usize,
-    /// Its type, e.g. `f32[1,64,56,56]`.
+    /// Its type as the kernel reads it, e.g. `f32[1,64,56,56]`
+    /// (channels-last: `f32[1,56,56,64]`).
     #[serde(serialize_with = "display")]
     pub ty: TensorType,
+    /// The value is held channels-last: `[N, ..., C]` for an activation
+    /// `[N, C, ...]`, `[M, ..., C]` for conv weights `[M, C, ...]`. A fact
+    /// of memory (where its producer, or the blob, put it), not of the
+    /// kernel reading it.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub channels_last: bool,
 }
 
 fn display<S: serde::Serializer>(t: &TensorType, s: S) -> Result<S::Ok, S::Error> {
@@ -48,6 +55,8 @@ fn display<S: serde::Serializer>(t: &TensorType, s: S) -> Result<S::Ok, S::Error
 pub struct Step {
     /// The node it computes.
     pub node: String,
+    /// Its id in the kernel graph the program was built from.
+    pub id: NodeId,
     /// The model nodes it computes (ids of the semantic graph as imported,
     /// printed `%N` as `smelt print` does).
     pub origin: Vec<NodeId>,
@@ -208,7 +217,8 @@ impl Program {
             let mut args = Vec::new();
             for (param, v) in names_of.iter().zip(ins.iter().copied().chain([ValueId { node: id, slot: 0 }])) {
                 let (bytes, mut ty) = (g.ty(v).bytes(), g.ty(v).clone());
-                if nhwc.contains(&v.node) || permuted.contains(&v.node) {
+                let channels_last = nhwc.contains(&v.node) || permuted.contains(&v.node);
+                if channels_last {
                     ty.shape = crate::conv::channels_last_shape(&ty.shape);
                 }
                 // A view of a constant reads the constant's bytes.
@@ -230,7 +240,15 @@ impl Program {
                         weights_bytes += bytes.div_ceil(ALIGN) * ALIGN;
                         at
                     });
-                    args.push(Arg { param: param.clone(), value: value_name(g, v), space: Space::Weights, offset, bytes, ty });
+                    args.push(Arg {
+                        param: param.clone(),
+                        value: value_name(g, v),
+                        space: Space::Weights,
+                        offset,
+                        bytes,
+                        ty,
+                        channels_last,
+                    });
                     continue;
                 }
                 let place = plan.placements.get(&v).ok_or_else(|| CodegenError::Unsupported {
@@ -258,6 +276,7 @@ impl Program {
                     offset: place.intervals[0].0,
                     bytes,
                     ty,
+                    channels_last,
                 });
             }
             // Four f32 elements per thread where every operand is 16-byte aligned.
@@ -268,7 +287,7 @@ impl Program {
                 }
             }
             let launch = kernel.launch();
-            steps.push(Step { node: g.node(id).name.clone(), origin: g.origin(id).to_vec(), kernel, launch, args });
+            steps.push(Step { node: g.node(id).name.clone(), id, origin: g.origin(id).to_vec(), kernel, launch, args });
         }
         // A constant graph output (or a view of one) is read from the
         // weights (not a parameter or state: an update may overwrite it).
@@ -419,7 +438,8 @@ impl Program {
 /// a tensor-core conv whose every reader is a tensor-core conv reading it
 /// as x (with weights of its own, read directly by nothing else, which the
 /// blob then holds permuted) or as the residual of an output kept
-/// channels-last too; never a graph output. So a channels-last activation
+/// channels-last too, and whose own residual, if any, is kept channels-last;
+/// never a graph output. So a channels-last activation
 /// never meets a kernel that reads NCHW, and no transpose runs: the convs at
 /// a segment's ends convert as they read or write. Sets the convs' layouts;
 /// returns the channels-last activations' nodes and the permuted weights'.
@@ -461,7 +481,11 @@ fn choose_layouts(g: &KernelGraph, kernels: &mut [(NodeId, Kernel)]) -> (HashSet
                     .all(|(i, _)| (i == 0 && own_weights(u)) || (residual && i == ins.len() - 1 && nhwc.contains(&u)))
             })
         };
-        let drop: Vec<NodeId> = nhwc.iter().copied().filter(|&id| !keep(id)).collect();
+        // A residual is read in the layout the output is written: a conv
+        // writing channels-last needs its residual written so too.
+        let residual_fits =
+            |id: NodeId| tc(id) != Some(true) || g.inputs_of(id).last().is_some_and(|r| r.slot == 0 && nhwc.contains(&r.node));
+        let drop: Vec<NodeId> = nhwc.iter().copied().filter(|&id| !keep(id) || !residual_fits(id)).collect();
         if drop.is_empty() {
             break;
         }

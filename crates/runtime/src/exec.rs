@@ -8,7 +8,7 @@
 
 use crate::RuntimeError;
 use smelt_codegen::program::{Program, Space, Step};
-use smelt_ir::{DType, Tensor, TensorType};
+use smelt_ir::{DType, KernelGraph, OpSet, Tensor, TensorType};
 
 /// What a device must do to run a program.
 pub trait Device {
@@ -74,14 +74,28 @@ pub struct KernelTime {
     pub flops: usize,
 }
 
-/// One kernel's output against its description's CPU run on the same
-/// operands (from [`Executor::run_checked`]).
+/// What a kernel's output is checked against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Against {
+    /// Its description's CPU run ([`smelt_codegen::kernel::Kernel::run_in_place`]).
+    Description,
+    /// The reference executor running the kernel graph's op of its node
+    /// ([`crate::cpu::eval_node`]), operands and output converted from
+    /// the layouts memory holds them in by code of its own.
+    Reference,
+}
+
+/// One kernel's output against its description's CPU run, or against the
+/// reference executor, on the same operands (from [`Executor::run_checked`]).
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct KernelCheck {
     /// The node it computes.
     pub node: String,
     /// The kernel.
     pub kernel: String,
+    /// What it was checked against.
+    pub against: Against,
     /// Largest absolute difference.
     pub max_abs: f64,
     /// Largest absolute difference over the largest |expected| element.
@@ -104,6 +118,9 @@ pub struct Executor<D: Device> {
     program: Program,
     launches: Vec<Launch<D::Function>>,
     bases: (u64, u64),
+    /// The kernel graph the program was built from, for
+    /// [`Executor::check_against_reference`].
+    reference: Option<KernelGraph>,
 }
 
 impl<D: Device> Executor<D> {
@@ -156,7 +173,26 @@ impl<D: Device> Executor<D> {
                 bases.0, bases.1
             )));
         }
-        Ok(Executor { device, program, launches, bases })
+        Ok(Executor { device, program, launches, bases, reference: None })
+    }
+
+    /// Makes [`Executor::run_checked`] also check every kernel against the
+    /// reference executor running its node of `g`, the kernel graph the
+    /// program was built from, within [`reference_rtol`]: an oracle that
+    /// shares nothing with the kernel's description (neither its
+    /// arithmetic nor its reading of layouts).
+    pub fn check_against_reference(&mut self, g: KernelGraph) -> Result<(), RuntimeError> {
+        for s in &self.program.steps {
+            if !g.contains(s.id) || g.node(s.id).name != s.node {
+                return Err(RuntimeError::Program(format!(
+                    "kernel {} computes node {}, which the reference graph does not hold",
+                    s.kernel.name(),
+                    s.node
+                )));
+            }
+        }
+        self.reference = Some(g);
+        Ok(())
     }
 
     /// The device.
@@ -369,16 +405,22 @@ impl<D: Device> Executor<D> {
             }
             self.launch(i)?;
             let wants = s.kernel.run_in_place(&operands.iter().collect::<Vec<_>>());
-            let mut worst: Option<KernelCheck> = None;
-            for (out, want) in outs.into_iter().zip(&wants) {
-                let mut got = vec![0u8; out.bytes];
-                self.device.read(out.space.clone(), out.offset, &mut got)?;
-                let c = check(&s, &tensor(&out.ty, &got)?, want, rtol);
-                if worst.as_ref().is_none_or(|w| (c.mismatches, c.of_range) > (w.mismatches, w.of_range)) {
-                    worst = Some(c);
-                }
+            let mut got = Vec::with_capacity(outs.len());
+            for out in &outs {
+                let mut bytes = vec![0u8; out.bytes];
+                self.device.read(out.space.clone(), out.offset, &mut bytes)?;
+                got.push(tensor(&out.ty, &bytes)?);
             }
-            checks.push(worst.ok_or_else(|| RuntimeError::Program(format!("kernel {} writes nothing", s.kernel.name())))?);
+            let worst = |c: Vec<KernelCheck>| {
+                c.into_iter()
+                    .max_by(|a, b| (a.mismatches, a.of_range).partial_cmp(&(b.mismatches, b.of_range)).unwrap_or(std::cmp::Ordering::Equal))
+                    .ok_or_else(|| RuntimeError::Program(format!("kernel {} writes nothing", s.kernel.name())))
+            };
+            let described = got.iter().zip(&wants).map(|(g, w)| check(&s, Against::Description, g, w, |_| rtol)).collect();
+            checks.push(worst(described)?);
+            if let Some(g) = &self.reference {
+                checks.push(worst(against_reference(g, &s, ins, &operands, &outs, &got)?)?);
+            }
         }
         let outs = self.outputs()?;
         self.device.finish()?;
@@ -386,9 +428,91 @@ impl<D: Device> Executor<D> {
     }
 }
 
-/// `got` against `want`: within `rtol` of the largest |want|, plus one unit
-/// in the last place of a half output.
-fn check(s: &Step, got: &Tensor, want: &Tensor, rtol: f64) -> KernelCheck {
+/// The tolerance of a kernel against the reference executor, relative to
+/// the range of its output of type `dtype` (plus one unit in the last place
+/// of a half output): sums in another order, fused f32 intermediates the
+/// reference rounds to half between ops, and the device's own `expf`.
+pub fn reference_rtol(dtype: DType) -> f64 {
+    match dtype {
+        DType::F16 | DType::BF16 => 1e-2,
+        _ => 1e-4,
+    }
+}
+
+/// Step `s`'s outputs `got` (written to `outs`) against the reference
+/// executor running its node of `g` on `operands` (read from `ins`), each
+/// converted from channels-last where memory holds it so
+/// ([`smelt_codegen::program::Arg::channels_last`]).
+fn against_reference(
+    g: &KernelGraph,
+    s: &Step,
+    ins: &[smelt_codegen::program::Arg],
+    operands: &[Tensor],
+    outs: &[&smelt_codegen::program::Arg],
+    got: &[Tensor],
+) -> Result<Vec<KernelCheck>, RuntimeError> {
+    let node = g.node(s.id);
+    let wrong = |what: String| RuntimeError::Program(format!("kernel {} (node {}): {what}", s.kernel.name(), s.node));
+    let values = g.inputs_of(s.id);
+    if values.len() != ins.len() {
+        return Err(wrong(format!("{} operands, the node has {}", ins.len(), values.len())));
+    }
+    let mut args = Vec::with_capacity(ins.len());
+    for ((a, t), v) in ins.iter().zip(operands).zip(&values) {
+        let t = if a.channels_last { channels_first(t) } else { t.clone() };
+        if t.ty() != g.ty(*v) {
+            return Err(wrong(format!("operand {} is {} in memory, the node reads {}", a.param, t.ty(), g.ty(*v))));
+        }
+        args.push(std::sync::Arc::new(t));
+    }
+    let wants = crate::cpu::eval_node(g, s.id, args)?;
+    // Which of the node's outputs each written argument holds.
+    let written = s.kernel.written();
+    let slots: Vec<usize> = if written.is_empty() {
+        vec![0]
+    } else {
+        (0..node.outputs.len())
+            .map(|slot| node.op.semantic().and_then(|op| op.updated_operand(slot)).and_then(|i| written.iter().position(|&w| w == i)))
+            .collect::<Option<Vec<usize>>>()
+            .ok_or_else(|| wrong("writes operands its node does not update".into()))?
+    };
+    let mut checks = Vec::new();
+    for (slot, &k) in slots.iter().enumerate() {
+        let (a, t) = (outs[k], &got[k]);
+        let t = if a.channels_last { channels_first(t) } else { t.clone() };
+        checks.push(check(s, Against::Reference, &t, &wants[slot], reference_rtol));
+    }
+    Ok(checks)
+}
+
+/// `t`, held channels-last (`[N, ..., C]`, or conv weights `[M, ..., C]`),
+/// as the graph types it (`[N, C, ...]`): the last axis moved to the
+/// second. Its own index arithmetic, not the kernels'.
+fn channels_first(t: &Tensor) -> Tensor {
+    let shape = t.shape();
+    if shape.len() < 3 {
+        return t.clone();
+    }
+    let (n, c) = (shape[0], shape[shape.len() - 1]);
+    let inner: usize = shape[1..shape.len() - 1].iter().product();
+    let v = t.to_f32_vec();
+    let mut out = vec![0f32; v.len()];
+    for b in 0..n {
+        for i in 0..inner {
+            for ch in 0..c {
+                out[(b * c + ch) * inner + i] = v[(b * inner + i) * c + ch];
+            }
+        }
+    }
+    let mut to = vec![n, c];
+    to.extend_from_slice(&shape[1..shape.len() - 1]);
+    Tensor::from_f32(to, out).cast(t.ty().dtype)
+}
+
+/// `got` against `want`: within `rtol` (of the output's dtype) of the
+/// largest |want|, plus one unit in the last place of a half output.
+fn check(s: &Step, against: Against, got: &Tensor, want: &Tensor, rtol: impl Fn(DType) -> f64) -> KernelCheck {
+    let rtol = rtol(got.ty().dtype);
     let (g, w) = (got.to_f32_vec(), want.to_f32_vec());
     let range = w.iter().fold(0f64, |m, x| m.max((*x as f64).abs()));
     let ulp = |x: f64| match got.ty().dtype {
@@ -410,6 +534,7 @@ fn check(s: &Step, got: &Tensor, want: &Tensor, rtol: f64) -> KernelCheck {
     KernelCheck {
         node: s.node.clone(),
         kernel: s.kernel.name().to_string(),
+        against,
         max_abs,
         of_range: if range > 0.0 { max_abs / range } else { max_abs },
         mismatches,

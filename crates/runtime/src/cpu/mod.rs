@@ -73,10 +73,7 @@ pub fn run_keeping<O: Eval>(
         } else if !node.op.is_input() {
             let ins = g.inputs_of(id);
             let args: Vec<Arc<Tensor>> = ins.iter().map(|v| vals[v].clone()).collect();
-            let outs = node
-                .op
-                .eval(&args, &node.outputs)
-                .map_err(|msg| RuntimeError::Unsupported { node: format!("{id} \"{}\" ({})", node.name, node.op.name()), msg })?;
+            let outs = eval_node(g, id, args)?;
             for (slot, t) in outs.into_iter().enumerate() {
                 debug_assert_eq!(t.ty(), &node.outputs[slot], "{} produced the wrong type", node.op.name());
                 let v = ValueId { node: id, slot: slot as u32 };
@@ -97,6 +94,46 @@ pub fn run_keeping<O: Eval>(
         progress(done + 1, order.len());
     }
     Ok((g.outputs().iter().map(|(_, v)| Arc::unwrap_or_clone(vals[v].clone())).collect(), kept))
+}
+
+/// The outputs of node `id` of `g` on `args` (its operands, in order): the
+/// op as [`Eval`] computes it, its products' operands first rounded to TF32
+/// where the graph runs it in TF32 ([`Eval::tf32`]).
+pub fn eval_node<O: Eval>(g: &Graph<O>, id: NodeId, mut args: Vec<Arc<Tensor>>) -> Result<Vec<Tensor>, RuntimeError> {
+    let node = g.node(id);
+    if O::tf32(g, id) {
+        for a in args.iter_mut().take(2).filter(|a| a.ty().dtype == DType::F32) {
+            let v: Vec<f32> = a.to_f32_vec().into_iter().map(to_tf32).collect();
+            *a = Arc::new(Tensor::from_f32(a.shape().to_vec(), v));
+        }
+    }
+    node.op
+        .eval(&args, &node.outputs)
+        .map_err(|msg| RuntimeError::Unsupported { node: format!("{id} \"{}\" ({})", node.name, node.op.name()), msg })
+}
+
+/// `x` rounded to TF32 as `cvt.rna.tf32.f32` does: to the nearest value
+/// with 10 explicit mantissa bits, ties away from zero, overflowing to
+/// infinity. Written apart from [`smelt_ir::round_tf32`] (the kernels'
+/// descriptions use that one), in f64 arithmetic on the value rather than
+/// on its bits, so that the two check each other.
+pub fn to_tf32(x: f32) -> f32 {
+    if !x.is_finite() || x == 0.0 {
+        return x;
+    }
+    let a = (x as f64).abs();
+    // The binade of |x| (f32 subnormals share the smallest normal one).
+    let exp = ((a.to_bits() >> 52) as i32 - 1023).max(-126);
+    let ulp = 2f64.powi(exp - 10);
+    let q = a / ulp;
+    let r = if q - q.floor() >= 0.5 { q.floor() + 1.0 } else { q.floor() };
+    let v = r * ulp;
+    let v = if v > f32::MAX as f64 { f32::INFINITY } else { v as f32 };
+    if x < 0.0 {
+        -v
+    } else {
+        v
+    }
 }
 
 /// Runs one training step of `g` (a graph with [`Op::Update`] nodes, as
@@ -188,18 +225,33 @@ pub(crate) fn tensor_of(ty: &TensorType, v: Vec<f32>) -> Tensor {
 }
 
 /// Ops the reference executor evaluates: semantic ops and kernels.
-pub trait Eval: OpSet {
+pub trait Eval: OpSet + Sized {
     /// The outputs of the op applied to `args`, of types `out`.
     fn eval(&self, args: &[Arc<Tensor>], out: &[TensorType]) -> Result<Vec<Tensor>, String>;
+
+    /// Whether node `id` of `g` multiplies its first two operands in TF32
+    /// (`--tf32`): then the reference rounds them first, as the GPU does.
+    fn tf32(g: &Graph<Self>, id: NodeId) -> bool;
 }
 
 impl Eval for Op {
     fn eval(&self, args: &[Arc<Tensor>], out: &[TensorType]) -> Result<Vec<Tensor>, String> {
         eval(self, args, out)
     }
+
+    /// A semantic graph means exact f32: TF32 is a kernel's choice.
+    fn tf32(_: &Graph<Op>, _: NodeId) -> bool {
+        false
+    }
 }
 
 impl Eval for KernelOp {
+    /// Where the kernel that runs the node takes f32 operands in TF32 (the
+    /// tensor-core convs, GEMMs and convolution gradients under `--tf32`).
+    fn tf32(g: &Graph<KernelOp>, id: NodeId) -> bool {
+        g.tf32() != smelt_ir::Tf32::Off && smelt_codegen::kernel::Kernel::of(g, id).is_some_and(|k| k.tf32())
+    }
+
     fn eval(&self, args: &[Arc<Tensor>], out: &[TensorType]) -> Result<Vec<Tensor>, String> {
         let o = &out[0];
         let float = |v: Vec<f32>| Ok(vec![tensor_of(o, v)]);
@@ -325,5 +377,31 @@ fn eval(op: &Op, args: &[Arc<Tensor>], out: &[TensorType]) -> Result<Vec<Tensor>
         Op::GatherGrad { axis, .. } => float(grad::gather_grad(&args[0], &args[1], *axis, o)?),
         Op::LrnGrad { size, alpha, beta, bias } => float(grad::lrn_grad(&args[0], &args[1], *size, *alpha, *beta, *bias)),
         Op::Update(u) => Ok(grad::update(u, args).into_iter().zip(out).map(|(v, ty)| tensor_of(ty, v)).collect()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::to_tf32;
+
+    /// The reference's TF32 rounding and the descriptions' agree on every
+    /// binade, the subnormals, ties, the largest values and the specials.
+    #[test]
+    fn tf32_rounding_agrees_with_the_descriptions() {
+        let ulp = 2f32.powi(-10);
+        assert_eq!(to_tf32(1.0 + ulp / 2.0), 1.0 + ulp, "a tie goes away from zero");
+        assert_eq!(to_tf32(-(1.0 + ulp / 2.0)), -(1.0 + ulp));
+        assert_eq!(to_tf32(1.0 + ulp / 2.0 - f32::EPSILON), 1.0, "below a tie goes down");
+        assert_eq!(to_tf32(f32::MAX), f32::INFINITY);
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        for i in 0..2_000_000u32 {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let bits = if i < 1 << 16 { i << 16 | i } else { state as u32 };
+            let x = f32::from_bits(bits);
+            let (a, b) = (to_tf32(x), smelt_ir::round_tf32(x));
+            assert!(a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()), "{x:e} ({bits:#x}): {a:e} against {b:e}");
+        }
     }
 }
