@@ -23,6 +23,9 @@ Output, per case, under <out>/<exporter>_<model>/:
                                   (they trace their sequence lengths): batch 3,
                                   sequence 8 (for --batch 3 --dim sequence=8)
     args.txt                      the smelt arguments for the dim_ files
+    b1_input_<i>.pb, b1_output_0.pb
+                                  TorchScript BERT, GPT-2 and ViT: batch 1,
+                                  sequence 16
 <out>/plan_bert/model.onnx, a larger BERT for planning only, and finally
 <out>/.done. onnxruntime runs with graph optimizations off; its
 outputs are checked against PyTorch's (atol 1e-4) before they are written.
@@ -178,6 +181,7 @@ def main():
             if exporter == "torchscript" and name not in ("tenc", "tdec"):
                 seq = 8 if name != "vit" else 16
                 reference(path, module, names, make_inputs(3, seq, 11), "dim_", d)
+                reference(path, module, names, make_inputs(1, 16, 12), "b1_", d)
                 dims = "" if name == "vit" else " --dim sequence=8"
                 with open(os.path.join(d, "args.txt"), "w") as f:
                     f.write(f"--batch 3{dims}\n")

@@ -245,10 +245,27 @@ fn emulate(case: &str, policy: &str) -> (f64, smelt::Comparison, Tensor) {
 /// threads between barriers): each run's kernels checked, and each run's
 /// output bit for bit the first's (else threads of a block race).
 fn emulate_in(case: &str, policy: &str, schedules: &[Schedule]) -> (f64, smelt::Comparison, Tensor) {
+    let (worst, c, want, _) = emulate_at(case, policy, schedules, "", export_options(case));
+    (worst, c, want)
+}
+
+/// As [`emulate_in`], on the inputs and output of files `PREFIXinput_*.pb`
+/// and `PREFIXoutput_0.pb` with `opts` (its policy replaced by `policy`:
+/// `tf32` is f32 with the GPU default `--tf32 conv`); also returns the
+/// output against the reference executor of the same graph.
+fn emulate_at(
+    case: &str,
+    policy: &str,
+    schedules: &[Schedule],
+    prefix: &str,
+    mut opts: smelt::Options,
+) -> (f64, smelt::Comparison, Tensor, smelt::PrecisionError) {
     let d = dir(case);
-    let (inputs, want) = read(&d, "");
-    let mut opts = export_options(case);
-    opts.precision.policy = policy.parse().unwrap();
+    let (inputs, want) = read(&d, prefix);
+    opts.precision.policy = policy.replace("tf32", "f32").parse().unwrap();
+    if policy == "tf32" {
+        opts.precision.tf32 = smelt_ir::Tf32::Conv;
+    }
     let mut s = smelt::Session::open(d.join("model.onnx").to_str().unwrap(), opts).unwrap();
     let compiled = s.compile().unwrap_or_else(|e| panic!("{case}: {e}"));
     // Layer norms store the half dtype themselves: no cast kernel reads one.
@@ -294,7 +311,41 @@ fn emulate_in(case: &str, policy: &str, schedules: &[Schedule]) -> (f64, smelt::
         }
     }
     let out = first.expect("at least one schedule").into_iter().next().unwrap();
-    (worst, smelt::compare(&out, &want, 1e-3, 1e-4), want)
+    let reference = smelt_runtime::cpu::run(&compiled.graph, &inputs).unwrap();
+    let r = smelt::precision_error(&out, &reference[0]);
+    (worst, smelt::compare(&out, &want, 1e-3, 1e-4), want, r)
+}
+
+/// Issue 43: a BERT, a causal LM (GPT-2) and a ViT at batch 1 and 2 on the
+/// emulator under the GPU defaults (TF32 convolutions: ViT's patch
+/// embedding), mixed-f16 and mixed-bf16, every kernel checked against its
+/// description and the reference executor; the output against the
+/// reference executor of the same graph and onnxruntime's f32.
+#[test]
+fn transformers_at_batch_1_and_2_in_every_precision_on_the_emulator() {
+    for case in ["torchscript_bert", "torchscript_gpt2", "torchscript_vit"] {
+        for (prefix, batch) in [("b1_", 1), ("", 2)] {
+            let opts = if case.ends_with("vit") { format!("--batch {batch}") } else { format!("--batch {batch} --dim sequence=16") };
+            for policy in ["tf32", "mixed-f16", "mixed-bf16"] {
+                let (_, c, want, r) = emulate_at(case, policy, &[Schedule::Lockstep], prefix, options(&opts));
+                let range = want.to_f32_vec().iter().fold(0f64, |m, x| m.max((*x as f64).abs()));
+                let o = c.max_abs / range;
+                println!(
+                    "{case} batch {batch} {policy}: {:.2e} of range from the reference, {o:.2e} from onnxruntime",
+                    r.max_abs_over_range
+                );
+                // Half activations (and TF32 patch embeddings) against f32:
+                // 10 mantissa bits in f16, 7 in bf16.
+                let (near, far) = if policy == "mixed-bf16" { (2e-2, 3e-2) } else { (3e-3, 5e-3) };
+                assert!(
+                    r.max_abs_over_range <= near,
+                    "{case} batch {batch} {policy}: {:.2e} of range from the reference",
+                    r.max_abs_over_range
+                );
+                assert!(o <= far, "{case} batch {batch} {policy}: {o:.2e} of range from onnxruntime");
+            }
+        }
+    }
 }
 
 /// The generated CUDA C of every export, run on the emulator: each kernel
