@@ -310,6 +310,12 @@ pub(crate) struct RunArgs {
     /// device fault names its kernel (slower; also SMELT_CUDA_SYNC=1).
     #[arg(long)]
     pub(crate) sync: bool,
+    /// With --backend cuda: read every kernel's output back (in the warm-up
+    /// run) and name the first that made inf or NaN of finite operands, such
+    /// as an f16 activation above 65504 under --precision mixed-f16. Always
+    /// done on the emulator.
+    #[arg(long)]
+    pub(crate) check_finite: bool,
     /// With --backend cuda or emulator: time each kernel (CUDA events, or
     /// the host clock) and print its share, bandwidth and FLOP rate. With
     /// --train the profiled run is one more step, after the reported one.

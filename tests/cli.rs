@@ -543,3 +543,34 @@ fn tune_times_every_tile_and_compile_applies_the_table() {
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Under mixed-f16, an activation above f16's largest value (65504) is
+/// named with the kernel that made it and the ways out; under mixed-bf16
+/// the same model runs clean. On the emulator the check is always on.
+#[test]
+fn an_f16_overflow_names_its_kernel_and_the_ways_out() {
+    let dir = std::env::temp_dir().join(format!("smelt-overflow-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let tir = dir.join("big.tir");
+    let w = vec!["30000"; 64].join(",");
+    let v = vec!["0.001"; 64].join(",");
+    let src = format!(
+        "graph {{\n  %0 \"x\" = input : f32[2,8]\n  %1 \"w\" = const : f32[8,8] = [{w}]\n  %2 \"big\" = matmul(%0, %1) : f32[2,8]\n  %3 \"r\" = relu(%2) : f32[2,8]\n  %4 \"v\" = const : f32[8,8] = [{v}]\n  %5 \"mid\" = matmul(%3, %4) : f32[2,8]\n  %6 \"r2\" = relu(%5) : f32[2,8]\n  %7 \"head\" = matmul(%6, %4) : f32[2,8]\n  output \"y\" = %7\n}}\n"
+    );
+    std::fs::write(&tir, src).unwrap();
+    let m = tir.to_str().unwrap();
+    // The second row of x @ w is above 65504: stored in f16 for the next matmul, it is inf.
+    let (code, out, err) = run(&["run", m, "--backend", "emulator", "--precision", "mixed-f16", "--json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(err.contains("warning: kernel") && err.contains("(node big)") && err.contains("65504"), "{err}");
+    assert!(err.contains("--precision mixed-bf16") && err.contains("--keep-f32 'big'"), "{err}");
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(j["non_finite"]["node"], "big", "{j}");
+    assert!(j["non_finite"]["inf"].as_u64().unwrap() > 0, "{j}");
+    let (code, out, err) = run(&["run", m, "--backend", "emulator", "--precision", "mixed-bf16", "--json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(!err.contains("warning: kernel"), "{err}");
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(j["non_finite"].is_null(), "{j}");
+    std::fs::remove_dir_all(dir).unwrap();
+}

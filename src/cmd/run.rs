@@ -56,8 +56,8 @@ pub fn run(a: &RunArgs) -> Result<bool> {
     if a.backend != "cpu" {
         return on_device(&mut s, &compiled, &out, reference, a);
     }
-    if a.profile || a.memory_limit.is_some() || a.check_kernels || a.sync {
-        bail!("--profile, --memory-limit, --check-kernels and --sync apply to --backend cuda or emulator (use `smelt plan --memory-limit` for the plan alone)");
+    if a.profile || a.memory_limit.is_some() || a.check_kernels || a.sync || a.check_finite {
+        bail!("--profile, --memory-limit, --check-kernels, --check-finite and --sync apply to --backend cuda or emulator (use `smelt plan --memory-limit` for the plan alone)");
     }
     on_cpu(&compiled.graph, &out, reference)
 }
@@ -269,6 +269,7 @@ fn drive<D: Device>(
         exec.check_against_reference(fused.clone())?;
     }
     let mut bad_kernels = 0;
+    let mut non_finite: Option<smelt_runtime::exec::NonFinite> = None;
     let ok = report(fused, a, reference, &mut |ins| {
         let mut checks = Vec::new();
         let mut times = Vec::with_capacity(repeat);
@@ -283,11 +284,18 @@ fn drive<D: Device>(
                 last = Some(outs);
             }
         }
+        // Inf or NaN made of finite operands: looked for in the first run
+        // (on a GPU, the warm-up) and named below.
+        exec.check_finite(emulated || args.check_finite);
         if !emulated && !training {
             exec.run(ins, false)?; // warm-up: module JIT, first-touch costs
+            non_finite = exec.non_finite().cloned();
+            exec.check_finite(false);
         }
         for _ in 0..repeat.saturating_sub(times.len()) {
             let (outs, ms, _) = exec.run(ins, false)?;
+            non_finite = non_finite.take().or_else(|| exec.non_finite().cloned());
+            exec.check_finite(false);
             times.push(ms);
             last = Some(outs);
         }
@@ -337,6 +345,20 @@ fn drive<D: Device>(
                 print_profile(&kernels)?;
             }
         }
+        if let Some(n) = &non_finite {
+            let why = if n.ty.starts_with("f16") {
+                format!(
+                    "f16's largest value is 65504 and this model's activations exceed it: run with --precision mixed-bf16 (f32's range in 16 bits) or keep this node in f32 with --keep-f32 '{}'",
+                    n.node
+                )
+            } else {
+                "a value left its type's range".to_string()
+            };
+            eprintln!(
+                "warning: kernel {} (node {}) made {} inf and {} NaN values of finite operands ({}): {why}",
+                n.kernel, n.node, n.inf, n.nan, n.ty
+            );
+        }
         let label = if emulated {
             format!(
                 "ran on the {} in {median:.3} ms (the generated CUDA C on the CPU, every access checked); arena {} + weights {}",
@@ -361,7 +383,8 @@ fn drive<D: Device>(
             label,
             extra: json!({"backend": args.backend, "device": dev, "runs": repeat, "median_ms": median, "min_ms": min,
                           "arena_bytes": arena, "weights_bytes": weights_bytes, "device_bytes": exec.device_bytes(), "kernels": kernels,
-                          "kernel_checks": if args.check_kernels { json!(checks) } else { json!(null) }}),
+                          "kernel_checks": if args.check_kernels { json!(checks) } else { json!(null) },
+                          "non_finite": non_finite}),
         })
     })?;
     Ok(ok && bad_kernels == 0)

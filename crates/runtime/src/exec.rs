@@ -121,6 +121,28 @@ pub struct Executor<D: Device> {
     /// The kernel graph the program was built from, for
     /// [`Executor::check_against_reference`].
     reference: Option<KernelGraph>,
+    /// Whether [`Executor::run`] looks for the first kernel that makes inf
+    /// or NaN of finite operands ([`Executor::check_finite`]).
+    check_finite: bool,
+    /// What the last such run found.
+    non_finite: Option<NonFinite>,
+}
+
+/// The first kernel of a run whose output held inf or NaN although its
+/// operands were finite: where a half activation overflowed (f16's largest
+/// value is 65504), or where a value left f32's range.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct NonFinite {
+    /// The node it computes.
+    pub node: String,
+    /// The kernel.
+    pub kernel: String,
+    /// Its output's type.
+    pub ty: String,
+    /// Elements that are infinite.
+    pub inf: usize,
+    /// Elements that are NaN.
+    pub nan: usize,
 }
 
 impl<D: Device> Executor<D> {
@@ -173,7 +195,7 @@ impl<D: Device> Executor<D> {
                 bases.0, bases.1
             )));
         }
-        Ok(Executor { device, program, launches, bases, reference: None })
+        Ok(Executor { device, program, launches, bases, reference: None, check_finite: false, non_finite: None })
     }
 
     /// Makes [`Executor::run_checked`] also check every kernel against the
@@ -193,6 +215,55 @@ impl<D: Device> Executor<D> {
         }
         self.reference = Some(g);
         Ok(())
+    }
+
+    /// Makes [`Executor::run`] read every kernel's output back and find the
+    /// first that holds inf or NaN made of finite operands (a copy of each
+    /// output per launch: cheap on the emulator, a slowdown on a GPU);
+    /// [`Executor::non_finite`] says what the last run found.
+    pub fn check_finite(&mut self, on: bool) {
+        self.check_finite = on;
+    }
+
+    /// What the last [`Executor::run`] with [`Executor::check_finite`] found.
+    pub fn non_finite(&self) -> Option<&NonFinite> {
+        self.non_finite.as_ref()
+    }
+
+    /// Whether step `i`'s output holds inf or NaN made of finite operands.
+    fn overflowed(&mut self, i: usize) -> Result<Option<NonFinite>, RuntimeError> {
+        let s = &self.program.steps[i];
+        let written = s.kernel.written();
+        let (ins, outs): (Vec<&smelt_codegen::program::Arg>, Vec<&smelt_codegen::program::Arg>) = if written.is_empty() {
+            (s.args[..s.args.len().saturating_sub(1)].iter().collect(), s.args.last().into_iter().collect())
+        } else {
+            (s.args.iter().collect(), written.iter().map(|&w| &s.args[w]).collect())
+        };
+        let mut found = None;
+        for out in &outs {
+            if !out.ty.dtype.is_float() {
+                continue;
+            }
+            let mut bytes = vec![0u8; out.bytes];
+            self.device.read(out.space.clone(), out.offset, &mut bytes)?;
+            let v = tensor(&out.ty, &bytes)?.to_f32_vec();
+            let (inf, nan) = (v.iter().filter(|x| x.is_infinite()).count(), v.iter().filter(|x| x.is_nan()).count());
+            if inf + nan > 0 {
+                found = Some(NonFinite { node: s.node.clone(), kernel: s.kernel.name().to_string(), ty: out.ty.to_string(), inf, nan });
+                break;
+            }
+        }
+        let Some(found) = found else { return Ok(None) };
+        // Operands written in place hold the output now: not judged.
+        let in_place = |a: &smelt_codegen::program::Arg| outs.iter().any(|o| o.space == a.space && o.offset == a.offset);
+        for a in ins.into_iter().filter(|a| a.ty.dtype.is_float() && !in_place(a)) {
+            let mut bytes = vec![0u8; a.bytes];
+            self.device.read(a.space.clone(), a.offset, &mut bytes)?;
+            if tensor(&a.ty, &bytes)?.to_f32_vec().iter().any(|x| !x.is_finite()) {
+                return Ok(None); // carried in, not made here
+            }
+        }
+        Ok(Some(found))
     }
 
     /// The device.
@@ -264,14 +335,19 @@ impl<D: Device> Executor<D> {
 
     /// Runs once: inputs in, every kernel, outputs out. With `profile`, each
     /// launch is timed (which adds a little overhead between kernels); the
-    /// total is always timed, in milliseconds.
+    /// total is always timed, in milliseconds. With
+    /// [`Executor::check_finite`], each output is checked after its launch.
     pub fn run(&mut self, inputs: &[Tensor], profile: bool) -> Result<(Vec<Tensor>, f64, Vec<KernelTime>), RuntimeError> {
         self.load_inputs(inputs)?;
+        self.non_finite = None;
         let start = self.device.mark()?;
         let mut times = Vec::new();
         for i in 0..self.launches.len() {
             let before = if profile { Some(self.device.mark()?) } else { None };
             self.launch(i)?;
+            if self.check_finite && self.non_finite.is_none() {
+                self.non_finite = self.overflowed(i)?;
+            }
             if let Some(before) = before {
                 let after = self.device.mark()?;
                 let ms = self.device.elapsed_ms(&before, &after)?;
