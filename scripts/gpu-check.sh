@@ -23,6 +23,11 @@
 #                                    the slowest, torch.compile, come last)
 #   scripts/gpu-check.sh --train-only  only the training check (with the
 #                                    training step's per-kernel profile)
+#   scripts/gpu-check.sh --vision-only only torchvision's models (ResNet-18/34,
+#                                    ResNeXt, RegNet, MobileNetV3, EfficientNet,
+#                                    ConvNeXt, ViT) in TF32, mixed-f16 and
+#                                    mixed-bf16, every kernel against the CPU
+#                                    reference executor (issue 43)
 #
 # Exits non-zero on any mismatch or error.
 #
@@ -66,6 +71,12 @@ for line in sys.stdin:
     while read -r -a args; do
         target/release/smelt compile "${args[@]}" --out "$W/out" --json >/dev/null
     done
+    # The vision check's kernels (its models are exported on the GPU
+    # machine by scripts/make_vision.py: 380 MB, too much to carry).
+    .venv/bin/python scripts/gpu_check.py --list-vision-compiles --smelt - --data - --variants - --vision .testdata/vision |
+    while read -r -a args; do
+        target/release/smelt compile "${args[@]}" --out "$W/out" --json >/dev/null
+    done
     rm -rf "$W/out"
     echo "gpu-check: prepared $W ($(du -sh "$W" | cut -f1)): carry it with the checkout" >&2
     exit 0
@@ -76,6 +87,7 @@ while [[ $# -gt 0 ]]; do
     case $1 in
         --quick) quick=1 ;;
         --train-only) quick=2 ;;
+        --vision-only) quick=3 ;;
         --budget) budget=${2:?--budget needs seconds}; shift ;;
         *) echo "gpu-check: unknown argument $1" >&2; exit 2 ;;
     esac
@@ -108,6 +120,18 @@ if [[ $quick == 2 ]]; then
     python3 scripts/gpu_check.py --train-only --smelt "$W/smelt" --data - --variants - --train-runs "$W/train_runs" "${flags[@]}"
     exit
 fi
+# torchvision's models for the vision check, exported here where torchvision is.
+vision=()
+if [[ -f .testdata/vision/.done ]] || { python3 -c 'import torchvision' 2>/dev/null && echo "gpu-check: exporting torchvision's models" >&2 &&
+    python3 scripts/make_vision.py --out .testdata/vision >&2; }; then
+    vision=(--vision .testdata/vision)
+else
+    echo "gpu-check: no torchvision here: the vision check is skipped" >&2
+fi
+if [[ $quick == 3 ]]; then
+    python3 scripts/gpu_check.py --vision-only --smelt "$W/smelt" --data - --variants - "${vision[@]}"
+    exit
+fi
 if [[ ! -f .testdata/variants/.done ]]; then
     echo "gpu-check: generating the random-weight variants" >&2
     python3 scripts/make_variants.py --data "$data" --out .testdata/variants >&2
@@ -121,5 +145,6 @@ train=() flags=()
 [[ $quick == 0 ]] && train=(--train-runs "$W/train_runs")
 [[ $quick == 1 ]] && flags=(--quick)
 [[ -n $budget ]] && flags+=(--budget "$(( budget - SECONDS ))")
+[[ $quick == 0 ]] && train+=("${vision[@]}")
 python3 scripts/gpu_check.py --smelt "$W/smelt" --data "$data" --variants .testdata/variants "${train[@]}" "${flags[@]}" || status=1
 exit $status

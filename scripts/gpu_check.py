@@ -12,6 +12,10 @@
    its only device allocations).
    BERT-base at batch 8, sequence 128, mixed-f16, against PyTorch's
    nn.TransformerEncoder of the same sizes under autocast f16.
+   With --vision, torchvision's models (scripts/make_vision.py) at batch 1
+   and 2 under TF32, mixed-f16 and mixed-bf16: every kernel against its
+   description and the CPU reference executor, the logits against
+   onnxruntime's, the first inf or NaN named.
 3. Training (`smelt train --backend cuda`): the MLP and CNN of
    scripts/make_train_runs.py after 20 steps (SGD, Adam, SGD with
    accumulation) against PyTorch's weights (rtol 1e-4); ResNet-50 at batch
@@ -296,6 +300,62 @@ def tuning(a):
         print(f"| {label} | {r['median_ms']:.3f} |" if r else f"| {label} | error: {why} |", flush=True)
 
 
+VISION = ["resnet18", "resnet34", "resnext50_32x4d", "regnet_y_400mf", "mobilenet_v3_small", "efficientnet_b0", "convnext_tiny", "vit"]
+# (precision, smelt flags, tolerance of the logits against onnxruntime's f32 as
+# a fraction of their range: TF32 and f16 keep 10 mantissa bits, bf16 7; the
+# budgets tests/emulator.rs holds the emulator to).
+VISION_PRECISIONS = [("tf32", ["--precision", "f32"], 5e-3), ("mixed-f16", ["--precision", "mixed-f16"], 5e-3),
+                     ("mixed-bf16", ["--precision", "mixed-bf16"], 3e-2)]
+
+
+def vision_compiles(vision):
+    """`smelt compile` argument lists of the vision part (scripts/make_vision.py's models)."""
+    return [[os.path.join(vision, m, "model.onnx"), "--batch", str(b), *flags]
+            for m in VISION for b in (1, 2) for _, flags, _ in VISION_PRECISIONS]
+
+
+def vision(a):
+    """torchvision's models (scripts/make_vision.py: full width, 64x64 images)
+    at batch 1 and 2 on the GPU under the GPU defaults (TF32 convolutions),
+    mixed-f16 and mixed-bf16: every kernel against its description and the
+    CPU reference executor (--check-kernels), the first inf or NaN named
+    (--check-finite), the logits against onnxruntime's f32."""
+    import numpy as np
+    from onnx import TensorProto, numpy_helper
+    print("\n## torchvision's models on the GPU (issue 43)\n")
+    print("| model | batch | precision | kernels vs description | kernels vs reference (worst of range) | logits vs onnxruntime (of range) | non-finite |")
+    print("|---|---|---|---|---|---|---|")
+    for m in VISION:
+        if out_of_time(f"the vision check of {m}"):
+            continue
+        d = os.path.join(a.vision, m)
+        for b in (1, 2):
+            for name, flags, tol in VISION_PRECISIONS:
+                v, why = smelt(a.smelt, ["run", os.path.join(d, "model.onnx"), "--batch", str(b), "--backend", a.vision_backend, *flags,
+                                         "--input", os.path.join(d, f"input_b{b}.pb"), "--expect", os.path.join(d, f"output_b{b}.pb"),
+                                         "--rtol", "0", "--atol", "1e30", "--check-kernels", "--repeat", "1", "--json",
+                                         *(["--check-finite"] if a.vision_backend == "cuda" else [])])
+                if v is None:
+                    print(f"| {m} | {b} | {name} | error: {why} | | | |", flush=True)
+                    continue
+                checks = v.get("kernel_checks") or []
+                desc = [c for c in checks if c["against"] == "description"]
+                ref = [c for c in checks if c["against"] == "reference"]
+                bad_desc = [c["kernel"] for c in desc if not c["ok"]]
+                bad_ref = [c["kernel"] for c in ref if not c["ok"]]
+                worst = max((c["of_range"] for c in ref), default=float("nan"))
+                c = v["outputs"][0]["comparison"]
+                t = TensorProto()
+                with open(os.path.join(d, f"output_b{b}.pb"), "rb") as f:
+                    t.ParseFromString(f.read())
+                of_range = c["max_abs"] / float(np.abs(numpy_helper.to_array(t)).max())
+                nf = v.get("non_finite")
+                if bad_desc or bad_ref or of_range > tol or nf:
+                    FAILURES.append(f"vision {m} batch {b} {name}: kernels {bad_desc + bad_ref}, logits {of_range:.1e} of range, non-finite {nf}")
+                print(f"| {m} | {b} | {name} | {len(desc) - len(bad_desc)}/{len(desc)} agree | {len(ref) - len(bad_ref)}/{len(ref)} agree ({worst:.1e})"
+                      f" | {of_range:.1e} ({'ok' if of_range <= tol else 'OVER ' + str(tol)}) | {nf['kernel'] if nf else '-'} |", flush=True)
+
+
 def transformer(a):
     """BERT-base at batch 8, sequence 128, mixed-f16 (attention fused on
     tensor cores) against PyTorch's nn.TransformerEncoder of the same sizes
@@ -500,6 +560,10 @@ def main():
     ap.add_argument("--train-backend", default="cuda", help=argparse.SUPPRESS)  # cpu: try the check's logic without a GPU
     ap.add_argument("--list-train-compiles", action="store_true", help="print the training check's smelt compile arguments, one run per line")
     ap.add_argument("--budget", type=float, help="seconds: no part starts after them (the slowest parts run last)")
+    ap.add_argument("--vision", help="scripts/make_vision.py's output: adds the vision check (torchvision's models)")
+    ap.add_argument("--vision-only", action="store_true", help="only the vision check (no probe)")
+    ap.add_argument("--vision-backend", default="cuda", help=argparse.SUPPRESS)  # emulator: try the check's logic without a GPU
+    ap.add_argument("--list-vision-compiles", action="store_true", help="print the vision check's smelt compile arguments, one run per line")
     a = ap.parse_args()
     global DEADLINE
     if a.budget:
@@ -511,6 +575,16 @@ def main():
     if a.list_train_compiles:
         for args in train_compiles(a.train_runs):
             print(" ".join(args))
+        return
+    if a.list_vision_compiles:
+        for args in vision_compiles(a.vision):
+            print(" ".join(args))
+        return
+    if a.vision_only:
+        vision(a)
+        if FAILURES:
+            print(f"gpu-check: {len(FAILURES)} failures:", *FAILURES, sep="\n  ", file=sys.stderr)
+            sys.exit(1)
         return
     if a.train_only:
         training(a)
@@ -531,6 +605,8 @@ def main():
     print(probe.stdout.strip().splitlines()[0] if probe.stdout.strip() else "", file=sys.stderr)
     if not a.skip_correctness:
         correctness(a)
+        if a.vision:
+            vision(a)
     speed(a)
     if not a.quick:
         transformer(a)
