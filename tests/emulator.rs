@@ -238,8 +238,8 @@ fn light_models_for(config: &str) -> (Vec<(&'static str, Graph, smelt_codegen::P
 /// onnxruntime's logits (within 1e-3 relative, plus 1e-4 of the logits'
 /// range for the elements near zero); with TF32 convolutions (the default
 /// `--tf32 conv`) and under mixed-f16 and mixed-bf16 against the CPU
-/// reference executor of the same graph (1% of the logits' range in f16,
-/// 3% in TF32 and bf16) and against onnxruntime (5% of the range in TF32
+/// reference executor of the same graph, TF32 operands rounded as the GPU
+/// rounds them (1% of the logits' range in TF32 and f16, 3% in bf16) and against onnxruntime (5% of the range in TF32
 /// and f16, 20% in bf16, and the same arg-max). The kernel kinds that ran.
 fn light_variants_in(config: &str) -> BTreeSet<String> {
     let &(_, no_fuse, policy) = LIGHT_CONFIGS.iter().find(|c| c.0 == config).expect("a configuration");
@@ -270,8 +270,10 @@ fn light_variants_in(config: &str) -> BTreeSet<String> {
             // Half roundings that fall the other way (the reference
             // executor sums convolutions in another order) compound
             // over a deep net.
-            // TF32 keeps f16's 10 mantissa bits for every conv operand.
-            let near = if policy == "mixed-f16" { 1e-2 } else { 3e-2 };
+            // The reference rounds TF32 operands as the GPU does, but a
+            // last-bit difference upstream rounds one the other way (2^-11
+            // of it), which compounds too (ResNet-50: 6.4e-3 measured).
+            let near = if policy == "mixed-bf16" { 3e-2 } else { 1e-2 };
             assert!(
                 r.max_abs_over_range <= near,
                 "{what}: {:.2e} of range from the CPU reference executor of the same graph",
