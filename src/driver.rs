@@ -106,6 +106,15 @@ pub enum Error {
         /// The loss.
         loss: f32,
     },
+    /// A trained value stopped being finite (the loss may still be):
+    /// nothing is saved from this step on.
+    #[error("after step {step}, \"{name}\" holds inf or NaN: training diverged (try a smaller --lr, or --clip-norm); nothing non-finite is saved")]
+    NonFiniteWeights {
+        /// The optimizer step (from 1).
+        step: usize,
+        /// The value.
+        name: String,
+    },
 }
 
 impl Error {
@@ -117,6 +126,7 @@ impl Error {
             | Error::NoKernel { .. }
             | Error::Data { .. }
             | Error::Diverged { .. }
+            | Error::NonFiniteWeights { .. }
             | Error::RematBudget { .. }
             | Error::MemoryLimit { .. } => false,
             Error::Runtime(e) => e.is_bug(),

@@ -368,9 +368,10 @@ pub(crate) struct TrainCmdArgs {
     /// statistics) as its initializers: same graph, same names.
     #[arg(long, value_name = "FILE.onnx")]
     pub(crate) save: Option<PathBuf>,
-    /// Keep a checkpoint in DIR (checkpoint.npz: parameters, optimizer
-    /// state, step counter; checkpoint.json: step, seed, options), written
-    /// every --every steps and at the end.
+    /// Keep a checkpoint in DIR (checkpoint-STEP.npz: parameters, optimizer
+    /// state, step counter, linked as checkpoint.npz; checkpoint.json: step,
+    /// seed, options, data set, the commit), written every --every steps
+    /// and at the end; a kill at any instant leaves a whole checkpoint.
     #[arg(long, value_name = "DIR")]
     pub(crate) checkpoint: Option<PathBuf>,
     /// Steps between checkpoints.

@@ -59,6 +59,21 @@ fn keys_for(input: &str, model_inputs: usize) -> Vec<String> {
 }
 
 impl Data {
+    /// The data set's identity, for checkpoints.
+    pub fn identity(&self) -> DataIdentity {
+        let mut h = 0xcbf2_9ce4_8422_2325u64;
+        let mut eat = |bytes: &[u8]| {
+            for &b in bytes {
+                h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+            }
+        };
+        for c in &self.columns {
+            eat(c.input.as_bytes());
+            eat(&c.bytes);
+        }
+        DataIdentity { samples: self.samples, fnv64: h }
+    }
+
     /// Reads `path` for a step whose inputs are `inputs` (name, type at the
     /// micro-batch), the labels or targets last. `classes`: the number of
     /// classes that int labels must be below. Everything wrong is said
@@ -293,11 +308,12 @@ impl Config {
         samples / self.batch
     }
 
-    /// Optimizer steps in all.
-    pub fn total_steps(&self, samples: usize) -> usize {
+    /// Optimizer steps in all; `None` where `--epochs` times the steps of
+    /// an epoch overflows.
+    pub fn total_steps(&self, samples: usize) -> Option<usize> {
         match self.length {
-            Length::Epochs(e) => e * self.steps_per_epoch(samples),
-            Length::Steps(s) => s,
+            Length::Epochs(e) => e.checked_mul(self.steps_per_epoch(samples)),
+            Length::Steps(s) => Some(s),
         }
     }
 }
@@ -517,20 +533,92 @@ impl<D: Device> Trainer<D> {
             .collect()
     }
 
-    /// Writes a checkpoint into `dir`: `checkpoint.npz` (every value the
-    /// updates write, by name) and `checkpoint.json` (the step, the seed,
-    /// the recipe), each through a temporary file renamed into place, the
-    /// JSON last, so an interrupted write leaves the previous checkpoint.
+    /// Writes a checkpoint into `dir` as one commit: the values the updates
+    /// write, by name, into a new `checkpoint-STEP.npz` (synced), then
+    /// `checkpoint.json` (the step, the recipe, the data set's identity and
+    /// that archive's name and size) written atomically: the commit. A kill
+    /// at any instant leaves the previous checkpoint or this one, whole;
+    /// then `checkpoint.npz` links to the archive, and archives no commit
+    /// names are removed. Refuses to save
+    /// non-finite values (the run has diverged: the last good checkpoint
+    /// stays).
     pub fn save_checkpoint(&mut self, dir: &Path) -> Result<(), Error> {
         let io = |error: std::io::Error| Error::Model(smelt_ir::IrError::Io { path: dir.display().to_string(), error });
         std::fs::create_dir_all(dir).map_err(io)?;
         let arrays = self.weights()?;
-        npy::write_npz(&dir.join("checkpoint.npz"), &arrays)?;
-        let meta = Checkpoint { format: 1, step: self.step, config: self.cfg.clone(), scaler: self.scaler() };
-        let tmp = dir.join("checkpoint.json.tmp");
-        std::fs::write(&tmp, serde_json::to_string_pretty(&meta).expect("serializable")).map_err(io)?;
-        std::fs::rename(&tmp, dir.join("checkpoint.json")).map_err(io)
+        if let Some((name, _)) = arrays.iter().find(|(_, t)| t.ty().dtype.is_float() && t.to_f32_vec().iter().any(|x| !x.is_finite())) {
+            return Err(Error::NonFiniteWeights { step: self.step, name: name.clone() });
+        }
+        let file = format!("checkpoint-{}.npz", self.step);
+        npy::write_npz(&dir.join(&file), &arrays)?;
+        let bytes = std::fs::metadata(dir.join(&file)).map_err(io)?.len();
+        let meta = Checkpoint {
+            format: 2,
+            step: self.step,
+            config: self.cfg.clone(),
+            scaler: self.scaler(),
+            arrays: Some(file.clone()),
+            arrays_bytes: Some(bytes),
+            data: Some(self.data.identity()),
+        };
+        write_atomically(&dir.join("checkpoint.json"), serde_json::to_string_pretty(&meta).expect("serializable").as_bytes())
+            .map_err(io)?;
+        // `checkpoint.npz` (for numpy.load) becomes a link to it, replaced
+        // atomically; until then it names the previous archive, still there.
+        let tmp = dir.join(format!(".checkpoint.npz.{}.tmp", std::process::id()));
+        let _ = std::fs::remove_file(&tmp);
+        #[cfg(unix)]
+        std::os::unix::fs::symlink(&file, &tmp).map_err(io)?;
+        #[cfg(not(unix))]
+        std::fs::copy(dir.join(&file), &tmp).map_err(io)?;
+        std::fs::rename(&tmp, dir.join("checkpoint.npz")).map_err(io)?;
+        for e in std::fs::read_dir(dir).map_err(io)?.flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            if name.starts_with("checkpoint-") && name.ends_with(".npz") && name != file {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+        Ok(())
     }
+}
+
+/// Writes `bytes` to `path` as one commit: into a temporary file beside it,
+/// synced to the disk, then renamed over `path` (and the folder synced), so
+/// that a kill or a full disk at any instant leaves the old file or the new
+/// one, never part of either.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let name = path.file_name().ok_or_else(|| std::io::Error::other("no file name"))?.to_string_lossy();
+    let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    };
+    if let Err(e) = write() {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    // The rename itself is durable once the folder is synced.
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        let _ = std::fs::File::open(dir).and_then(|d| d.sync_all());
+    }
+    Ok(())
+}
+
+/// Whether [`write_atomically`] can write `path`: its folder exists and
+/// takes a new file (checked by making and removing one), and `path` is not
+/// a folder. For targets checked before hours of training, not after.
+pub fn check_writable(path: &Path) -> Result<(), String> {
+    if path.is_dir() {
+        return Err("it is a folder".into());
+    }
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let probe = dir.join(format!(".smelt-write-test.{}", std::process::id()));
+    std::fs::File::create(&probe).map_err(|e| format!("cannot create a file in {}: {e}", dir.display()))?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
 }
 
 /// What `checkpoint.json` holds.
@@ -545,19 +633,43 @@ pub struct Checkpoint {
     /// The loss scaler's state, when the loss is scaled.
     #[serde(default)]
     pub scaler: Option<Scaler>,
+    /// The archive of this checkpoint's values in its folder (format 2;
+    /// format 1 had `checkpoint.npz`).
+    #[serde(default)]
+    pub arrays: Option<String>,
+    /// That archive's size in bytes (each array in it carries its CRC-32).
+    #[serde(default)]
+    pub arrays_bytes: Option<u64>,
+    /// The training data it was made on.
+    #[serde(default)]
+    pub data: Option<DataIdentity>,
+}
+
+/// What identifies a data set: its samples and a hash of every column's
+/// name and bytes (FNV-1a, 64 bits).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DataIdentity {
+    /// Samples.
+    pub samples: usize,
+    /// The hash.
+    pub fnv64: u64,
 }
 
 /// Reads the checkpoint in `dir`, checks that it was made by the same
-/// recipe and seed as `cfg`, and writes its values into `graph` (the
-/// training step, before it is compiled). Returns the steps it had done and
-/// the loss scaler's state (for [`Trainer::set_scaler`]).
-pub fn load_checkpoint(dir: &Path, cfg: &Config, graph: &mut Graph) -> Result<(usize, Option<Scaler>), Error> {
+/// recipe and seed as `cfg`, that it is whole (its archive of the committed
+/// size, every entry's CRC-32, every value the step updates present with
+/// its type, finite, Adam's second moments non-negative, a positive loss
+/// scale) and writes its values into `graph` (the training step, before it
+/// is compiled). Returns the steps it had done, the loss scaler's state (for
+/// [`Trainer::set_scaler`]) and the identity of the data it was made on
+/// (format 2; check it with [`Data::identity`]).
+pub fn load_checkpoint(dir: &Path, cfg: &Config, graph: &mut Graph) -> Result<(usize, Option<Scaler>, Option<DataIdentity>), Error> {
     let file = dir.join("checkpoint.json");
     let err = |msg: String| Error::Data { file: file.display().to_string(), msg };
     let text = std::fs::read_to_string(&file).map_err(|e| err(format!("cannot read it: {e}")))?;
     let meta: Checkpoint = serde_json::from_str(&text).map_err(|e| err(format!("not a smelt checkpoint: {e}")))?;
-    if meta.format != 1 {
-        return Err(err(format!("checkpoint format {} (this smelt reads format 1)", meta.format)));
+    if meta.format != 1 && meta.format != 2 {
+        return Err(err(format!("checkpoint format {} (this smelt reads formats 1 and 2)", meta.format)));
     }
     let same = |what: &str, a: String, b: String| {
         if a == b {
@@ -571,7 +683,31 @@ pub fn load_checkpoint(dir: &Path, cfg: &Config, graph: &mut Graph) -> Result<(u
     same("--accumulate", meta.config.accumulate.to_string(), cfg.accumulate.to_string())?;
     same("--seed", meta.config.seed.to_string(), cfg.seed.to_string())?;
     same("shuffling", meta.config.shuffle.to_string(), cfg.shuffle.to_string())?;
-    let arrays = npy::read_npz(&dir.join("checkpoint.npz"))?;
+    let archive = dir.join(meta.arrays.as_deref().unwrap_or("checkpoint.npz"));
+    if meta.arrays.as_deref().is_some_and(|a| a.contains(['/', '\\']) || a.starts_with('.')) {
+        return Err(err(format!("it names the archive {:?}, not a file of its folder", meta.arrays)));
+    }
+    if let Some(want) = meta.arrays_bytes {
+        let got = std::fs::metadata(&archive).map_err(|e| err(format!("cannot read {}: {e}", archive.display())))?.len();
+        if got != want {
+            return Err(err(format!("{} has {got} bytes, the checkpoint committed {want}: it is damaged", archive.display())));
+        }
+    }
+    if let Some(s) = meta.scaler {
+        if !(s.scale.is_finite() && s.scale > 0.0) || s.skipped > meta.step {
+            return Err(err(format!("its loss scaler is invalid (scale {}, {} skipped of {} steps)", s.scale, s.skipped, meta.step)));
+        }
+    }
+    let arrays = npy::read_npz(&archive)?;
+    for (name, t) in &arrays {
+        let v = if t.ty().dtype.is_float() { t.to_f32_vec() } else { Vec::new() };
+        if let Some(x) = v.iter().find(|x| !x.is_finite()) {
+            return Err(err(format!("\"{name}\" holds {x}: a checkpoint holds finite values only")));
+        }
+        if name.ends_with(".adam_v") && v.iter().any(|&x| x < 0.0) {
+            return Err(err(format!("\"{name}\" (Adam's second moment) holds a negative value")));
+        }
+    }
     let by_name: HashMap<String, smelt_ir::NodeId> =
         graph.node_ids().filter(|&n| graph.node(n).op.is_persistent()).map(|n| (graph.node(n).name.clone(), n)).collect();
     // Every value the updates write (parameters, their optimizer state,
@@ -603,7 +739,7 @@ pub fn load_checkpoint(dir: &Path, cfg: &Config, graph: &mut Graph) -> Result<(u
             missing.join(", ")
         )));
     }
-    Ok((meta.step, meta.scaler))
+    Ok((meta.step, meta.scaler, meta.data))
 }
 
 /// Loss and accuracy of a forward pass over a data set.

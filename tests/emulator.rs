@@ -1469,3 +1469,50 @@ fn vision_models_in_mixed_f16_match_the_reference_and_onnxruntime() {
 fn vision_models_in_mixed_bf16_match_the_reference_and_onnxruntime() {
     vision_models_in("mixed-bf16");
 }
+
+/// NaN stays NaN (issue 44), as in IEEE 754's `maximum`, ONNX, numpy and
+/// PyTorch: through ReLU, clip, max and min, max pooling, reduce-max and a
+/// conv's fused ReLU, on the reference executor, the kernels' descriptions
+/// and the generated CUDA C alike (`fmaxf` would drop it).
+#[test]
+fn nan_stays_nan_through_max_relu_clip_and_pooling() {
+    let mut b = Builder::new(5);
+    let x = b.input("x", &[1, 8, 4, 4]).unwrap();
+    let relu = b.relu(x).unwrap();
+    let clip = b.op(Op::Clip { min: -0.5, max: 0.5 }, &[x]).unwrap();
+    let k = b.weight("k".into(), &[8, 1, 1], |r| r.normal());
+    let max = b.op(Op::Binary(smelt_ir::BinaryOp::Max), &[x, k]).unwrap();
+    let min = b.op(Op::Binary(smelt_ir::BinaryOp::Min), &[x, k]).unwrap();
+    let pool = b.max_pool(x, 2, 2, 0).unwrap();
+    let reduce = b.op(Op::Reduce { op: smelt_ir::ReduceOp::Max, axes: vec![2, 3], keepdims: false }, &[x]).unwrap();
+    let conv = b.conv(x, 8, 1, 1, 0).unwrap();
+    let conv = b.relu(conv).unwrap();
+    let mut g = b.finish("relu", relu).unwrap();
+    let mut outs = g.outputs().to_vec();
+    for (name, v) in [("clip", clip), ("max", max), ("min", min), ("pool", pool), ("reduce", reduce), ("conv", conv)] {
+        outs.push((name.into(), v));
+    }
+    g.set_outputs(outs);
+    // Channel 0 has a NaN at (0, 0): every output reading it is NaN there;
+    // channel 1 has none.
+    let mut v = common::random_inputs(&g, 3)[0].to_f32_vec();
+    v[0] = f32::NAN;
+    let x = Tensor::from_f32(vec![1, 8, 4, 4], v);
+    for policy in ["f32", "mixed-f16"] {
+        let want = smelt_runtime::cpu::run(&common::session(&g, options(false, policy)).compile().unwrap().graph, std::slice::from_ref(&x))
+            .unwrap();
+        let e = emulate(&g, false, policy, std::slice::from_ref(&x));
+        assert_kernels_agree(policy, &e);
+        for (i, ((name, _), (got, want))) in g.outputs().iter().zip(e.outputs.iter().zip(&want)).enumerate() {
+            let (got, want) = (got.to_f32_vec(), want.to_f32_vec());
+            let nan = |v: &[f32]| v.iter().enumerate().filter(|(_, x)| x.is_nan()).map(|(i, _)| i).collect::<Vec<_>>();
+            assert_eq!(nan(&got), nan(&want), "{policy} output {i} ({name}): NaN in other places than the reference's");
+            // The conv mixes channels: every output element reading (0, 0) is NaN.
+            let expect: Vec<usize> = match name.as_str() {
+                "relu" | "clip" | "max" | "min" | "pool" | "reduce" => vec![0],
+                _ => (0..8).map(|c| c * 16).collect(),
+            };
+            assert_eq!(nan(&want), expect, "{policy} output {name}: the reference drops or spreads a NaN");
+        }
+    }
+}

@@ -304,10 +304,14 @@ fn resuming_gives_the_weights_of_an_uninterrupted_run() {
     let bias = a.iter().find(|(n, _)| n.ends_with("bias")).unwrap().0.clone();
     for gone in [adam_v.as_str(), "train.step", bias.as_str()] {
         let cut = scratch("cut");
-        std::fs::copy(parts.join("checkpoint.json"), cut.join("checkpoint.json")).unwrap();
         let kept: Vec<(String, Tensor)> = b.iter().filter(|(n, _)| n != gone).cloned().collect();
         assert_eq!(kept.len() + 1, b.len());
-        npy::write_npz(&cut.join("checkpoint.npz"), &kept).unwrap();
+        // A whole commit of an archive that lacks it (its size committed too).
+        let mut meta: serde_json::Value = serde_json::from_slice(&std::fs::read(parts.join("checkpoint.json")).unwrap()).unwrap();
+        let archive = cut.join(meta["arrays"].as_str().unwrap());
+        npy::write_npz(&archive, &kept).unwrap();
+        meta["arrays_bytes"] = std::fs::metadata(&archive).unwrap().len().into();
+        std::fs::write(cut.join("checkpoint.json"), meta.to_string()).unwrap();
         let e = refused(&[&common[..], &["--steps", "40", "--resume", s(&cut)]].concat());
         assert!(e.contains("lacks") && e.contains(&format!("\"{gone}\"")), "{gone}: {e}");
         std::fs::remove_dir_all(&cut).unwrap();
@@ -764,4 +768,147 @@ fn optimizer_values_are_checked_as_pytorch_checks_them() {
     }
     // 0 is PyTorch's too: a learning rate of 0 trains nothing, without error.
     train(&[&base[..], &["--optimizer", "sgd", "--lr", "0"]].concat());
+}
+
+/// Issue 44: a checkpoint is one commit. Killed (SIGKILL) at instants
+/// spread over a run that checkpoints every step, a resumed run always ends
+/// with the uninterrupted run's weights, bit for bit.
+#[test]
+fn a_run_killed_at_any_instant_resumes_to_the_uninterrupted_weights() {
+    let d = runs("cnn");
+    let (data, m) = (d.join("train.npz"), d.join("model.onnx"));
+    let common = [s(&m), "--data", s(&data), "--optimizer", "adam", "--batch", "32", "--seed", "3", "--steps", "16"];
+    let whole = scratch("kill-whole");
+    let t = std::time::Instant::now();
+    train(&[&common[..], &["--checkpoint", s(&whole)]].concat());
+    let run_ms = t.elapsed().as_millis() as u64;
+    let want = npy::read_npz(&whole.join("checkpoint.npz")).unwrap();
+    let mut killed_at = Vec::new();
+    for k in 0..6u64 {
+        let dir = scratch(&format!("kill-{k}"));
+        let mut child = smelt()
+            .arg("train")
+            .args(common)
+            .args(["--checkpoint", s(&dir), "--every", "1", "--json"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // Spread over the run, past compilation, at odd offsets.
+        std::thread::sleep(std::time::Duration::from_millis(run_ms * (3 + 2 * k) / 16 + 7 * k));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let meta: Option<serde_json::Value> =
+            std::fs::read(dir.join("checkpoint.json")).ok().map(|b| serde_json::from_slice(&b).expect("checkpoint.json is whole"));
+        let step = meta.as_ref().map_or(0, |m| m["step"].as_u64().unwrap());
+        killed_at.push(step);
+        let mut args = vec!["--checkpoint", s(&dir)];
+        if meta.is_some() {
+            args.extend(["--resume", s(&dir)]);
+        }
+        let r = train(&[&common[..], &args[..]].concat());
+        assert_eq!(r["resumed_from"].as_u64(), Some(step), "killed after step {step}");
+        let got = npy::read_npz(&dir.join("checkpoint.npz")).unwrap();
+        for ((n, a), (_, b)) in common::paired(&want, &got) {
+            assert_eq!(a, b, "killed after step {step}: {n} differs from the uninterrupted run");
+        }
+        // One archive left: the committed one.
+        let archives =
+            std::fs::read_dir(&dir).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().starts_with("checkpoint-")).count();
+        assert_eq!(archives, 1, "stale archives left in {}", dir.display());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+    println!("killed after steps {killed_at:?} of 16");
+    assert!(killed_at.iter().any(|&s| s > 0 && s < 16), "no kill landed inside the run: {killed_at:?}");
+    std::fs::remove_dir_all(&whole).unwrap();
+}
+
+/// Issue 44: what a checkpoint or a data file holds is checked, never
+/// trusted: a flipped bit (CRC-32), a non-finite weight, a negative second
+/// moment of Adam, an invalid loss scale, another data set, a truncated
+/// archive; step counts that overflow; a --save target that cannot be
+/// written is refused before the first step.
+#[test]
+fn checkpoints_and_data_are_checked_not_trusted() {
+    let d = runs("cnn");
+    let (data, m) = (d.join("train.npz"), d.join("model.onnx"));
+    let common = [s(&m), "--data", s(&data), "--optimizer", "adam", "--batch", "32", "--seed", "3"];
+    let good = scratch("ck-good");
+    train(&[&common[..], &["--steps", "4", "--checkpoint", s(&good)]].concat());
+    let meta: serde_json::Value = serde_json::from_slice(&std::fs::read(good.join("checkpoint.json")).unwrap()).unwrap();
+    let name = meta["arrays"].as_str().unwrap().to_string();
+    let arrays = npy::read_npz(&good.join(&name)).unwrap();
+    // A copy of the good checkpoint with `arrays` (its size committed) and `meta` changed.
+    let variant = |tag: &str, arrays: &[(String, Tensor)], edit: &dyn Fn(&mut serde_json::Value)| {
+        let dir = scratch(tag);
+        npy::write_npz(&dir.join(&name), arrays).unwrap();
+        let mut meta = meta.clone();
+        meta["arrays_bytes"] = std::fs::metadata(dir.join(&name)).unwrap().len().into();
+        edit(&mut meta);
+        std::fs::write(dir.join("checkpoint.json"), meta.to_string()).unwrap();
+        dir
+    };
+    let resume = |dir: &Path| refused(&[&common[..], &["--steps", "8", "--resume", s(dir)]].concat());
+    let with = |pick: &dyn Fn(&str) -> bool, f: &dyn Fn(f32) -> f32| -> Vec<(String, Tensor)> {
+        arrays
+            .iter()
+            .map(|(n, t)| {
+                if pick(n) {
+                    let v: Vec<f32> = t.to_f32_vec().into_iter().map(f).collect();
+                    (n.clone(), Tensor::from_f32(t.shape().to_vec(), v).cast(t.ty().dtype))
+                } else {
+                    (n.clone(), t.clone())
+                }
+            })
+            .collect()
+    };
+    let weight = arrays.iter().find(|(n, t)| n.ends_with("weight") && t.ty().dtype.is_float()).unwrap().0.clone();
+    let e = resume(&variant("ck-nan", &with(&|n| n == weight, &|x| x + f32::NAN), &|_| {}));
+    assert!(e.contains(&format!("\"{weight}\" holds NaN")), "{e}");
+    let e = resume(&variant("ck-adam", &with(&|n| n.ends_with(".adam_v"), &|x| -1.0 - x), &|_| {}));
+    assert!(e.contains("Adam's second moment) holds a negative value"), "{e}");
+    let e = resume(&variant("ck-scale", &arrays, &|m| m["scaler"] = serde_json::json!({"scale": 0.0, "clean": 0, "skipped": 9})));
+    assert!(e.contains("its loss scaler is invalid"), "{e}");
+    // The committed size, and every entry's CRC-32.
+    let cut = variant("ck-cut", &arrays, &|m| m["arrays_bytes"] = 12345.into());
+    assert!(resume(&cut).contains("the checkpoint committed 12345: it is damaged"));
+    let flipped = variant("ck-flip", &arrays, &|_| {});
+    let mut bytes = std::fs::read(flipped.join(&name)).unwrap();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x10;
+    std::fs::write(flipped.join(&name), &bytes).unwrap();
+    let e = resume(&flipped);
+    assert!(e.contains("the archive is damaged"), "{e}");
+    // Another data set of the same shapes.
+    let other = scratch("ck-data");
+    let mut cols = npy::read_npz(&data).unwrap();
+    let v: Vec<f32> = cols[0].1.to_f32_vec().into_iter().map(|x| x + 0.5).collect();
+    cols[0].1 = Tensor::from_f32(cols[0].1.shape().to_vec(), v);
+    npy::write_npz(&other.join("train.npz"), &cols).unwrap();
+    let e = refused(&[
+        s(&m),
+        "--data",
+        s(&other.join("train.npz")),
+        "--optimizer",
+        "adam",
+        "--batch",
+        "32",
+        "--seed",
+        "3",
+        "--steps",
+        "8",
+        "--resume",
+        s(&good),
+    ]);
+    assert!(e.contains("the checkpoint was made on") && e.contains("resume on the same data"), "{e}");
+    // Step counts: no memory per step, and no overflow.
+    let e = refused(&[&common[..], &["--epochs", "18446744073709551615"]].concat());
+    assert!(e.contains("is more steps than can be counted"), "{e}");
+    // --save: a target that cannot be written, before any step.
+    let e = refused(&[&common[..], &["--steps", "1", "--save", "/nonexistent-dir/trained.onnx"]].concat());
+    assert!(e.contains("--save /nonexistent-dir/trained.onnx: cannot create a file in /nonexistent-dir"), "{e}");
+    assert!(!e.contains("step 1"), "refused after training: {e}");
+    for dir in ["ck-good", "ck-nan", "ck-adam", "ck-scale", "ck-cut", "ck-flip", "ck-data"] {
+        let _ = std::fs::remove_dir_all(std::env::temp_dir().join(format!("smelt-train-{}-{dir}", std::process::id())));
+    }
 }

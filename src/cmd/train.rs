@@ -30,11 +30,15 @@ pub fn run(a: &TrainCmdArgs) -> Result<bool> {
     if a.every.is_some() && a.checkpoint.is_none() {
         bail!("--every needs --checkpoint DIR");
     }
-    if a.save.is_some() && !m.model.ends_with(".onnx") {
+    if a.save.is_some() && !m.model.to_ascii_lowercase().ends_with(".onnx") {
         bail!(
             "--save writes the trained weights into the ONNX model: {} is not an .onnx file (use --checkpoint to keep its weights)",
             m.model
         );
+    }
+    // Where the result goes, checked before the first step rather than after the last.
+    if let Some(path) = &a.save {
+        smelt::train::check_writable(path).map_err(|why| anyhow::anyhow!("--save {}: {why}", path.display()))?;
     }
     let mut s = m.session_with_values()?;
     let accumulate = cfg.optimizer.map_or(1, |o| o.accumulate());
@@ -51,9 +55,9 @@ pub fn run(a: &TrainCmdArgs) -> Result<bool> {
         shuffle: !a.no_shuffle,
         recipe: format!("{cfg:?}; precision {}; keep-f32 {:?}; fusion {}", m.precision, m.keep_f32, !m.no_fuse),
     };
-    let (start, scaler) = match &a.resume {
+    let (start, scaler, made_on) = match &a.resume {
         Some(dir) => load_checkpoint(dir, &config, &mut s.source)?,
-        None => (0, None),
+        None => (0, None, None),
     };
     // The step's inputs and the data, checked before anything is compiled.
     let training = s.train.clone().expect("a training session");
@@ -84,8 +88,25 @@ pub fn run(a: &TrainCmdArgs) -> Result<bool> {
         Ok(d)
     };
     let data = load(&a.data, 0, config.batch)?;
+    if let Some(was) = made_on.filter(|&was| was != data.identity()) {
+        let now = data.identity();
+        bail!(
+            "--resume: the checkpoint was made on {} samples (hash {:016x}), {} holds {} (hash {:016x}): resume on the same data",
+            was.samples,
+            was.fnv64,
+            data.file.display(),
+            now.samples,
+            now.fnv64
+        );
+    }
     let val = a.val.as_ref().map(|v| load(v, 1, 1)).transpose()?;
-    let total = config.total_steps(data.samples);
+    let Some(total) = config.total_steps(data.samples) else {
+        bail!(
+            "--epochs {} of {} steps each is more steps than can be counted",
+            a.epochs.unwrap_or(1),
+            config.steps_per_epoch(data.samples)
+        );
+    };
     if start > total {
         bail!("the checkpoint has done {start} steps, more than the {total} asked for");
     }
@@ -198,7 +219,11 @@ impl Run<'_> {
         }
         let mut model = self.training.model.clone();
         let rest = self.rest_model()?;
-        let mut reports: Vec<StepReport> = Vec::with_capacity(self.total - self.start);
+        // What the summary needs, whatever the number of steps: the first
+        // and the last epoch's reports (memory per step would bound --steps).
+        let mut first: Option<StepReport> = None;
+        let mut reports: std::collections::VecDeque<StepReport> = std::collections::VecDeque::new();
+        let mut ran = 0usize;
         let mut evals: Vec<(usize, Evaluation)> = Vec::new();
         let started = std::time::Instant::now();
         while t.steps_done() < self.total {
@@ -227,7 +252,14 @@ impl Run<'_> {
                 }
                 evals.push((r.step, e));
             }
-            reports.push(r);
+            ran += 1;
+            if first.is_none() {
+                first = Some(r.clone());
+            }
+            if reports.len() == per_epoch.max(1) {
+                reports.pop_front();
+            }
+            reports.push_back(r);
         }
         bar.finish_and_clear();
         let secs = started.elapsed().as_secs_f64();
@@ -241,6 +273,10 @@ impl Run<'_> {
             None => None,
         };
         if let Some(path) = &a.save {
+            if let Some((name, _)) = weights.iter().find(|(_, t)| t.ty().dtype.is_float() && t.to_f32_vec().iter().any(|x| !x.is_finite()))
+            {
+                return Err(smelt::Error::NonFiniteWeights { step: self.total, name: name.clone() }.into());
+            }
             let names: std::collections::HashSet<&str> =
                 model.node_ids().filter(|&n| model.node(n).op.is_persistent()).map(|n| model.node(n).name.as_str()).collect();
             let trained: HashMap<String, smelt_ir::Tensor> = weights.iter().filter(|(n, _)| names.contains(n.as_str())).cloned().collect();
@@ -248,15 +284,14 @@ impl Run<'_> {
             let bytes = std::fs::read(src).with_context(|| format!("cannot read {}", self.spec))?;
             let out = smelt_ir::onnx::with_initializers(&bytes, src.parent(), &trained)
                 .context("cannot write the trained weights into the model")?;
-            std::fs::write(path, out).with_context(|| format!("cannot write {}", path.display()))?;
+            smelt::train::write_atomically(path, &out).with_context(|| format!("cannot write {}", path.display()))?;
         }
-        let ran = reports.len();
-        let last_epoch: Vec<f32> = reports.iter().rev().take(per_epoch.min(ran).max(1)).map(|r| r.loss).collect();
+        let last_epoch: Vec<f32> = reports.iter().map(|r| r.loss).collect();
         let summary = json!({
             "backend": a.backend, "device": device, "steps": self.total, "steps_run": ran, "resumed_from": self.start,
             "samples": self.data.samples, "batch": self.config.batch, "accumulate": self.config.accumulate,
             "steps_per_epoch": per_epoch, "dropped_per_epoch": dropped, "initializers": self.training.step.initializers,
-            "first_loss": reports.first().map(|r| r.loss), "final_loss": reports.last().map(|r| r.loss),
+            "first_loss": first.as_ref().map(|r| r.loss), "final_loss": reports.back().map(|r| r.loss),
             "final_epoch_mean_loss": last_epoch.iter().sum::<f32>() / last_epoch.len().max(1) as f32,
             "seconds": secs, "ms_per_step": secs * 1e3 / ran.max(1) as f64,
             "samples_per_sec": (ran * self.config.batch) as f64 / secs.max(1e-9),
@@ -281,7 +316,7 @@ impl Run<'_> {
             secs * 1e3 / ran.max(1) as f64,
             (ran * self.config.batch) as f64 / secs.max(1e-9)
         );
-        if let (Some(f), Some(l)) = (reports.first(), reports.last()) {
+        if let (Some(f), Some(l)) = (first.as_ref(), reports.back()) {
             outln!(
                 "loss: {:.4} at step {} -> {:.4} at step {} (mean of the last {} steps {:.4})",
                 f.loss,

@@ -266,7 +266,7 @@ pub(crate) fn expr_body(expr: &Expr) -> String {
             ExprNode::Const(c) => crate::c_f32(c),
             ExprNode::Unary(u, a) => unary_c(u, &format!("t{a}")),
             ExprNode::Binary(b, x, y) => binary_c(b, &format!("t{x}"), &format!("t{y}")),
-            ExprNode::Clip(lo, hi, a) => format!("fminf(fmaxf(t{a}, {}), {})", crate::c_f32(lo), crate::c_f32(hi)),
+            ExprNode::Clip(lo, hi, a) => crate::c_clip(&format!("t{a}"), lo, hi),
             ExprNode::Cast(DType::F16, a) => format!("__half2float(__float2half(t{a}))"),
             ExprNode::Cast(DType::BF16, a) => format!("__bfloat162float(__float2bfloat16(t{a}))"),
             ExprNode::Cast(_, a) => format!("t{a}"),
@@ -279,7 +279,7 @@ pub(crate) fn expr_body(expr: &Expr) -> String {
 
 pub(crate) fn unary_c(u: UnaryOp, x: &str) -> String {
     match u {
-        UnaryOp::Relu => format!("fmaxf({x}, 0.0f)"),
+        UnaryOp::Relu => crate::c_max(x, "0.0f"),
         UnaryOp::Sigmoid => format!("1.0f / (1.0f + expf(-{x}))"),
         UnaryOp::Tanh => format!("tanhf({x})"),
         UnaryOp::Erf => format!("erff({x})"),
@@ -312,8 +312,8 @@ fn binary_c(b: BinaryOp, x: &str, y: &str) -> String {
         BinaryOp::Mul => format!("{x} * {y}"),
         BinaryOp::Div => format!("{x} / {y}"),
         BinaryOp::Pow => format!("powf({x}, {y})"),
-        BinaryOp::Max => format!("fmaxf({x}, {y})"),
-        BinaryOp::Min => format!("fminf({x}, {y})"),
+        BinaryOp::Max => crate::c_max(x, y),
+        BinaryOp::Min => crate::c_min(x, y),
         BinaryOp::PRelu => format!("({x} >= 0.0f ? {x} : {y} * {x})"),
     }
 }

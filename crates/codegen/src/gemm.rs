@@ -585,8 +585,8 @@ impl Fragments {
 pub fn act_c(act: Act, x: &str) -> String {
     match act {
         Act::None => x.to_string(),
-        Act::Relu => format!("fmaxf({x}, 0.0f)"),
-        Act::Clip(lo, hi) => format!("fminf(fmaxf({x}, {}), {})", crate::c_f32(lo), crate::c_f32(hi)),
+        Act::Relu => crate::c_max(x, "0.0f"),
+        Act::Clip(lo, hi) => crate::c_clip(x, lo, hi),
         Act::Sigmoid => format!("1.0f / (1.0f + expf(-{x}))"),
         Act::Silu => format!("{x} / (1.0f + expf(-{x}))"),
         Act::Gelu => crate::elementwise::unary_c(smelt_ir::UnaryOp::Gelu, x),

@@ -58,6 +58,25 @@ pub(crate) fn c_type(d: smelt_ir::DType) -> (&'static str, &'static str, &'stati
 
 /// A CUDA C float literal: `1.5f`, or a bit pattern for infinities and NaN
 /// (Rust's `inf` is not C; an ONNX Clip with one bound has an infinite other).
+/// C for the larger of `a` and `b`, NaN if either is (as
+/// [`smelt_ir::max_nan`]; `fmaxf` drops a NaN). Each operand is evaluated
+/// twice: pass names or constants.
+pub(crate) fn c_max(a: &str, b: &str) -> String {
+    format!("({a} != {a} || {a} > {b} ? {a} : {b})")
+}
+
+/// C for the smaller of `a` and `b`, NaN if either is (see [`c_max`]).
+pub(crate) fn c_min(a: &str, b: &str) -> String {
+    format!("({a} != {a} || {a} < {b} ? {a} : {b})")
+}
+
+/// C for `x` clipped to `[lo, hi]` as `min_nan(max_nan(x, lo), hi)` with
+/// constant bounds: a NaN stays NaN.
+pub(crate) fn c_clip(x: &str, lo: f32, hi: f32) -> String {
+    let (lo, hi) = (c_f32(lo), c_f32(hi));
+    format!("({x} < {lo} ? ({lo} > {hi} ? {hi} : {lo}) : ({x} > {hi} ? {hi} : {x}))")
+}
+
 pub(crate) fn c_f32(x: f32) -> String {
     if x.is_finite() {
         format!("{x:?}f")

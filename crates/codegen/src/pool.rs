@@ -93,7 +93,7 @@ impl Pool {
         s += &if self.average.is_some() {
             format!("{ind}acc += {v};\n{ind}++count;\n")
         } else {
-            format!("{ind}acc = fmaxf(acc, {v});\n{ind}++count;\n")
+            format!("{ind}acc = {};\n{ind}++count;\n", crate::c_max("acc", &v))
         };
         for d in (0..n).rev() {
             s += &format!("{}}}\n", "    ".repeat(d + 1));
@@ -149,7 +149,7 @@ impl Pool {
                     off = off * self.input[2 + d] + xd as usize;
                 }
                 let v = xv[base + off];
-                acc = if self.average.is_some() { acc + v } else { acc.max(v) };
+                acc = if self.average.is_some() { acc + v } else { smelt_ir::max_nan(acc, v) };
                 count += 1;
             }
             match self.average {

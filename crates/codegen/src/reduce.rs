@@ -260,7 +260,9 @@ impl Reduction {
         }
         if block {
             let (init, fold, at) = match self.kind {
-                Kind::Reduce { op: ReduceOp::Max, .. } => ("__int_as_float(0xff800000)", "fmaxf(a, b)", decompose_c("k", &reduced)),
+                Kind::Reduce { op: ReduceOp::Max, .. } => {
+                    ("__int_as_float(0xff800000)", "(a != a || a > b ? a : b)", decompose_c("k", &reduced))
+                }
                 Kind::Reduce { .. } => ("0.0f", "a + b", decompose_c("k", &reduced)),
                 _ => ("0.0f", "a + b", "k".to_string()),
             };
@@ -308,7 +310,7 @@ impl Reduction {
             }
             Kind::Reduce { op, .. } => {
                 let (init, step) = match op {
-                    ReduceOp::Max => ("__int_as_float(0xff800000)", "acc = fmaxf(acc, v)"),
+                    ReduceOp::Max => ("__int_as_float(0xff800000)", "acc = (acc != acc || acc > v ? acc : v)"),
                     ReduceOp::Mean | ReduceOp::Sum => ("0.0f", "acc += v"),
                 };
                 s += &format!(
@@ -459,7 +461,7 @@ impl Reduction {
                 Kind::Reduce { op, .. } => {
                     let vs = (0..len).map(|k| value(base + decompose(k, &reduced)));
                     out[r] = match op {
-                        ReduceOp::Max => vs.fold(f32::NEG_INFINITY, f32::max),
+                        ReduceOp::Max => vs.fold(f32::NEG_INFINITY, smelt_ir::max_nan),
                         ReduceOp::Sum => vs.sum(),
                         ReduceOp::Mean => vs.sum::<f32>() / len.max(1) as f32,
                     };

@@ -32,8 +32,8 @@ impl Act {
     pub fn apply(self, x: f32) -> f32 {
         match self {
             Act::None => x,
-            Act::Relu => x.max(0.0),
-            Act::Clip(lo, hi) => x.max(lo).min(hi),
+            Act::Relu => crate::op::max_nan(x, 0.0),
+            Act::Clip(lo, hi) => crate::op::min_nan(crate::op::max_nan(x, lo), hi),
             Act::Sigmoid => 1.0 / (1.0 + (-x).exp()),
             Act::Silu => x / (1.0 + (-x).exp()),
             Act::Gelu => crate::op::apply_unary(UnaryOp::Gelu, x),
@@ -210,7 +210,7 @@ impl Expr {
                 ExprNode::Const(c) => c,
                 ExprNode::Unary(u, a) => crate::op::apply_unary(u, scratch[a]),
                 ExprNode::Binary(b, x, y) => crate::op::apply_binary(b, scratch[x], scratch[y]),
-                ExprNode::Clip(lo, hi, a) => scratch[a].max(lo).min(hi),
+                ExprNode::Clip(lo, hi, a) => crate::op::min_nan(crate::op::max_nan(scratch[a], lo), hi),
                 ExprNode::Cast(d, a) => round_to(d, scratch[a]),
             };
             scratch.push(v);

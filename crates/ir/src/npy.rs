@@ -6,7 +6,8 @@
 //! Only what is unambiguous is read: little-endian (or byte-sized) `f4`,
 //! `f8` (converted to f32), `f2`, `i8`, `i4`, `u1`/`b1`, C order. Anything
 //! else is an error naming the array, never a guess. Sizes are checked
-//! against the header before anything is allocated.
+//! against the header, and memory grows only as the bytes arrive; every zip
+//! entry's CRC-32 is checked.
 
 use crate::{DType, IrError, Tensor, TensorData, MAX_TENSOR_BYTES};
 use std::io::{Read, Seek, Write};
@@ -36,6 +37,13 @@ pub fn read_npz_from<R: Read + Seek>(reader: R) -> Result<Vec<(String, Tensor)>,
         let name = full.strip_suffix(".npy").unwrap_or(&full).to_string();
         let declared = f.size();
         let t = parse_npy(&mut f, declared).map_err(|m| IrError::Malformed(format!("array {name:?}: {m}")))?;
+        // Reading to the entry's end is what checks its CRC-32.
+        let mut rest = [0u8; 1];
+        match f.read(&mut rest) {
+            Ok(0) => {}
+            Ok(_) => return Err(IrError::Malformed(format!("array {name:?}: bytes after the array"))),
+            Err(e) => return Err(IrError::Malformed(format!("array {name:?}: {e} (the archive is damaged)"))),
+        }
         out.push((name, t));
     }
     Ok(out)
@@ -110,8 +118,13 @@ fn parse_npy(r: &mut impl Read, declared: u64) -> Result<Tensor, String> {
             declared as i128 - header_total as i128
         ));
     }
-    let mut raw = vec![0u8; bytes];
-    r.read_exact(&mut raw).map_err(|e| format!("truncated data: {e}"))?;
+    // Grown as the bytes arrive, never from the declared size alone: an
+    // entry that claims a terabyte and holds a kilobyte fails at its end.
+    let mut raw = Vec::new();
+    let got = r.take(bytes as u64).read_to_end(&mut raw).map_err(|e| format!("{e} (the archive is damaged)"))?;
+    if got != bytes {
+        return Err(format!("truncated data: shape {shape:?} of {descr} needs {bytes} bytes, the entry holds {got}"));
+    }
     let data = match kind {
         "f32" => TensorData::F32(raw.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))).collect()),
         "f64" => TensorData::F32(raw.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")) as f32).collect()),
@@ -177,7 +190,8 @@ pub fn npy_bytes(t: &Tensor) -> Vec<u8> {
 }
 
 /// Writes `arrays` as an uncompressed `.npz` (as `numpy.savez`), through a
-/// temporary file renamed into place, so a reader never sees half a file.
+/// temporary file synced to the disk and renamed into place, so a reader
+/// never sees half a file.
 pub fn write_npz(path: &Path, arrays: &[(String, Tensor)]) -> Result<(), IrError> {
     let io = |error: std::io::Error| IrError::Io { path: path.display().to_string(), error };
     let tmp = path.with_extension("npz.tmp");
@@ -188,15 +202,50 @@ pub fn write_npz(path: &Path, arrays: &[(String, Tensor)]) -> Result<(), IrError
         zip.start_file(format!("{name}.npy"), opts).map_err(|e| io(std::io::Error::other(e)))?;
         zip.write_all(&npy_bytes(t)).map_err(io)?;
     }
-    let mut w = zip.finish().map_err(|e| io(std::io::Error::other(e)))?;
-    w.flush().map_err(io)?;
-    drop(w);
+    let w = zip.finish().map_err(|e| io(std::io::Error::other(e)))?;
+    let file = w.into_inner().map_err(|e| io(e.into_error()))?;
+    file.sync_all().map_err(io)?;
+    drop(file);
     std::fs::rename(&tmp, path).map_err(io)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A header and an entry that both declare a terabyte, over a
+    /// kilobyte: refused when the bytes run out, nothing allocated up front.
+    #[test]
+    fn a_declared_size_is_not_trusted() {
+        let mut header = "{'descr': '<f4', 'fortran_order': False, 'shape': (274877906944,), }".to_string();
+        while !(10 + header.len() + 1).is_multiple_of(64) {
+            header.push(' ');
+        }
+        header.push('\n');
+        let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+        bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
+        bytes.extend_from_slice(header.as_bytes());
+        let declared = (bytes.len() + (1 << 40)) as u64;
+        bytes.extend_from_slice(&[0u8; 1024]);
+        let e = parse_npy(&mut bytes.as_slice(), declared).unwrap_err();
+        assert!(e.contains("truncated data") && e.contains("the entry holds 1024"), "{e}");
+    }
+
+    /// One flipped bit in an array's data: the zip entry's CRC-32 says so.
+    #[test]
+    fn a_flipped_bit_is_found() {
+        let dir = std::env::temp_dir().join(format!("smelt-npz-crc-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("a.npz");
+        write_npz(&path, &[("y".into(), Tensor::from_i64(vec![64], (0..64).collect()))]).unwrap();
+        let mut bytes = std::fs::read(&path).unwrap();
+        let at = bytes.windows(8).position(|w| w == 5i64.to_le_bytes()).unwrap();
+        bytes[at] ^= 1;
+        std::fs::write(&path, &bytes).unwrap();
+        let e = read_npz(&path).unwrap_err().to_string();
+        assert!(e.contains("array \"y\"") && e.contains("the archive is damaged"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn round_trip() {

@@ -745,12 +745,34 @@ impl Optimizer {
     }
 }
 
+/// The larger of `a` and `b`, NaN if either is (as IEEE 754's `maximum`,
+/// ONNX's Max, numpy's `maximum` and PyTorch's `relu`, `clamp` and max
+/// pooling: not `f32::max`, which drops a NaN).
+#[inline]
+pub fn max_nan(a: f32, b: f32) -> f32 {
+    if a.is_nan() || a > b {
+        a
+    } else {
+        b
+    }
+}
+
+/// The smaller of `a` and `b`, NaN if either is (see [`max_nan`]).
+#[inline]
+pub fn min_nan(a: f32, b: f32) -> f32 {
+    if a.is_nan() || a < b {
+        a
+    } else {
+        b
+    }
+}
+
 /// Applies a unary function to one value (the reference semantics every
 /// executor and kernel follows).
 #[inline]
 pub fn apply_unary(u: UnaryOp, x: f32) -> f32 {
     match u {
-        UnaryOp::Relu => x.max(0.0),
+        UnaryOp::Relu => max_nan(x, 0.0),
         UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
         UnaryOp::Tanh => x.tanh(),
         UnaryOp::Erf => erf(x),
@@ -815,8 +837,8 @@ pub fn apply_binary(b: BinaryOp, x: f32, y: f32) -> f32 {
         BinaryOp::Mul => x * y,
         BinaryOp::Div => x / y,
         BinaryOp::Pow => x.powf(y),
-        BinaryOp::Max => x.max(y),
-        BinaryOp::Min => x.min(y),
+        BinaryOp::Max => max_nan(x, y),
+        BinaryOp::Min => min_nan(x, y),
         BinaryOp::PRelu => {
             if x >= 0.0 {
                 x

@@ -340,7 +340,7 @@ fn eval(op: &Op, args: &[Arc<Tensor>], out: &[TensorType]) -> Result<Vec<Tensor>
         Op::Conv(c) => float(conv::conv(c, &args[0], &args[1], args.get(2).map(|a| a.as_ref()), o)?),
         Op::BatchNorm { epsilon } => float(norm::batch_norm(args, *epsilon)),
         Op::Unary(u) => float(elementwise::unary(*u, &f32s(&args[0]))),
-        Op::Clip { min, max } => float(f32s(&args[0]).iter().map(|&x| x.max(*min).min(*max)).collect()),
+        Op::Clip { min, max } => float(f32s(&args[0]).iter().map(|&x| smelt_ir::min_nan(smelt_ir::max_nan(x, *min), *max)).collect()),
         Op::Binary(b) if !o.dtype.is_float() => Ok(vec![values::int_binary(*b, &args[0], &args[1])?]),
         Op::Binary(b) => float(elementwise::binary(*b, &args[0], &args[1], &o.shape)),
         Op::Compare(c) => Ok(vec![values::compare(*c, &args[0], &args[1])?]),

@@ -100,7 +100,13 @@ pub(crate) fn reduce(op: ReduceOp, x: &Tensor, axes: &[usize]) -> Vec<f32> {
     let mut coord = vec![0; xs.len()];
     for &v in xv.iter() {
         let o = kept.iter().fold(0, |o, &d| o * xs[d] + coord[d]);
-        acc[o] = if op == ReduceOp::Max { acc[o].max(v as f64) } else { acc[o] + v as f64 };
+        acc[o] = if op != ReduceOp::Max {
+            acc[o] + v as f64
+        } else if acc[o].is_nan() || acc[o] > v as f64 {
+            acc[o]
+        } else {
+            v as f64
+        };
         for d in (0..xs.len()).rev() {
             coord[d] += 1;
             if coord[d] < xs[d] {

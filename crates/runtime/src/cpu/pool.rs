@@ -22,7 +22,7 @@ pub(crate) fn pool(p: &Pool, x: &Tensor, out: &TensorType, avg: Option<bool>) ->
         for t in 0..win.taps() {
             win.for_tap(t, |o, i| {
                 if let Some(i) = i {
-                    yp[o] = if avg.is_some() { yp[o] + xp[i] } else { yp[o].max(xp[i]) };
+                    yp[o] = if avg.is_some() { yp[o] + xp[i] } else { smelt_ir::max_nan(yp[o], xp[i]) };
                     count[o] += 1;
                 }
             });
