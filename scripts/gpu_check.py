@@ -580,17 +580,9 @@ def main():
         for args in vision_compiles(a.vision):
             print(" ".join(args))
         return
-    if a.vision_only:
-        vision(a)
-        if FAILURES:
-            print(f"gpu-check: {len(FAILURES)} failures:", *FAILURES, sep="\n  ", file=sys.stderr)
-            sys.exit(1)
-        return
-    if a.train_only:
-        training(a)
-        if FAILURES:
-            print(f"gpu-check: {len(FAILURES)} failures:", *FAILURES, sep="\n  ", file=sys.stderr)
-            sys.exit(1)
+    if a.vision_only or a.train_only:
+        (vision if a.vision_only else training)(a)
+        exit_on_failures()
         return
     t = time.time()
     # First contact: one run that synchronises after every launch, so a
@@ -617,6 +609,11 @@ def main():
     if SKIPPED:
         print(f"\nSkipped (the --budget of {a.budget:.0f} s was spent): " + "; ".join(SKIPPED))
     print(f"\ngpu-check finished in {time.time() - t:.0f} s", file=sys.stderr)
+    exit_on_failures()
+
+
+def exit_on_failures():
+    """Lists the failures and exits 1, if there were any."""
     if FAILURES:
         print(f"gpu-check: {len(FAILURES)} failures:", *FAILURES, sep="\n  ", file=sys.stderr)
         sys.exit(1)

@@ -131,17 +131,6 @@ fn report(
         }
         None => None,
     };
-    // Where outputs differ from --expect and products ran in TF32, say so
-    // and how to compare exactly.
-    let tf32 = (g.tf32() != smelt_ir::Tf32::Off)
-        .then(|| g.node_ids().filter(|&id| <smelt_ir::KernelOp as smelt_runtime::cpu::Eval>::tf32(g, id)).count());
-    let tf32_note = tf32.filter(|&n| n > 0).map(|n| {
-        format!(
-            "{n} kernels ran in TF32 (--tf32 {}, the GPU default, as PyTorch's allow_tf32): their operands are rounded to 10 mantissa bits, \
-             which moves outputs by about 1e-3 of their range; run with --tf32 off to compare in exact f32",
-            g.tf32()
-        )
-    });
     let mut ok = true;
     let mut rows = Vec::new();
     for (i, ((name, _), t)) in g.outputs().iter().zip(&outs).enumerate() {
@@ -150,6 +139,18 @@ fn report(
         ok &= cmp.as_ref().is_none_or(|c| c.ok);
         rows.push((name, t, s, cmp));
     }
+    // Where outputs differ from --expect and products ran in TF32, say so
+    // and how to compare exactly.
+    let tf32_note = (!ok && g.tf32() != smelt_ir::Tf32::Off)
+        .then(|| g.node_ids().filter(|&id| <smelt_ir::KernelOp as smelt_runtime::cpu::Eval>::tf32(g, id)).count())
+        .filter(|&n| n > 0)
+        .map(|n| {
+            format!(
+                "{n} kernels ran in TF32 (--tf32 {}, the GPU default, as PyTorch's allow_tf32): their operands are rounded to 10 mantissa bits, \
+                 which moves outputs by about 1e-3 of their range; run with --tf32 off to compare in exact f32",
+                g.tf32()
+            )
+        });
     if json {
         let outputs: Vec<_> = rows
             .iter()
@@ -160,7 +161,7 @@ fn report(
             })
             .collect();
         let mut v = json!({"precision": reference.map_or("f32".to_string(), |(_, p)| p.to_string()), "seconds": secs, "ok": ok, "rtol": rtol, "atol": atol, "outputs": outputs,
-                           "tf32": g.tf32().to_string(), "note": if ok { None } else { tf32_note.clone() }});
+                           "tf32": g.tf32().to_string(), "note": tf32_note});
         if let (Some(v), serde_json::Value::Object(extra)) = (v.as_object_mut(), extra) {
             v.extend(extra);
         }
@@ -202,7 +203,7 @@ fn report(
             }
         }
     }
-    if let Some(note) = tf32_note.filter(|_| !ok) {
+    if let Some(note) = tf32_note {
         outln!("note: {note}");
     }
     Ok(ok)

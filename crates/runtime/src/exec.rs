@@ -7,7 +7,7 @@
 //! runs on the emulator.
 
 use crate::RuntimeError;
-use smelt_codegen::program::{Program, Space, Step};
+use smelt_codegen::program::{Arg, Program, Space, Step};
 use smelt_ir::{DType, KernelGraph, OpSet, Tensor, TensorType};
 
 /// What a device must do to run a program.
@@ -233,12 +233,7 @@ impl<D: Device> Executor<D> {
     /// Whether step `i`'s output holds inf or NaN made of finite operands.
     fn overflowed(&mut self, i: usize) -> Result<Option<NonFinite>, RuntimeError> {
         let s = &self.program.steps[i];
-        let written = s.kernel.written();
-        let (ins, outs): (Vec<&smelt_codegen::program::Arg>, Vec<&smelt_codegen::program::Arg>) = if written.is_empty() {
-            (s.args[..s.args.len().saturating_sub(1)].iter().collect(), s.args.last().into_iter().collect())
-        } else {
-            (s.args.iter().collect(), written.iter().map(|&w| &s.args[w]).collect())
-        };
+        let (ins, outs) = operands_and_written(s)?;
         let mut found = None;
         for out in &outs {
             if !out.ty.dtype.is_float() {
@@ -255,8 +250,8 @@ impl<D: Device> Executor<D> {
         }
         let Some(found) = found else { return Ok(None) };
         // Operands written in place hold the output now: not judged.
-        let in_place = |a: &smelt_codegen::program::Arg| outs.iter().any(|o| o.space == a.space && o.offset == a.offset);
-        for a in ins.into_iter().filter(|a| a.ty.dtype.is_float() && !in_place(a)) {
+        let in_place = |a: &Arg| outs.iter().any(|o| o.space == a.space && o.offset == a.offset);
+        for a in ins.iter().filter(|a| a.ty.dtype.is_float() && !in_place(a)) {
             let mut bytes = vec![0u8; a.bytes];
             self.device.read(a.space.clone(), a.offset, &mut bytes)?;
             if tensor(&a.ty, &bytes)?.to_f32_vec().iter().any(|x| !x.is_finite()) {
@@ -465,14 +460,7 @@ impl<D: Device> Executor<D> {
         for i in 0..self.launches.len() {
             let s = self.program.steps[i].clone();
             // What the kernel writes: its output, or operands in place (an update).
-            let written = s.kernel.written();
-            let (ins, outs): (&[smelt_codegen::program::Arg], Vec<&smelt_codegen::program::Arg>) = if written.is_empty() {
-                let (out, ins) =
-                    s.args.split_last().ok_or_else(|| RuntimeError::Program(format!("kernel {} has no output", s.kernel.name())))?;
-                (ins, vec![out])
-            } else {
-                (&s.args[..], written.iter().map(|&w| &s.args[w]).collect())
-            };
+            let (ins, outs) = operands_and_written(&s)?;
             let mut operands = Vec::with_capacity(ins.len());
             for a in ins {
                 let mut bytes = vec![0u8; a.bytes];
@@ -504,6 +492,18 @@ impl<D: Device> Executor<D> {
     }
 }
 
+/// What step `s` reads (every argument but its output; an update's, all of
+/// them) and what it writes (its output, or the operands it updates).
+fn operands_and_written(s: &Step) -> Result<(&[Arg], Vec<&Arg>), RuntimeError> {
+    let written = s.kernel.written();
+    if written.is_empty() {
+        let (out, ins) = s.args.split_last().ok_or_else(|| RuntimeError::Program(format!("kernel {} has no output", s.kernel.name())))?;
+        Ok((ins, vec![out]))
+    } else {
+        Ok((&s.args[..], written.iter().map(|&w| &s.args[w]).collect()))
+    }
+}
+
 /// The tolerance of a kernel against the reference executor, relative to
 /// the range of its output of type `dtype` (plus one unit in the last place
 /// of a half output): sums in another order, fused f32 intermediates the
@@ -518,13 +518,13 @@ pub fn reference_rtol(dtype: DType) -> f64 {
 /// Step `s`'s outputs `got` (written to `outs`) against the reference
 /// executor running its node of `g` on `operands` (read from `ins`), each
 /// converted from channels-last where memory holds it so
-/// ([`smelt_codegen::program::Arg::channels_last`]).
+/// ([`Arg::channels_last`]).
 fn against_reference(
     g: &KernelGraph,
     s: &Step,
-    ins: &[smelt_codegen::program::Arg],
+    ins: &[Arg],
     operands: &[Tensor],
-    outs: &[&smelt_codegen::program::Arg],
+    outs: &[&Arg],
     got: &[Tensor],
 ) -> Result<Vec<KernelCheck>, RuntimeError> {
     let node = g.node(s.id);
