@@ -138,16 +138,16 @@ pub struct TrainArgs {
     /// The output the loss reads (default: the only one).
     #[arg(long, value_name = "OUTPUT", requires = "step")]
     pub loss_on: Option<String>,
-    /// Label smoothing of the cross-entropy, in [0, 1).
-    #[arg(long, default_value_t = 0.0, requires = "step")]
-    pub label_smoothing: f32,
+    /// Label smoothing of the cross-entropy, in [0, 1) (default 0).
+    #[arg(long, requires = "step")]
+    pub label_smoothing: Option<f32>,
     /// Learning rate (default 0.01 for sgd, 0.001 for adam and adamw).
     #[arg(long, requires = "step")]
     pub lr: Option<f32>,
-    /// SGD's momentum (0, the default as in torch.optim.SGD: no momentum
-    /// buffers).
-    #[arg(long, default_value_t = 0.0, requires = "step")]
-    pub momentum: f32,
+    /// SGD's momentum (default 0, as in torch.optim.SGD: no momentum
+    /// buffers). Adam's moments use betas (0.9, 0.999), as PyTorch's default.
+    #[arg(long, requires = "step")]
+    pub momentum: Option<f32>,
     /// Nesterov momentum (sgd).
     #[arg(long, requires = "step")]
     pub nesterov: bool,
@@ -218,8 +218,10 @@ pub struct TrainArgs {
     #[arg(long, value_name = "GPU", default_value = "h100", value_parser = crate::cost::GPU_NAMES)]
     pub device: String,
     /// Take batch, accumulation, precision, optimizer and recomputation
-    /// budget from a recipe written by `smelt fit --save-recipe`.
-    #[arg(long, value_name = "FILE.json", conflicts_with_all = ["accumulate", "remat_budget", "batch", "precision"])]
+    /// budget from a recipe written by `smelt fit --save-recipe` (with its
+    /// dimensions, recomputation solver and device: the flags that set
+    /// these are refused beside it).
+    #[arg(long, value_name = "FILE.json", conflicts_with_all = ["accumulate", "remat_budget", "remat_solver", "device", "batch", "precision", "dims"])]
     pub recipe: Option<PathBuf>,
 }
 
@@ -239,7 +241,7 @@ impl TrainArgs {
         let optimizer = match opt.as_str() {
             "sgd" => Optimizer::Sgd {
                 lr: self.lr.unwrap_or(0.01),
-                momentum: self.momentum,
+                momentum: self.momentum.unwrap_or(0.0),
                 dampening: 0.0,
                 nesterov: self.nesterov,
                 weight_decay: wd,
@@ -257,14 +259,24 @@ impl TrainArgs {
                 schedule,
             },
         };
-        if self.nesterov && (opt != "sgd" || self.momentum == 0.0) {
+        if self.nesterov && (opt != "sgd" || self.momentum.unwrap_or(0.0) == 0.0) {
             return Err(usage!("--nesterov needs --train sgd with a non-zero --momentum"));
         }
+        if let (Some(m), true) = (self.momentum, opt != "sgd") {
+            return Err(usage!(
+                "--momentum {m} is SGD's: {opt} keeps moving averages with betas (0.9, 0.999), as torch.optim.{} does; drop --momentum or use --train sgd",
+                if opt == "adam" { "Adam" } else { "AdamW" }
+            ));
+        }
+        let smoothing = self.label_smoothing.unwrap_or(0.0);
         let loss = match self.loss.as_str() {
+            "mse" if self.label_smoothing.is_some() => {
+                return Err(usage!("--label-smoothing is the cross-entropy's: --loss mse has no labels to smooth"))
+            }
             "mse" => Loss::MeanSquaredError,
-            "ce" => Loss::CrossEntropy { smoothing: self.label_smoothing },
-            "causal-lm" => Loss::CausalLm { smoothing: self.label_smoothing },
-            _ => Loss::Auto { smoothing: self.label_smoothing },
+            "ce" => Loss::CrossEntropy { smoothing },
+            "causal-lm" => Loss::CausalLm { smoothing },
+            _ => Loss::Auto { smoothing },
         };
         let batch_norm = if self.batch_norm == "train" {
             smelt_passes::train::BatchNorm::Train { momentum: 0.1 }
@@ -421,6 +433,10 @@ pub struct FitArgs {
     /// TF32 for f32 products: conv (default), on or off (as `smelt plan`).
     #[arg(long, value_parser = clap::builder::TypedValueParser::map(clap::builder::PossibleValuesParser::new(smelt_ir::Tf32::NAMES), |s| s.parse::<smelt_ir::Tf32>().expect("listed")))]
     pub tf32: Option<smelt_ir::Tf32>,
+    /// Tensor-core tiles measured by `smelt tune` (as `smelt plan`): the
+    /// step times compared are those of the measured tiles.
+    #[arg(long, value_name = "FILE.json")]
+    pub tuning: Option<PathBuf>,
     #[command(flatten)]
     pub train: TrainArgs,
     /// Device memory the step may use: activation arena plus weights,

@@ -301,7 +301,7 @@ impl Recipe {
     /// Reads and checks a recipe file.
     pub fn load(path: &std::path::Path) -> Result<Recipe, Error> {
         let bad = |msg: String| Error::Data { file: path.display().to_string(), msg };
-        let text = std::fs::read_to_string(path).map_err(|e| bad(format!("cannot read: {e}")))?;
+        let text = crate::read_text(path, 1 << 20).map_err(bad)?;
         let r: Recipe = serde_json::from_str(&text).map_err(|e| bad(format!("not a smelt recipe: {e}")))?;
         if r.smelt_recipe != 1 {
             return Err(bad(format!("recipe format {} (this smelt reads 1)", r.smelt_recipe)));
@@ -633,7 +633,7 @@ impl Fitting {
             tf32: a.tf32,
             min_memory: false,
             split_limit: None,
-            tuning: None,
+            tuning: a.tuning.clone(),
             tiles: None,
             train: a.train.clone(),
         };

@@ -128,3 +128,168 @@ pub fn exercise(bytes: &[u8], format: Format, run_bytes: usize) -> Result<Reache
     }
     Ok(Reached::Ran)
 }
+
+/// A file of a training run that `smelt train` reads besides the model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TrainFile {
+    /// The data set (`--data`, `.npz`).
+    Data,
+    /// A checkpoint's `checkpoint.json` (beside an intact archive).
+    CheckpointJson,
+    /// A checkpoint's archive (its size committed by an intact JSON).
+    CheckpointArrays,
+    /// A recipe (`--recipe`).
+    Recipe,
+    /// A tuning table (`--tuning`).
+    Tuning,
+}
+
+/// A training step to read hostile files against, as `smelt train` reads
+/// them: the model's session, the loop's configuration, a good checkpoint
+/// (whose other half each checkpoint case keeps), a good data set, and a
+/// folder for the cases' files.
+pub struct TrainTarget {
+    args: crate::args::ModelArgs,
+    session: Session,
+    config: crate::train::Config,
+    inputs: Vec<(String, smelt_ir::TensorType)>,
+    classes: Option<usize>,
+    data: crate::train::Data,
+    json: Vec<u8>,
+    archive: (String, Vec<u8>),
+    dir: std::path::PathBuf,
+}
+
+impl TrainTarget {
+    /// The step of `args` (a model and its `--train` flags), with the data
+    /// set `data` and the checkpoint in `checkpoint` that `smelt train`
+    /// made with them; the cases' files go into `dir`.
+    pub fn new(
+        args: crate::args::ModelArgs,
+        data: &std::path::Path,
+        checkpoint: &std::path::Path,
+        dir: &std::path::Path,
+    ) -> Result<TrainTarget, Error> {
+        let mut session = args.open(true)?;
+        let training = session.train.clone().ok_or_else(|| Error::Usage("TrainTarget needs --train".into()))?;
+        let inputs: Vec<_> = session
+            .source
+            .inputs()
+            .iter()
+            .map(|&i| (session.source.node(i).name.clone(), session.source.node(i).outputs[0].clone()))
+            .collect();
+        let classes = match training.step.loss {
+            smelt_passes::train::Loss::CrossEntropy { .. } | smelt_passes::train::Loss::CausalLm { .. } => {
+                let causal = matches!(training.step.loss, smelt_passes::train::Loss::CausalLm { .. });
+                let (_, v) = training.model.outputs().first().ok_or_else(|| Error::Usage("no outputs".into()))?;
+                Some(smelt_passes::train::CeLayout::of(&training.model.ty(*v).shape, causal).map_err(Error::Usage)?.classes)
+            }
+            _ => None,
+        };
+        let json = std::fs::read(checkpoint.join("checkpoint.json")).map_err(|e| Error::Usage(e.to_string()))?;
+        let meta: crate::train::Checkpoint = serde_json::from_slice(&json).map_err(|e| Error::Usage(e.to_string()))?;
+        let name = meta.arrays.clone().unwrap_or_else(|| "checkpoint.npz".into());
+        let archive = std::fs::read(checkpoint.join(&name)).map_err(|e| Error::Usage(e.to_string()))?;
+        let data = crate::train::Data::load(data, &inputs, classes, meta.config.batch)?;
+        // The good checkpoint resumes: what the cases are measured against.
+        let mut graph = session.source.clone();
+        crate::train::load_checkpoint(checkpoint, &meta.config, &mut graph)?;
+        session.source = graph;
+        // Resumed runs go one step further than the good checkpoint.
+        let mut config = meta.config;
+        config.length = crate::train::Length::Steps(meta.step + 1);
+        std::fs::create_dir_all(dir.join("ck")).map_err(|e| Error::Usage(e.to_string()))?;
+        Ok(TrainTarget { args, session, config, inputs, classes, data, json, archive: (name, archive), dir: dir.to_path_buf() })
+    }
+
+    /// The good checkpoint's JSON and archive, as seeds.
+    pub fn checkpoint(&self) -> (&[u8], &[u8]) {
+        (&self.json, &self.archive.1)
+    }
+
+    /// Reads `bytes` as `file` and, when that is accepted, goes on as `smelt
+    /// train` would: a batch gathered from a data set; one training step
+    /// resumed from a checkpoint (on the CPU); a recipe's or a tuning
+    /// table's step compiled and planned. `Ok(Err(message))`: refused, the
+    /// input's fault; `Ok(Ok(()))`: accepted and used.
+    pub fn exercise(&self, file: TrainFile, bytes: &[u8]) -> Result<Result<(), String>, Verdict> {
+        let io = |e: std::io::Error| Verdict::Bug(format!("the harness cannot write its file: {e}"));
+        let accepted = |r: Result<(), Error>| match r {
+            Ok(()) => Ok(Ok(())),
+            Err(e) if !e.is_bug() => Ok(Err(e.to_string())),
+            Err(e) => Err(Verdict::Bug(e.to_string())),
+        };
+        match file {
+            TrainFile::Data => {
+                let path = self.dir.join("data.npz");
+                std::fs::write(&path, bytes).map_err(io)?;
+                accepted(crate::train::Data::load(&path, &self.inputs, self.classes, self.config.batch).map(|d| {
+                    let idx: Vec<usize> = (0..self.config.batch.min(d.samples)).collect();
+                    d.gather(&idx, None);
+                }))
+            }
+            TrainFile::CheckpointJson | TrainFile::CheckpointArrays => {
+                let dir = self.dir.join("ck");
+                let (json, archive) = if file == TrainFile::CheckpointJson {
+                    (bytes.to_vec(), self.archive.1.clone())
+                } else {
+                    // The committed size follows the archive, so that the
+                    // checks behind it are reached.
+                    let mut meta: serde_json::Value = serde_json::from_slice(&self.json).expect("the good checkpoint");
+                    meta["arrays_bytes"] = bytes.len().into();
+                    (meta.to_string().into_bytes(), bytes.to_vec())
+                };
+                std::fs::write(dir.join("checkpoint.json"), json).map_err(io)?;
+                std::fs::write(dir.join(&self.archive.0), archive).map_err(io)?;
+                let mut s = self.session.clone();
+                let loaded = crate::train::load_checkpoint(&dir, &self.config, &mut s.source);
+                accepted(loaded.and_then(|(step, scaler, _)| self.one_step(s, step, scaler)))
+            }
+            TrainFile::Recipe => {
+                let path = self.dir.join("recipe.json");
+                std::fs::write(&path, bytes).map_err(io)?;
+                let mut args = self.args.clone();
+                args.train.recipe = Some(path);
+                args.batch = None;
+                args.dims.clear();
+                accepted(args.apply_recipe().and_then(|()| plan_only(&args)))
+            }
+            TrainFile::Tuning => {
+                let path = self.dir.join("tuning.json");
+                std::fs::write(&path, bytes).map_err(io)?;
+                let mut args = self.args.clone();
+                args.tuning = Some(path);
+                accepted(plan_only(&args))
+            }
+        }
+    }
+
+    /// One step on the CPU from a resumed checkpoint, as `smelt train
+    /// --resume` runs it; a step count past the run's is refused as there.
+    fn one_step(&self, mut s: Session, step: usize, scaler: Option<crate::train::Scaler>) -> Result<(), Error> {
+        let total = self.config.total_steps(self.data.samples).ok_or_else(|| Error::Usage("too many steps".into()))?;
+        if step > total {
+            return Err(Error::Usage(format!("the checkpoint has done {step} steps, the run {total}")));
+        }
+        let compiled = s.compile()?;
+        let planned = s.plan(&compiled)?;
+        let program = s.program(&compiled, &planned)?;
+        let blob = program.weights_blob(&compiled.graph)?;
+        let exec = smelt_runtime::exec::Executor::new(smelt_runtime::host::HostDevice::new(), program, &blob, None)?;
+        let mut t = crate::train::Trainer::new(exec, self.data.clone(), self.config.clone(), step)?;
+        if let Some(sc) = scaler {
+            t.set_scaler(sc)?;
+        }
+        t.step()?;
+        Ok(())
+    }
+}
+
+/// Opens, compiles and plans the step of `args` (a recipe's, a tuning
+/// table's), as `smelt plan --train` does.
+fn plan_only(args: &crate::args::ModelArgs) -> Result<(), Error> {
+    let mut s = args.open(false)?;
+    let compiled = s.compile()?;
+    s.plan(&compiled)?;
+    Ok(())
+}

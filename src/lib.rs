@@ -29,6 +29,19 @@ pub use smelt_runtime as runtime;
 
 use smelt_ir::{Graph, OpSet, Rng, Tensor};
 
+/// The text of a small file smelt reads whole (a checkpoint's JSON, a
+/// recipe, a tuning table): at most `cap` bytes of UTF-8, so that a
+/// device or a huge file is refused, not read into memory without end.
+pub fn read_text(path: &std::path::Path, cap: u64) -> Result<String, String> {
+    use std::io::Read as _;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path).and_then(|f| f.take(cap + 1).read_to_end(&mut bytes)).map_err(|e| format!("cannot read it: {e}"))?;
+    if bytes.len() as u64 > cap {
+        return Err(format!("over {} KiB: not a file smelt wrote", cap >> 10));
+    }
+    String::from_utf8(bytes).map_err(|_| "not UTF-8 text: not a file smelt wrote".to_string())
+}
+
 /// The model `smelt` runs when given no arguments.
 pub const DEFAULT_MODEL: &str = "zoo:resnet50";
 

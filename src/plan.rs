@@ -253,7 +253,12 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
         "TB" => 1e12,
         u => return Err(format!("unknown unit {u:?} in {s:?}: use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB")),
     };
-    Ok((x * mul).round() as usize)
+    let bytes = (x * mul).round();
+    // 2^64 as a float: anything at or over it would saturate silently.
+    if bytes >= usize::MAX as f64 {
+        return Err(format!("{s:?} is more bytes than can be counted (at most {} bytes)", usize::MAX));
+    }
+    Ok(bytes as usize)
 }
 
 /// The message for a plan over `limit`.

@@ -31,6 +31,8 @@ pub struct Data {
     pub file: PathBuf,
     /// Samples in every array.
     pub samples: usize,
+    /// The file's arrays that feed no input of the step (a note to the user).
+    pub unused: Vec<String>,
     columns: Vec<Column>,
 }
 
@@ -55,6 +57,7 @@ fn keys_for(input: &str, model_inputs: usize) -> Vec<String> {
         _ if model_inputs == 1 => keys.push("x".into()),
         _ => {}
     }
+    keys.dedup();
     keys
 }
 
@@ -87,9 +90,17 @@ impl Data {
         let names: Vec<&str> = arrays.iter().map(|(n, _)| n.as_str()).collect();
         let model_inputs = inputs.iter().filter(|(n, _)| n != "labels" && n != "targets").count();
         let mut columns = Vec::with_capacity(inputs.len());
+        let mut used: Vec<&str> = Vec::new();
         let mut samples: Option<(usize, String)> = None;
         for (input, ty) in inputs {
             let keys = keys_for(input, model_inputs);
+            let found: Vec<&String> = arrays.iter().map(|(n, _)| n).filter(|n| keys.contains(n)).collect();
+            if found.len() > 1 {
+                return Err(err(format!(
+                    "input \"{input}\" could take array {}: keep one, so that what is trained on is not a guess",
+                    found.iter().map(|k| format!("'{k}'")).collect::<Vec<_>>().join(" or ")
+                )));
+            }
             let (key, a) = arrays.iter().find(|(n, _)| keys.contains(n)).ok_or_else(|| {
                 err(format!(
                     "no array for input \"{input}\" (looked for {}); the archive holds {}",
@@ -101,6 +112,7 @@ impl Data {
                     }
                 ))
             })?;
+            used.push(key);
             let sample = &ty.shape[1..];
             let what = if input == "labels" { "labels" } else { "samples" };
             if a.shape().len() != ty.shape.len() || &a.shape()[1..] != sample {
@@ -110,9 +122,10 @@ impl Data {
                     sample.iter().map(|d| format!(", {d}")).collect::<String>()
                 )));
             }
-            let fits = if ty.dtype.is_float() { a.ty().dtype.is_float() } else { matches!(a.ty().dtype, DType::I64 | DType::I32) };
+            let integer = matches!(a.ty().dtype, DType::I64 | DType::I32 | DType::U8);
+            let fits = if ty.dtype.is_float() { a.ty().dtype.is_float() } else { integer };
             if !fits {
-                let want = if ty.dtype.is_float() { "floats (float32, float64 or float16)" } else { "integers (int64 or int32)" };
+                let want = if ty.dtype.is_float() { "floats (float32, float64 or float16)" } else { "integers (int64, int32 or uint8)" };
                 return Err(err(format!("array '{key}' holds {}: input \"{input}\" takes {want}", a.ty().dtype.name())));
             }
             let n = a.shape()[0];
@@ -148,7 +161,8 @@ impl Data {
         if samples < batch {
             return Err(err(format!("{samples} samples, fewer than one batch of {batch}")));
         }
-        Ok(Data { file: path.to_path_buf(), samples, columns })
+        let unused = names.iter().filter(|n| !used.contains(n)).map(|n| n.to_string()).collect();
+        Ok(Data { file: path.to_path_buf(), samples, unused, columns })
     }
 
     /// The samples a spec `synthetic[:N]` asks for, if `spec` is one.
@@ -229,7 +243,7 @@ impl Data {
             };
             columns.push(Column { input: input.clone(), ty: ty.clone(), row, bytes: values.data().to_le_bytes() });
         }
-        Ok(Data { file, samples, columns })
+        Ok(Data { file, samples, unused: Vec::new(), columns })
     }
 
     /// The most bytes one input's synthetic data may take.
@@ -308,14 +322,20 @@ impl Config {
         samples / self.batch
     }
 
-    /// Optimizer steps in all; `None` where `--epochs` times the steps of
-    /// an epoch overflows.
+    /// Optimizer steps in all; `None` where their micro-steps are more than
+    /// [`Config::MAX_MICRO_STEPS`].
     pub fn total_steps(&self, samples: usize) -> Option<usize> {
-        match self.length {
+        let steps = match self.length {
             Length::Epochs(e) => e.checked_mul(self.steps_per_epoch(samples)),
             Length::Steps(s) => Some(s),
-        }
+        };
+        steps.filter(|s| s.checked_mul(self.accumulate.max(1)).is_some_and(|m| m <= Config::MAX_MICRO_STEPS))
     }
+
+    /// The most micro-steps a run counts: the step counter (`train.step`,
+    /// which the schedule, Adam's bias correction and accumulation read) is
+    /// an f32, exact up to 2^24.
+    pub const MAX_MICRO_STEPS: usize = 1 << 24;
 }
 
 /// One optimizer step's result.
@@ -666,10 +686,13 @@ pub struct DataIdentity {
 pub fn load_checkpoint(dir: &Path, cfg: &Config, graph: &mut Graph) -> Result<(usize, Option<Scaler>, Option<DataIdentity>), Error> {
     let file = dir.join("checkpoint.json");
     let err = |msg: String| Error::Data { file: file.display().to_string(), msg };
-    let text = std::fs::read_to_string(&file).map_err(|e| err(format!("cannot read it: {e}")))?;
+    let text = crate::read_text(&file, 1 << 20).map_err(err)?;
     let meta: Checkpoint = serde_json::from_str(&text).map_err(|e| err(format!("not a smelt checkpoint: {e}")))?;
     if meta.format != 1 && meta.format != 2 {
         return Err(err(format!("checkpoint format {} (this smelt reads formats 1 and 2)", meta.format)));
+    }
+    if meta.format == 2 && (meta.arrays.is_none() || meta.arrays_bytes.is_none() || meta.data.is_none()) {
+        return Err(err("a format 2 checkpoint names its archive, the archive's size and its data set: this one lacks one".into()));
     }
     let same = |what: &str, a: String, b: String| {
         if a == b {
@@ -706,6 +729,17 @@ pub fn load_checkpoint(dir: &Path, cfg: &Config, graph: &mut Graph) -> Result<(u
         }
         if name.ends_with(".adam_v") && v.iter().any(|&x| x < 0.0) {
             return Err(err(format!("\"{name}\" (Adam's second moment) holds a negative value")));
+        }
+        // The step counter counts micro-steps: the checkpoint's steps times
+        // the accumulation, or the two disagree.
+        if name == "train.step" {
+            let want = meta.step.checked_mul(cfg.accumulate).map(|m| m as f64);
+            if v.len() != 1 || want != Some(v[0] as f64) {
+                return Err(err(format!(
+                    "its step counter \"train.step\" holds {v:?}, and the checkpoint says {} steps of {} micro-batches: they disagree",
+                    meta.step, cfg.accumulate
+                )));
+            }
         }
     }
     let by_name: HashMap<String, smelt_ir::NodeId> =

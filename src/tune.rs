@@ -54,7 +54,7 @@ impl Tuning {
     /// Reads a table, checking that every tile is a candidate.
     pub fn read(path: &Path) -> Result<Tuning, Error> {
         let bad = |msg: String| Error::Usage(format!("--tuning {}: {msg}", path.display()));
-        let text = std::fs::read_to_string(path).map_err(|e| bad(format!("cannot read it: {e}")))?;
+        let text = crate::read_text(path, 64 << 20).map_err(bad)?;
         let t: Tuning = serde_json::from_str(&text).map_err(|e| bad(format!("not a tuning table written by `smelt tune`: {e}")))?;
         t.table().map_err(bad)?;
         Ok(t)

@@ -161,23 +161,29 @@ struct Case {
 /// recursion on depth: it gets the default 2 MiB), with a time limit.
 /// Returns how far it got, or a description of the failure.
 fn run(case: &Case) -> Result<Result<Reached, String>, String> {
+    let (bytes, format) = (case.bytes.clone(), case.format);
+    run_with(&case.what, move || exercise(&bytes, format, RUN_BYTES))
+}
+
+/// Runs `f` as [`run`] runs a case: on its own thread, panics caught, with
+/// a time limit.
+fn run_with<R: Send + 'static>(what: &str, f: impl FnOnce() -> Result<R, Verdict> + Send + 'static) -> Result<Result<R, String>, String> {
     quiet_panics();
     let (tx, rx) = std::sync::mpsc::channel();
-    let (bytes, format) = (case.bytes.clone(), case.format);
     std::thread::Builder::new()
         .name(CASE_THREAD.into())
         .spawn(move || {
-            let r = std::panic::catch_unwind(|| exercise(&bytes, format, RUN_BYTES));
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
             let _ = tx.send(r.map_err(|p| (p, PANICKED_AT.with(|a| a.borrow().clone()))));
         })
         .expect("spawn");
     match rx.recv_timeout(Duration::from_secs(CASE_SECS)) {
-        Err(_) => Err(format!("{}: no answer within {CASE_SECS} s (a hang?)", case.what)),
+        Err(_) => Err(format!("{what}: no answer within {CASE_SECS} s (a hang?)")),
         Ok(Err((p, at))) => {
             let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
-            Err(format!("{}: panicked at {at}: {}", case.what, msg.unwrap_or_default()))
+            Err(format!("{what}: panicked at {at}: {}", msg.unwrap_or_default()))
         }
-        Ok(Ok(Err(Verdict::Bug(m)))) => Err(format!("{}: smelt reports its own bug: {m}", case.what)),
+        Ok(Ok(Err(Verdict::Bug(m)))) => Err(format!("{what}: smelt reports its own bug: {m}")),
         Ok(Ok(Err(Verdict::Refused(m)))) => Ok(Err(m)),
         Ok(Ok(Ok(r))) => Ok(Ok(r)),
     }
@@ -715,4 +721,333 @@ fn cpu_runs_allocate_what_the_check_assumes() {
         assert!(used <= 2 * (need - held) + (1 << 20), "{}", report.last().unwrap());
     }
     println!("{}", report.join("\n"));
+}
+
+// ------------------------------------------------------------- training files
+
+/// Training cases a run tries (`SMELT_FUZZ_TRAIN_CASES`).
+const TRAIN_CASES: u64 = 6000;
+
+/// The good files a training case starts from.
+struct TrainSeeds {
+    data: Vec<u8>,
+    json: Vec<u8>,
+    archive: Vec<u8>,
+    recipe: Vec<u8>,
+    tuning: Vec<u8>,
+}
+
+/// The entries of an `.npz` (name, `.npy` bytes), from its arrays.
+fn npz_entries(bytes: &[u8]) -> Vec<(String, Vec<u8>)> {
+    let arrays = smelt_ir::npy::read_npz_from(std::io::Cursor::new(bytes)).expect("a good seed");
+    arrays.iter().map(|(n, t)| (format!("{n}.npy"), smelt_ir::npy::npy_bytes(t))).collect()
+}
+
+/// An archive mutated entry by entry, every CRC-32 right: `.npy` headers
+/// that lie (shape, dtype, order, length), values that are not finite or
+/// out of range, data cut or grown, entries dropped, repeated, renamed or
+/// added.
+fn mutate_npz(bytes: &[u8], r: &mut Rng) -> Vec<u8> {
+    let mut entries = npz_entries(bytes);
+    if entries.is_empty() {
+        return bytes.to_vec();
+    }
+    let k = r.below(entries.len());
+    // Where a whole `.npy` header ends in `b` (an entry cut short has none).
+    let header_end = |b: &[u8]| (b.len() >= 10).then(|| 10 + u16::from_le_bytes([b[8], b[9]]) as usize).filter(|&e| e <= b.len());
+    match r.below(8) {
+        0 | 1 if header_end(&entries[k].1).is_some() => {
+            // The header: one of its numbers, its dtype or its order.
+            let (name, b) = &mut entries[k];
+            let len = u16::from_le_bytes([b[8], b[9]]) as usize;
+            let header = String::from_utf8_lossy(&b[10..10 + len]).to_string();
+            let data = b[10 + len..].to_vec();
+            let header = match r.below(3) {
+                0 => {
+                    let n = interesting(r);
+                    let open = header.find("'shape': (").map_or(0, |i| i + 10);
+                    let close = header[open..].find(')').map_or(header.len(), |i| open + i);
+                    let mut dims: Vec<String> =
+                        header[open..close].split(',').map(|d| d.trim().to_string()).filter(|d| !d.is_empty()).collect();
+                    match r.below(3) {
+                        0 if !dims.is_empty() => {
+                            let at = r.below(dims.len());
+                            dims[at] = n.to_string();
+                        }
+                        1 => dims.push(n.unsigned_abs().to_string()),
+                        _ => {
+                            dims.pop();
+                        }
+                    }
+                    let dims = if dims.len() == 1 { format!("{},", dims[0]) } else { dims.join(", ") };
+                    format!("{}{dims}{}", &header[..open], &header[close..])
+                }
+                1 => {
+                    let descr = ["<f4", "<f8", "<f2", "<i8", "<i4", "|u1", "|b1", ">f4", "<c8", "O", "<U3", ""][r.below(12)];
+                    let at = header.find("'descr': '").map_or(0, |i| i + 10);
+                    let end = header[at..].find('\'').map_or(at, |i| at + i);
+                    format!("{}{descr}{}", &header[..at], &header[end..])
+                }
+                _ => header.replace("False", "True"),
+            };
+            let mut out = b"\x93NUMPY\x01\x00".to_vec();
+            out.extend_from_slice(&(header.len() as u16).to_le_bytes());
+            out.extend_from_slice(header.as_bytes());
+            out.extend_from_slice(&data);
+            *b = out;
+            let _ = name;
+        }
+        2 => {
+            // A value: NaN, infinite, huge, negative, or an odd label.
+            let b = &mut entries[k].1;
+            let start = header_end(b).unwrap_or(b.len());
+            if b.len() >= start + 4 {
+                let at = start + 4 * r.below((b.len() - start) / 4);
+                let v: [u8; 4] = match r.below(5) {
+                    0 => f32::NAN.to_le_bytes(),
+                    1 => f32::INFINITY.to_le_bytes(),
+                    2 => 1e30f32.to_le_bytes(),
+                    3 => (-1f32).to_le_bytes(),
+                    _ => (interesting(r) as i32).to_le_bytes(),
+                };
+                b[at..at + 4].copy_from_slice(&v);
+            }
+        }
+        3 if !entries[k].1.is_empty() => {
+            let b = &mut entries[k].1;
+            if r.below(2) == 0 {
+                let keep = r.below(b.len());
+                b.truncate(keep);
+            } else {
+                let more: Vec<u8> = (0..1 + r.below(64)).map(|_| r.next_u64() as u8).collect();
+                b.extend(more);
+            }
+        }
+        4 => {
+            entries.remove(k);
+        }
+        5 => {
+            // The same array under another name.
+            let (name, b) = entries[k].clone();
+            entries.push((format!("{}2.npy", name.trim_end_matches(".npy")), b));
+        }
+        6 => {
+            let names = ["x.npy", "y.npy", "labels.npy", "targets.npy", "../x.npy", "", "x", "step.npy", "x.npy/"];
+            entries[k].0 = names[r.below(names.len())].to_string();
+        }
+        _ => {
+            let junk: Vec<u8> = (0..r.below(200)).map(|_| r.next_u64() as u8).collect();
+            entries.push((format!("extra{}.npy", r.below(3)), junk));
+        }
+    }
+    // Twice the same name: the zip writer refuses it, so the seed goes on.
+    smelt_ir::npy::zip_entries(&entries).unwrap_or_else(|_| bytes.to_vec())
+}
+
+/// A JSON document mutated in its structure: a number replaced by an
+/// interesting one, a string by a hostile one, a key removed or added, a
+/// value of another type.
+fn mutate_json(bytes: &[u8], r: &mut Rng) -> Vec<u8> {
+    use serde_json::Value;
+    let Ok(mut v) = serde_json::from_slice::<Value>(bytes) else { return bytes.to_vec() };
+    fn nodes(v: &Value) -> usize {
+        1 + match v {
+            Value::Array(a) => a.iter().map(nodes).sum(),
+            Value::Object(o) => o.values().map(nodes).sum(),
+            _ => 0,
+        }
+    }
+    /// Mutates the `n`-th node (depth first) of `v`; whether it was found.
+    fn at(v: &mut Value, n: &mut usize, r: &mut Rng) -> bool {
+        if *n == 0 {
+            mutate_node(v, r);
+            return true;
+        }
+        *n -= 1;
+        match v {
+            Value::Array(a) => a.iter_mut().any(|x| at(x, n, r)),
+            Value::Object(o) => o.values_mut().any(|x| at(x, n, r)),
+            _ => false,
+        }
+    }
+    fn hostile(r: &mut Rng) -> Value {
+        match r.below(9) {
+            0 => Value::from(interesting(r)),
+            1 => Value::from(u64::MAX),
+            2 => serde_json::json!(1e308),
+            3 => serde_json::json!(-0.5),
+            4 => Value::from(""),
+            5 => Value::from("../../checkpoint-1.npz"),
+            6 => Value::from("x".repeat(100_000)),
+            7 => Value::Null,
+            _ => serde_json::json!({"a": [1, 2, 3]}),
+        }
+    }
+    fn mutate_node(v: &mut Value, r: &mut Rng) {
+        match (v, r.below(3)) {
+            (Value::Object(o), 0) if !o.is_empty() => {
+                let key = o.keys().nth(r.below(o.len())).cloned().expect("in range");
+                o.remove(&key);
+            }
+            (Value::Object(o), 1) => {
+                o.insert(["format", "step", "scaler", "arrays", "gpus", "tiles", "batch"][r.below(7)].into(), hostile(r));
+            }
+            (Value::Array(a), 0) if !a.is_empty() => {
+                a.pop();
+            }
+            (Value::Number(x), _) if r.below(2) == 0 => {
+                let f = x.as_f64().unwrap_or(0.0);
+                *x = serde_json::Number::from_f64([f * 2.0 + 1.0, -f, f / 3.0, 0.0][r.below(4)]).unwrap_or_else(|| 0.into());
+            }
+            (t, _) => *t = hostile(r),
+        }
+    }
+    let mut n = r.below(nodes(&v));
+    at(&mut v, &mut n, r);
+    v.to_string().into_bytes()
+}
+
+/// Training case `index` of sequence `seed`.
+fn make_train_case(seed: u64, index: u64, s: &TrainSeeds) -> (smelt::fuzz::TrainFile, Vec<u8>, String) {
+    use smelt::fuzz::TrainFile;
+    let mut r = Rng::new(seed.wrapping_mul(0xD1B5_4A32_D192_ED03) ^ index);
+    let file = [TrainFile::Data, TrainFile::CheckpointJson, TrainFile::CheckpointArrays, TrainFile::Recipe, TrainFile::Tuning][r.below(5)];
+    let mut b = match file {
+        TrainFile::Data => s.data.clone(),
+        TrainFile::CheckpointJson => s.json.clone(),
+        TrainFile::CheckpointArrays => s.archive.clone(),
+        TrainFile::Recipe => s.recipe.clone(),
+        TrainFile::Tuning => s.tuning.clone(),
+    };
+    let n_mut = 1 + r.below(3);
+    let structural = r.below(10) < 7;
+    for _ in 0..n_mut {
+        b = match (structural, file) {
+            (false, _) => {
+                mutate_bytes(&mut b, &mut r);
+                b
+            }
+            (true, TrainFile::Data | TrainFile::CheckpointArrays) => {
+                // A structural mutation needs a readable archive.
+                if smelt_ir::npy::read_npz_from(std::io::Cursor::new(&b)).is_ok() {
+                    mutate_npz(&b, &mut r)
+                } else {
+                    b
+                }
+            }
+            (true, _) => mutate_json(&b, &mut r),
+        };
+    }
+    let how = if structural { "structural" } else { "byte" };
+    (file, b, format!("{file:?} with {n_mut} {how} mutations"))
+}
+
+/// Issue 44: the files a training run reads besides the model (data sets,
+/// checkpoints, recipes, tuning tables), made by `smelt train`, `smelt fit`
+/// and `smelt tune`'s format, then mutated; each case is read as `smelt
+/// train` reads it and, when accepted, used (a batch gathered, one step
+/// resumed from the checkpoint, the recipe's or table's step planned). A
+/// case fails on a panic, an abort (an allocation over [`CAP`]), a hang,
+/// or an error smelt calls its own bug. `SMELT_FUZZ_TRAIN_CASE=SEED:INDEX`
+/// reruns one case and keeps its file in `target/fuzz-train-case`.
+#[test]
+fn mutated_training_files_never_fail() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let runs = common::testdata().join("train_runs").join("mlp");
+    let (model, data) = (runs.join("model.onnx"), runs.join("train.npz"));
+    assert!(data.is_file(), "test data missing under {}: run scripts/fetch-testdata.sh", runs.display());
+    let dir = std::env::temp_dir().join(format!("smelt-fuzz-train-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (m, ck, recipe) = (model.to_str().unwrap(), dir.join("seed"), dir.join("recipe.json"));
+    let cli = |args: &[&str]| {
+        let out = common::smelt().args(args).output().unwrap();
+        assert!(out.status.success(), "smelt {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    let train_flags = ["--train", "adam", "--batch", "8"];
+    cli(&[
+        &["train", m, "--data", data.to_str().unwrap(), "--steps", "3", "--checkpoint", ck.to_str().unwrap(), "--json"],
+        &train_flags[..],
+    ]
+    .concat());
+    cli(&["fit", m, "--batch", "8", "--train", "adam", "--memory-limit", "1MiB", "--save-recipe", recipe.to_str().unwrap(), "--json"]);
+    let tuning = smelt::tune::Tuning {
+        device: "NVIDIA H100 80GB HBM3".into(),
+        tiles: [("gemm_n8k10m16".to_string(), "128x64".to_string()), ("conv3x3_n8c64".to_string(), "64x128".to_string())].into(),
+        kernels: Vec::new(),
+    };
+    let args = smelt::args::ModelArgs::parse_from([m, "--train", "adam", "--batch", "8"].map(String::from)).unwrap();
+    let target = std::sync::Arc::new(smelt::fuzz::TrainTarget::new(args, &data, &ck, &dir.join("cases")).expect("the good files are read"));
+    let (json, archive) = target.checkpoint();
+    let seeds = TrainSeeds {
+        data: std::fs::read(&data).unwrap(),
+        json: json.to_vec(),
+        archive: archive.to_vec(),
+        recipe: std::fs::read(&recipe).unwrap(),
+        tuning: serde_json::to_vec_pretty(&tuning).unwrap(),
+    };
+    // Each good file is accepted as it is: else every case is refused early.
+    for (file, b) in [
+        (smelt::fuzz::TrainFile::Data, &seeds.data),
+        (smelt::fuzz::TrainFile::CheckpointJson, &seeds.json),
+        (smelt::fuzz::TrainFile::CheckpointArrays, &seeds.archive),
+        (smelt::fuzz::TrainFile::Recipe, &seeds.recipe),
+        (smelt::fuzz::TrainFile::Tuning, &seeds.tuning),
+    ] {
+        let r = target.exercise(file, b);
+        assert!(matches!(r, Ok(Ok(()))), "the good {file:?} is not accepted: {r:?}");
+    }
+    let seed: u64 = std::env::var("SMELT_FUZZ_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+    if let Ok(one) = std::env::var("SMELT_FUZZ_TRAIN_CASE") {
+        let (s, i) = one.split_once(':').expect("SEED:INDEX");
+        let (s, i) = (s.parse().unwrap(), i.parse().unwrap());
+        let (file, bytes, what) = make_train_case(s, i, &seeds);
+        let keep = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/fuzz-train-case");
+        std::fs::write(&keep, &bytes).unwrap();
+        println!("{what} (kept in {})", keep.display());
+        let t = target.clone();
+        match run_with(&what, move || t.exercise(file, &bytes)) {
+            Ok(r) => println!("{r:?}"),
+            Err(e) => panic!("{e}"),
+        }
+        return;
+    }
+    let cases: u64 = std::env::var("SMELT_FUZZ_TRAIN_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(TRAIN_CASES);
+    let t = Instant::now();
+    let mut failures = Vec::new();
+    let mut outcome: std::collections::BTreeMap<String, [u64; 2]> = Default::default();
+    let mut reasons: std::collections::BTreeMap<String, u64> = Default::default();
+    for index in 0..cases {
+        let (file, bytes, what) = make_train_case(seed, index, &seeds);
+        CASE.store(seed << 32 | index, Ordering::Relaxed);
+        let target = target.clone();
+        match run_with(&what, move || target.exercise(file, &bytes)) {
+            Ok(Ok(r)) => {
+                outcome.entry(format!("{file:?}")).or_default()[r.is_ok() as usize] += 1;
+                if let Err(m) = r {
+                    // The message less its paths and figures: its kind.
+                    let kind: String = m.replace(dir.to_str().unwrap(), "").chars().filter(|c| !c.is_ascii_digit()).take(90).collect();
+                    *reasons.entry(format!("{file:?}: {kind}")).or_insert(0u64) += 1;
+                }
+            }
+            Ok(Err(m)) => unreachable!("refusals are answers: {m}"),
+            Err(e) => {
+                let line = format!("SMELT_FUZZ_TRAIN_CASE={seed}:{index} {e}");
+                eprintln!("{line}");
+                failures.push(line);
+            }
+        }
+    }
+    println!("{cases} training cases in {:.0} s (seed {seed}), [refused, accepted] by file: {outcome:?}", t.elapsed().as_secs_f64());
+    for (kind, n) in &reasons {
+        println!("{n:6}  {kind}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(failures.is_empty(), "{} of {cases} training cases fail:\n{}", failures.len(), failures.join("\n"));
+    // Every kind of file both refused and accepted: the cases reach the
+    // checks and what comes after them.
+    for (file, [refused, accepted]) in &outcome {
+        assert!(*refused > 0 && *accepted > 0, "{file}: {refused} refused, {accepted} accepted");
+    }
+    assert_eq!(outcome.len(), 5, "{outcome:?}");
 }

@@ -912,3 +912,92 @@ fn checkpoints_and_data_are_checked_not_trusted() {
         let _ = std::fs::remove_dir_all(std::env::temp_dir().join(format!("smelt-train-{}-{dir}", std::process::id())));
     }
 }
+
+/// Issue 44: a flag or an array that would be ignored is refused, saying
+/// which wins and what to do (exit 2), messages name the file or flag at
+/// fault, and a run that goes non-finite stops naming the step with its
+/// last good checkpoint kept.
+#[test]
+fn flags_that_would_be_ignored_are_refused_and_a_divergence_keeps_the_last_checkpoint() {
+    let d = runs("mlp");
+    let (data, m) = (d.join("train.npz"), d.join("model.onnx"));
+    let dir = scratch("ignored");
+    let base = [s(&m), "--batch", "8"];
+    let sgd = [&base[..], &["--optimizer", "sgd"]].concat();
+    let recipe = dir.join("recipe.json");
+    let fit = smelt()
+        .args(["fit", s(&m), "--batch", "8", "--train", "sgd", "--memory-limit", "1MiB", "--save-recipe", s(&recipe), "--json"])
+        .output()
+        .unwrap();
+    assert!(fit.status.success(), "{}", String::from_utf8_lossy(&fit.stderr));
+    let arrays = npy::read_npz(&data).unwrap();
+    let (x, y) = (arrays[0].1.clone(), arrays[1].1.clone());
+    let both = dir.join("both.npz");
+    npy::write_npz(&both, &[("x".into(), x.clone()), ("y".into(), y.clone()), ("labels".into(), y.clone())]).unwrap();
+    let bytes_x = dir.join("bytes_x.npz");
+    npy::write_npz(&bytes_x, &[("x".into(), x.cast(smelt_ir::DType::U8)), ("y".into(), y.clone())]).unwrap();
+    let damaged = dir.join("damaged.npz");
+    let mut b = std::fs::read(&data).unwrap();
+    b.truncate(b.len() / 2);
+    std::fs::write(&damaged, b).unwrap();
+    let set_x = format!("x={}", vec!["0.5"; 80].join(","));
+    for (flags, says) in [
+        (vec!["--dim", "batch=4"], "--dim batch=4 and --batch 8 both size the first dimension of input \"x\""),
+        (vec!["--momentum", "0.9", "--optimizer", "adam"], "--momentum 0.9 is SGD's"),
+        (vec!["--loss", "mse", "--label-smoothing", "0.1"], "--label-smoothing is the cross-entropy's"),
+        (vec!["--memory-limit", "99999999TiB"], "is more bytes than can be counted"),
+        (vec!["--steps", "20000000"], "--steps 20000000 is more steps than can be counted"),
+        (vec!["--set", &set_x], "--set x=... makes the input \"x\" a constant, and"),
+    ] {
+        let steps: &[&str] = if flags.contains(&"--steps") { &["--data", s(&data)] } else { &["--data", s(&data), "--steps", "2"] };
+        let args = if flags.contains(&"adam") { [&base[..], &flags[..], steps].concat() } else { [&sgd[..], &flags[..], steps].concat() };
+        let e = refused(&args);
+        assert!(e.contains(says), "{flags:?}: {e}");
+    }
+    // What a recipe fixes cannot be set beside it (clap says which flags clash).
+    for flags in [["--device", "a100"], ["--remat-solver", "exact"], ["--dim", "batch=3"]] {
+        let e = refused(&[s(&m), "--data", s(&data), "--steps", "1", "--optimizer", "sgd", "--recipe", s(&recipe), flags[0], flags[1]]);
+        assert!(e.contains("cannot be used with"), "{flags:?}: {e}");
+    }
+    train(&[s(&m), "--data", s(&data), "--steps", "1", "--recipe", s(&recipe)]);
+    // Data: two arrays for the labels; bytes given for floats; a damaged
+    // archive, named as such (not as an ONNX model).
+    let e = refused(&[&sgd[..], &["--steps", "1", "--data", s(&both)]].concat());
+    assert!(e.contains("could take array 'y' or 'labels'") && e.contains("keep one"), "{e}");
+    let e = refused(&[&sgd[..], &["--steps", "1", "--data", s(&bytes_x)]].concat());
+    assert!(e.contains("array 'x' holds u8: input \"x\" takes floats"), "{e}");
+    let e = refused(&[&sgd[..], &["--steps", "1", "--data", s(&damaged)]].concat());
+    assert!(e.contains(s(&damaged)) && !e.contains("ONNX"), "{e}");
+    // Labels stored as bytes are labels.
+    let bytes_y = dir.join("bytes_y.npz");
+    npy::write_npz(&bytes_y, &[("x".into(), x), ("y".into(), y.cast(smelt_ir::DType::U8))]).unwrap();
+    train(&[&sgd[..], &["--steps", "1", "--data", s(&bytes_y)]].concat());
+    // A log that cannot be written names itself.
+    if Path::new("/dev/full").exists() {
+        let e = refused(&[&sgd[..], &["--data", s(&data), "--steps", "1", "--log-json", "/dev/full"]].concat());
+        assert!(e.contains("cannot write --log-json /dev/full"), "{e}");
+    }
+    // Divergence: the step is named, exit 2, and the last checkpoint is the
+    // last good one (finite, resumable).
+    let ck = dir.join("ck");
+    let e = refused(&[&sgd[..], &["--data", s(&data), "--lr", "1e30", "--steps", "6", "--checkpoint", s(&ck), "--every", "1"]].concat());
+    let at: usize = e
+        .split("after step ")
+        .nth(1)
+        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no step named: {e}"));
+    assert!(e.contains("training diverged"), "{e}");
+    let meta: serde_json::Value = serde_json::from_slice(&std::fs::read(ck.join("checkpoint.json")).unwrap()).unwrap();
+    let kept = meta["step"].as_u64().unwrap() as usize;
+    assert!(kept < at, "the checkpoint of step {kept} is not before the divergence at step {at}");
+    for (n, t) in npy::read_npz(&ck.join("checkpoint.npz")).unwrap() {
+        assert!(t.to_f32_vec().iter().all(|v| v.is_finite()), "{n} in the kept checkpoint is not finite");
+    }
+    // It resumes (the same recipe, to where it stopped).
+    let steps = kept.to_string();
+    let r =
+        train(&[s(&m), "--data", s(&data), "--batch", "8", "--optimizer", "sgd", "--lr", "1e30", "--steps", &steps, "--resume", s(&ck)]);
+    assert_eq!(r["resumed_from"].as_u64(), Some(kept as u64));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

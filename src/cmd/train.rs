@@ -85,6 +85,19 @@ pub fn run(a: &TrainCmdArgs) -> Result<bool> {
         if d.samples < least {
             bail!("{}: {} samples, fewer than one batch of {least}", d.file.display(), d.samples);
         }
+        if let Some((name, _)) = m.set.iter().find(|(n, _)| d.unused.contains(n)) {
+            bail!(
+                "--set {name}=... makes the input \"{name}\" a constant, and {} holds an array '{name}' for it: drop one of them",
+                d.file.display()
+            );
+        }
+        if !d.unused.is_empty() && !a.json {
+            errln!(
+                "note: {} holds {} that no input of the training step reads",
+                d.file.display(),
+                d.unused.iter().map(|k| format!("'{k}'")).collect::<Vec<_>>().join(", ")
+            );
+        }
         Ok(d)
     };
     let data = load(&a.data, 0, config.batch)?;
@@ -101,10 +114,13 @@ pub fn run(a: &TrainCmdArgs) -> Result<bool> {
     }
     let val = a.val.as_ref().map(|v| load(v, 1, 1)).transpose()?;
     let Some(total) = config.total_steps(data.samples) else {
+        let asked = match config.length {
+            Length::Steps(n) => format!("--steps {n}"),
+            Length::Epochs(e) => format!("--epochs {e} of {} steps each", config.steps_per_epoch(data.samples)),
+        };
         bail!(
-            "--epochs {} of {} steps each is more steps than can be counted",
-            a.epochs.unwrap_or(1),
-            config.steps_per_epoch(data.samples)
+            "{asked} is more steps than can be counted: a run counts at most {} micro-steps (its step counter is an f32): ask for fewer",
+            smelt::train::Config::MAX_MICRO_STEPS
         );
     };
     if start > total {
@@ -200,6 +216,7 @@ impl Run<'_> {
             Some(p) => Some(std::io::BufWriter::new(std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?)),
             None => None,
         };
+        let log_err = || format!("cannot write --log-json {}", a.log_json.as_deref().unwrap_or(Path::new("")).display());
         let bar = super::bar(self.total - self.start, "{spinner} step {msg} {bar:24} {pos}/{len} [{elapsed} < {eta}]", a.json);
         if !a.json {
             errln!(
@@ -237,7 +254,7 @@ impl Run<'_> {
             ));
             bar.inc(1);
             if let Some(w) = log.as_mut() {
-                writeln!(w, "{}", serde_json::to_string(&r)?)?;
+                writeln!(w, "{}", serde_json::to_string(&r)?).with_context(log_err)?;
             }
             if let (Some(dir), Some(every)) = (&a.checkpoint, a.every) {
                 if r.step as u64 % every == 0 {
@@ -301,8 +318,8 @@ impl Run<'_> {
             "loss_scale": t.scaler().map(|s| s.scale), "skipped_steps": t.scaler().map_or(0, |s| s.skipped),
         });
         if let Some(w) = log.as_mut() {
-            writeln!(w, "{}", json!({ "summary": summary }))?;
-            w.flush()?;
+            writeln!(w, "{}", json!({ "summary": summary })).with_context(log_err)?;
+            w.flush().with_context(log_err)?;
         }
         if a.json {
             outln!("{}", serde_json::to_string_pretty(&summary)?);

@@ -45,6 +45,10 @@ pub enum IrError {
     /// The ONNX file is malformed, truncated or inconsistent.
     #[error("malformed ONNX model: {0}")]
     Malformed(String),
+    /// A NumPy file (`.npy`, `.npz`: data sets, checkpoints) is malformed,
+    /// truncated or damaged: the message starts with the file.
+    #[error("{0}")]
+    Array(String),
     /// The ONNX model uses an op smelt does not support.
     #[error("unsupported op {op_type} (opset {opset}) in node \"{node}\"")]
     UnsupportedOp {

@@ -18,14 +18,14 @@ use std::path::Path;
 pub fn read_npz(path: &Path) -> Result<Vec<(String, Tensor)>, IrError> {
     let file = std::fs::File::open(path).map_err(|error| IrError::Io { path: path.display().to_string(), error })?;
     read_npz_from(std::io::BufReader::new(file)).map_err(|e| match e {
-        IrError::Malformed(m) => IrError::Malformed(format!("{}: {m}", path.display())),
+        IrError::Array(m) => IrError::Array(format!("{}: {m}", path.display())),
         e => e,
     })
 }
 
 /// As [`read_npz`], from any seekable reader.
 pub fn read_npz_from<R: Read + Seek>(reader: R) -> Result<Vec<(String, Tensor)>, IrError> {
-    let bad = |m: String| IrError::Malformed(format!("not a NumPy .npz archive: {m}"));
+    let bad = |m: String| IrError::Array(format!("not a NumPy .npz archive: {m}"));
     let mut zip = zip::ZipArchive::new(reader).map_err(|e| bad(e.to_string()))?;
     let mut out = Vec::with_capacity(zip.len());
     for i in 0..zip.len() {
@@ -36,13 +36,13 @@ pub fn read_npz_from<R: Read + Seek>(reader: R) -> Result<Vec<(String, Tensor)>,
         let full = f.name().map_err(|e| bad(e.to_string()))?.to_string();
         let name = full.strip_suffix(".npy").unwrap_or(&full).to_string();
         let declared = f.size();
-        let t = parse_npy(&mut f, declared).map_err(|m| IrError::Malformed(format!("array {name:?}: {m}")))?;
+        let t = parse_npy(&mut f, declared).map_err(|m| IrError::Array(format!("array {name:?}: {m}")))?;
         // Reading to the entry's end is what checks its CRC-32.
         let mut rest = [0u8; 1];
         match f.read(&mut rest) {
             Ok(0) => {}
-            Ok(_) => return Err(IrError::Malformed(format!("array {name:?}: bytes after the array"))),
-            Err(e) => return Err(IrError::Malformed(format!("array {name:?}: {e} (the archive is damaged)"))),
+            Ok(_) => return Err(IrError::Array(format!("array {name:?}: bytes after the array"))),
+            Err(e) => return Err(IrError::Array(format!("array {name:?}: {e} (the archive is damaged)"))),
         }
         out.push((name, t));
     }
@@ -52,7 +52,7 @@ pub fn read_npz_from<R: Read + Seek>(reader: R) -> Result<Vec<(String, Tensor)>,
 /// The array of a `.npy` file (as `numpy.save` writes it).
 pub fn read_npy(path: &Path) -> Result<Tensor, IrError> {
     let bytes = std::fs::read(path).map_err(|error| IrError::Io { path: path.display().to_string(), error })?;
-    parse_npy(&mut bytes.as_slice(), bytes.len() as u64).map_err(|m| IrError::Malformed(format!("{}: {m}", path.display())))
+    parse_npy(&mut bytes.as_slice(), bytes.len() as u64).map_err(|m| IrError::Array(format!("{}: {m}", path.display())))
 }
 
 /// One `.npy` stream of `declared` bytes (the zip entry's size).
@@ -131,7 +131,7 @@ fn parse_npy(r: &mut impl Read, declared: u64) -> Result<Tensor, String> {
         "f16" => TensorData::F16(raw.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]])).collect()),
         "i64" => TensorData::I64(raw.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect()),
         "i32" => TensorData::I32(raw.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes"))).collect()),
-        "u8" => TensorData::I32(raw.iter().map(|&b| b as i32).collect()),
+        "u8" => TensorData::U8(raw),
         _ => TensorData::Bool(raw.iter().map(|&b| b != 0).collect()),
     };
     Ok(Tensor::new(shape, data).expect("element count checked"))
@@ -207,6 +207,20 @@ pub fn write_npz(path: &Path, arrays: &[(String, Tensor)]) -> Result<(), IrError
     file.sync_all().map_err(io)?;
     drop(file);
     std::fs::rename(&tmp, path).map_err(io)
+}
+
+/// An uncompressed `.npz` of raw entries (names as given, bytes as they
+/// are, each with its right CRC-32), in memory: for tests and the fuzzer,
+/// which build archives whose `.npy` headers lie. Names the zip format
+/// refuses (twice the same) are refused.
+pub fn zip_entries(entries: &[(String, Vec<u8>)]) -> Result<Vec<u8>, String> {
+    let mut zip = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+    let opts = zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored).large_file(true);
+    for (name, bytes) in entries {
+        zip.start_file(name.as_str(), opts).map_err(|e| e.to_string())?;
+        zip.write_all(bytes).map_err(|e| e.to_string())?;
+    }
+    Ok(zip.finish().map_err(|e| e.to_string())?.into_inner())
 }
 
 #[cfg(test)]

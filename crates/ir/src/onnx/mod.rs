@@ -213,16 +213,28 @@ fn check_dims(graph: &smelt_onnx_proto::GraphProto, opts: &ImportOptions) -> Res
     }
     // A set: a hostile file may name a hundred thousand dimensions.
     let mut names: std::collections::BTreeSet<&str> = Default::default();
+    // The symbolic first dimensions, which --batch sizes (input, name).
+    let mut leading: Vec<(&str, &str)> = Vec::new();
     for input in &graph.input {
         if let Some(Value::TensorType(tt)) = input.r#type.as_ref().and_then(|t| t.value.as_ref()) {
-            for d in tt.shape.iter().flat_map(|s| &s.dim) {
+            for (i, d) in tt.shape.iter().flat_map(|s| &s.dim).enumerate() {
                 if let Some(Dim::DimParam(p)) = &d.value {
                     names.insert(p.as_str());
+                    if i == 0 {
+                        leading.push((input.name.as_deref().unwrap_or(""), p.as_str()));
+                    }
                 }
             }
         }
     }
     for (name, size) in &opts.dims {
+        if let (Some(batch), Some((input, _))) = (opts.batch, leading.iter().find(|(_, p)| p == name)) {
+            if batch != *size {
+                return Err(IrError::Usage(format!(
+                    "--dim {name}={size} and --batch {batch} both size the first dimension of input \"{input}\" ({name}), and --batch wins: give one of them"
+                )));
+            }
+        }
         if *size == 0 {
             return Err(IrError::Usage(format!("--dim {name}={size}: sizes start at 1")));
         }

@@ -531,6 +531,12 @@ pub fn training_step(model: &Graph, cfg: &TrainConfig) -> Result<TrainStep, Trai
     let logits = |t: &TensorType| t.shape.len() >= 2 && t.shape[2..].iter().all(|&d| d == 1);
     let loss_kind = match cfg.loss {
         Loss::Auto { smoothing } if logits(model.ty(out_v)) => Loss::CrossEntropy { smoothing },
+        Loss::Auto { smoothing } if smoothing != 0.0 => {
+            return Err(TrainError::Usage(format!(
+                "--label-smoothing is the cross-entropy's, and output {out_name:?} is {}, not logits [N, C], so the loss is the mean squared error: drop --label-smoothing, or say --loss ce (per-token logits) or causal-lm",
+                model.ty(out_v)
+            )))
+        }
         Loss::Auto { .. } => {
             notes.push(format!(
                 "output {out_name:?} is {}, not logits [N, C]: the loss is the mean squared error against `targets` (--loss ce for per-token cross-entropy, causal-lm for a language model, mse to say so)",
