@@ -231,7 +231,25 @@ m_relu_nan() {
     caught relu_nan "drops or spreads a NaN" nt --test emulator -E 'test(=nan_stays_nan_through_max_relu_clip_and_pooling)'
 }
 
-all=(mixed_f16_steps pytest_prompts paired_outputs memory_order fit_remat cli_ptxas excess schedules checkpoint insta_update guide_doctest ignore_index additive_mask ties named_parameters merged_statistics strided_slice batch_expand batch_rows aliases residual_layout residual_layout_oracle relu_nan)
+# A checkpoint's step counter no longer checked against its steps: the
+# fuzzer's corpus file (a counter of 1e30) overflows the update (issue 44).
+m_step_counter() {
+    sub src/train.rs 'if name == "train.step" {' 'if name == "train.step" && false {'
+    caught step_counter "attempt to add with overflow" nt --test fuzz -E 'test(=mutated_training_files_never_fail)'
+}
+
+# Flags that would be ignored accepted again: --momentum with Adam, and two
+# arrays for the labels (issue 44).
+m_ignored_flags() {
+    sub src/args.rs 'if let (Some(m), true) = (self.momentum, opt != "sgd") {' 'if let (Some(m), true) = (self.momentum, opt == "none") {'
+    caught ignored_flags "should be refused with exit 2" nt --test train_cmd -E 'test(=flags_that_would_be_ignored_are_refused_and_a_divergence_keeps_the_last_checkpoint)'
+}
+m_two_label_arrays() {
+    sub src/train.rs 'if found.len() > 1 {' 'if found.len() > 2 {'
+    caught two_label_arrays "should be refused with exit 2" nt --test train_cmd -E 'test(=flags_that_would_be_ignored_are_refused_and_a_divergence_keeps_the_last_checkpoint)'
+}
+
+all=(mixed_f16_steps pytest_prompts paired_outputs memory_order fit_remat cli_ptxas excess schedules checkpoint insta_update guide_doctest ignore_index additive_mask ties named_parameters merged_statistics strided_slice batch_expand batch_rows aliases residual_layout residual_layout_oracle relu_nan step_counter ignored_flags two_label_arrays)
 if [[ ${1:-} == --list ]]; then
     printf '%s\n' "${all[@]}"
     exit 0

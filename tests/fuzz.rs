@@ -949,7 +949,8 @@ fn make_train_case(seed: u64, index: u64, s: &TrainSeeds) -> (smelt::fuzz::Train
 /// resumed from the checkpoint, the recipe's or table's step planned). A
 /// case fails on a panic, an abort (an allocation over [`CAP`]), a hang,
 /// or an error smelt calls its own bug. `SMELT_FUZZ_TRAIN_CASE=SEED:INDEX`
-/// reruns one case and keeps its file in `target/fuzz-train-case`.
+/// reruns one case and keeps its file in `target/fuzz-train-case`: add it
+/// to `tests/fuzz-corpus/train` (named for its kind), whose files run first.
 #[test]
 fn mutated_training_files_never_fail() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -996,6 +997,25 @@ fn mutated_training_files_never_fail() {
     ] {
         let r = target.exercise(file, b);
         assert!(matches!(r, Ok(Ok(()))), "the good {file:?} is not accepted: {r:?}");
+    }
+    // The files that once failed (tests/fuzz-corpus/train, the kind by the
+    // name's start): refused or used, never a failure.
+    let mut corpus: Vec<PathBuf> = std::fs::read_dir(corpus_dir().join("train")).unwrap().map(|e| e.unwrap().path()).collect();
+    corpus.sort();
+    for f in corpus {
+        let name = f.file_name().unwrap().to_string_lossy().to_string();
+        let file = match (name.split('-').next().unwrap(), name.ends_with(".json")) {
+            ("data", _) => smelt::fuzz::TrainFile::Data,
+            ("checkpoint", true) => smelt::fuzz::TrainFile::CheckpointJson,
+            ("checkpoint", false) => smelt::fuzz::TrainFile::CheckpointArrays,
+            ("recipe", _) => smelt::fuzz::TrainFile::Recipe,
+            ("tuning", _) => smelt::fuzz::TrainFile::Tuning,
+            _ => panic!("{}: name it data-, checkpoint-, recipe- or tuning-", f.display()),
+        };
+        let (t, bytes) = (target.clone(), std::fs::read(&f).unwrap());
+        if let Err(e) = run_with(&name, move || t.exercise(file, &bytes)) {
+            panic!("corpus file {e}");
+        }
     }
     let seed: u64 = std::env::var("SMELT_FUZZ_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
     if let Ok(one) = std::env::var("SMELT_FUZZ_TRAIN_CASE") {
