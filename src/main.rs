@@ -358,8 +358,8 @@ pub(crate) struct TrainCmdArgs {
     pub(crate) steps: Option<usize>,
     /// Where to run: cpu (the compiled program's kernel descriptions),
     /// emulator (its CUDA C on the CPU) or cuda (GPU 0).
-    #[arg(long, default_value = "cpu", value_parser = ["cpu", "emulator", "cuda"])]
-    pub(crate) backend: String,
+    #[arg(long, default_value = "cpu", value_parser = clap::builder::TypedValueParser::map(clap::builder::PossibleValuesParser::new(smelt::train::Backend::NAMES), |s| s.parse::<smelt::train::Backend>().expect("listed")))]
+    pub(crate) backend: smelt::train::Backend,
     /// Refuse to start when the step's device memory (activation arena +
     /// weights and optimizer state) exceeds SIZE, before allocating anything.
     #[arg(long, value_name = "SIZE", value_parser = smelt::plan::parse_size)]

@@ -47,6 +47,7 @@ __all__ = [
     "Plan",
     "Fit",
     "Build",
+    "Training",
     "Error",
     "ModelError",
     "UnsupportedError",
@@ -303,14 +304,16 @@ def _flags(**kw: Any) -> List[str]:
             continue
         if v is True:
             out.append(flag)
+        # `--flag=value`: a value that starts with '-' (a negative number)
+        # is the flag's, not another flag.
         elif isinstance(v, (list, tuple)):
             for x in v:
-                out += [flag, str(x)]
+                out.append(f"{flag}={x}")
         elif isinstance(v, Mapping):
             for name, n in v.items():
-                out += [flag, f"{name}={n}"]
+                out.append(f"{flag}={name}={n}")
         else:
-            out += [flag, str(v)]
+            out.append(f"{flag}={v}")
     return out
 
 
@@ -554,6 +557,106 @@ class Model:
             if bar is not None:
                 bar.close()
         return Build(self._rename(json.loads(doc)))
+
+    def train(
+        self,
+        data: Union[str, "os.PathLike[str]", Mapping[str, Any]],
+        optimizer: str = "adam",
+        batch: Optional[int] = None,
+        steps: Optional[int] = None,
+        epochs: Optional[int] = None,
+        val: Optional[Union[str, "os.PathLike[str]", Mapping[str, Any]]] = None,
+        backend: str = "cpu",
+        dims: Optional[Mapping[str, int]] = None,
+        precision: str = "f32",
+        keep_f32: Sequence[str] = (),
+        tf32: Optional[str] = None,
+        fuse: bool = True,
+        accumulate: int = 1,
+        remat_budget: Optional[Size] = None,
+        memory_limit: Optional[Size] = None,
+        save: Optional[Union[str, "os.PathLike[str]"]] = None,
+        checkpoint: Optional[Union[str, "os.PathLike[str]"]] = None,
+        every: Optional[int] = None,
+        resume: Optional[Union[str, "os.PathLike[str]"]] = None,
+        seed: int = 0,
+        shuffle: bool = True,
+        recipe: Optional[Union[str, "os.PathLike[str]"]] = None,
+        log_json: Optional[Union[str, "os.PathLike[str]"]] = None,
+        progress: bool = True,
+        **training: Any,
+    ) -> "Training":
+        """Trains the model (``smelt train``): the compiled training step
+        (forward, loss, backward, ``optimizer``'s update) run on the batches
+        of ``data`` on ``backend`` (``"cpu"``: the kernels' descriptions,
+        ``"emulator"``: their CUDA C on the CPU, ``"cuda"``: GPU 0).
+
+        ``data`` (and ``val``): an ``.npz`` path, ``"synthetic[:N]"``, or a
+        dict of arrays by input name (``x`` for a model's only input, ``y``
+        the labels). ``steps`` or ``epochs`` (default one epoch), ``seed``
+        and ``shuffle`` give the order; ``save`` writes the ONNX model with
+        the trained weights; ``checkpoint`` keeps a checkpoint every
+        ``every`` steps and at the end, ``resume`` continues from one;
+        ``recipe`` takes batch, accumulation, precision and recomputation
+        from :meth:`fit`'s. ``tf32`` (``"conv"``, ``"on"``, ``"off"``) as
+        the CLI's ``--tf32``: off on the CPU, ``"conv"`` on the emulator and
+        CUDA unless given. The other training options (``lr``, ``loss``,
+        ``momentum``, ``weight_decay``, ``freeze``, ``clip_norm``...) are
+        the CLI's flags. The GIL is released while it trains; ``progress``
+        shows a bar (tqdm's when installed).
+        """
+        _check_training(training, "train")
+        held: List[str] = []
+
+        def path(d: Any, what: str) -> Optional[str]:
+            if d is None or isinstance(d, (str, os.PathLike)):
+                return None if d is None else os.fspath(d)
+            if not isinstance(d, Mapping):
+                raise UsageError(f"{what} must be an .npz path, 'synthetic[:N]' or a dict of arrays by input name")
+            fd, p = tempfile.mkstemp(prefix="smelt-", suffix=".npz")
+            os.close(fd)
+            np.savez(p, **{k: np.asarray(v) for k, v in d.items()})
+            held.append(p)
+            return p
+
+        step = dict(
+            train=optimizer,
+            accumulate=accumulate if accumulate != 1 else None,
+            remat_budget=None if remat_budget is None else parse_size(remat_budget),
+            recipe=None if recipe is None else os.fspath(recipe),
+            **training,
+        )
+        flags = dict(precision=precision if precision != "f32" else None, keep_f32=list(keep_f32), tf32=tf32, no_fuse=not fuse, **step)
+        if recipe is not None:
+            flags.pop("precision")
+        argv = self._argv(None if recipe is not None else batch, dims, **flags)
+        bar = _Progress("training") if progress else None
+        try:
+            doc, notes = _smelt.train(
+                argv,
+                path(data, "data"),
+                backend,
+                path(val, "val"),
+                steps,
+                epochs,
+                None if memory_limit is None else parse_size(memory_limit),
+                None if save is None else os.fspath(save),
+                None if checkpoint is None else os.fspath(checkpoint),
+                every,
+                None if resume is None else os.fspath(resume),
+                seed,
+                shuffle,
+                None if log_json is None else os.fspath(log_json),
+                None if bar is None else (lambda done, total, loss: bar(done, total, f"loss {loss:.4f}")),
+            )
+        finally:
+            if bar is not None:
+                bar.close()
+            for p in held:
+                _remove(p)
+        for note in notes:
+            warnings.warn(note, stacklevel=2)
+        return Training(dict(json.loads(doc), model=self.name))
 
     def run(
         self,
@@ -968,6 +1071,61 @@ class Build(_Result):
             ("weights", human_bytes(d["weights_bytes"])),
             ("written to", d["out"] or "-"),
         ]
+
+
+class Training(_Result):
+    """What :meth:`Model.train` did: ``smelt train --json``."""
+
+    @property
+    def steps(self) -> int:
+        """Steps in all (counted from the start when resumed)."""
+        return self._doc["steps"]
+
+    @property
+    def first_loss(self) -> Optional[float]:
+        """The first step's loss."""
+        return self._doc["first_loss"]
+
+    @property
+    def final_loss(self) -> Optional[float]:
+        """The last step's loss."""
+        return self._doc["final_loss"]
+
+    @property
+    def validation(self) -> Optional[Dict[str, Any]]:
+        """The final validation pass (loss, accuracy, samples), with ``val``."""
+        return self._doc["validation"]
+
+    @property
+    def seconds(self) -> float:
+        """Wall time of the steps."""
+        return self._doc["seconds"]
+
+    @property
+    def device_bytes(self) -> int:
+        """Device memory: activation arena plus weights and optimizer state."""
+        return self._doc["device_bytes"]
+
+    def _summary(self) -> str:
+        loss = self._doc["final_loss"]
+        return f"{self._doc['model']}: {self._doc['steps_run']} steps on {self._doc['device']}" + (f", loss {loss:.4f}" if loss is not None else "")
+
+    def _rows(self) -> List[Tuple[str, str]]:
+        d = self._doc
+        rows = [
+            ("device", d["device"]),
+            ("steps", f"{d['steps_run']} ({d['resumed_from']} to {d['steps']})"),
+            ("batch", str(d["batch"]) + (f" ({d['accumulate']} micro-batches)" if d["accumulate"] > 1 else "")),
+            ("loss", f"{d['first_loss']:.4f} -> {d['final_loss']:.4f}" if d["final_loss"] is not None else "-"),
+            ("ms per step", f"{d['ms_per_step']:.2f}"),
+            ("device memory", human_bytes(d["device_bytes"])),
+        ]
+        if d.get("validation"):
+            v = d["validation"]
+            rows.append(("validation loss", f"{v['loss']:.4f}" + (f", accuracy {100 * v['accuracy']:.2f}%" if v.get("accuracy") is not None else "")))
+        if d.get("saved"):
+            rows.append(("saved to", d["saved"]))
+        return rows
 
 
 # ---------------------------------------------------------------- progress

@@ -21,6 +21,23 @@ def compile(
     jobs: Optional[int] = None,
     progress: Optional[Callable[[int, int, str], None]] = None,
 ) -> str: ...
+def train(
+    argv: Sequence[str],
+    data: str,
+    backend: str = "cpu",
+    val: Optional[str] = None,
+    steps: Optional[int] = None,
+    epochs: Optional[int] = None,
+    memory_limit: Optional[int] = None,
+    save: Optional[str] = None,
+    checkpoint: Optional[str] = None,
+    every: Optional[int] = None,
+    resume: Optional[str] = None,
+    seed: int = 0,
+    shuffle: bool = True,
+    log_json: Optional[str] = None,
+    progress: Optional[Callable[[int, int, float], None]] = None,
+) -> Tuple[str, List[str]]: ...
 def text(argv: Sequence[str]) -> str: ...
 def ports(argv: Sequence[str]) -> Tuple[List[Port], List[Port]]: ...
 def parse_size(s: str) -> int: ...

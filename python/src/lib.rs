@@ -10,6 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyDict};
 use smelt::args::{FitArgs, ModelArgs};
 use smelt::ir::{IrError, KernelGraph, Tensor, TensorType};
+use smelt::passes::train::TrainError;
 use smelt::Error;
 
 /// The exception of `smelt.errors` for `e`, with its fields as attributes.
@@ -27,7 +28,8 @@ fn exception(py: Python<'_>, e: &Error) -> PyResult<PyErr> {
         _ if e.is_bug() => "InternalError",
         Error::Model(IrError::UnsupportedOp { .. } | IrError::Unsupported { .. } | IrError::UnsupportedFeature(_)) => "UnsupportedError",
         Error::NoKernel { .. } => "UnsupportedError",
-        Error::Model(IrError::Usage(_)) | Error::Usage(_) | Error::Data { .. } => "UsageError",
+        Error::Train(TrainError::NoGradient { .. }) => "UnsupportedError",
+        Error::Model(IrError::Usage(_)) | Error::Usage(_) | Error::Data { .. } | Error::Train(TrainError::Usage(_)) => "UsageError",
         Error::Model(_) => "ModelError",
         Error::MemoryLimit { limit, arena, smaller_batch, .. } => {
             kw.set_item("limit", limit)?;
@@ -135,6 +137,107 @@ fn compile(
             build.write(dir, &m.model, &title, weights)?;
         }
         Ok(build.json(&m.model, out_dir.as_deref()).to_string())
+    })
+}
+
+/// A training run's progress for Python: `progress(done, total, loss)`
+/// after each step, and the notes kept for warnings.
+struct PyProgress {
+    callback: Option<Py<PyAny>>,
+    steps: std::sync::atomic::AtomicUsize,
+    total: std::sync::atomic::AtomicUsize,
+    notes: std::sync::Mutex<Vec<String>>,
+}
+
+impl smelt::train::Progress for PyProgress {
+    fn started(&self, s: &smelt::train::Start) {
+        self.total.store(s.total - s.start, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn step(&self, r: &smelt::train::StepReport) {
+        let n = self.steps.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        if let Some(p) = &self.callback {
+            let total = self.total.load(std::sync::atomic::Ordering::Relaxed);
+            // A failing callback must not stop the training.
+            Python::attach(|py| {
+                if let Err(e) = p.call1(py, (n, total, r.loss)) {
+                    e.print(py);
+                }
+            });
+        }
+    }
+
+    fn note(&self, note: &str) {
+        self.notes.lock().expect("not poisoned").push(note.to_string());
+    }
+}
+
+/// `smelt train --json`: the model the flags name (with its training
+/// step's flags) trained as the keyword arguments say, on `backend`. Returns
+/// the summary and the notes (the step's, the data's).
+#[pyfunction]
+#[pyo3(signature = (argv, data, backend="cpu", val=None, steps=None, epochs=None, memory_limit=None, save=None, checkpoint=None, every=None, resume=None, seed=0, shuffle=true, log_json=None, progress=None))]
+#[allow(clippy::too_many_arguments)]
+fn train(
+    py: Python<'_>,
+    argv: Vec<String>,
+    data: std::path::PathBuf,
+    backend: &str,
+    val: Option<std::path::PathBuf>,
+    steps: Option<usize>,
+    epochs: Option<usize>,
+    memory_limit: Option<usize>,
+    save: Option<std::path::PathBuf>,
+    checkpoint: Option<std::path::PathBuf>,
+    every: Option<u64>,
+    resume: Option<std::path::PathBuf>,
+    seed: u64,
+    shuffle: bool,
+    log_json: Option<std::path::PathBuf>,
+    progress: Option<Py<PyAny>>,
+) -> PyResult<(String, Vec<String>)> {
+    use smelt::train::{Backend, Length, Run};
+    let backend: Backend = backend.parse().map_err(|e| to_py(Error::Usage(e)))?;
+    if steps.is_some() && epochs.is_some() {
+        return Err(to_py(Error::Usage("give steps or epochs, not both".into())));
+    }
+    if every == Some(0) {
+        return Err(to_py(Error::Usage("every must be at least 1".into())));
+    }
+    detached(py, move || {
+        let mut m = ModelArgs::parse_from(argv)?;
+        m.apply_recipe()?;
+        // TF32 is the GPU's (as PyTorch): the CPU computes in f32 unless asked.
+        if backend == Backend::Cpu {
+            m.no_tf32_by_default();
+        }
+        if m.train.train.is_none() {
+            return Err(Error::Usage("train needs an optimizer: optimizer='sgd', 'adam' or 'adamw'".into()));
+        }
+        let s = m.open(true)?;
+        let mut notes: Vec<String> = s.train.iter().flat_map(|t| t.step.notes.clone()).collect();
+        let run = Run {
+            data,
+            val,
+            length: Some(match (steps, epochs) {
+                (Some(n), _) => Length::Steps(n),
+                (None, e) => Length::Epochs(e.unwrap_or(1)),
+            }),
+            backend,
+            memory_limit,
+            save,
+            checkpoint,
+            every,
+            resume,
+            seed,
+            no_shuffle: !shuffle,
+            log_json,
+            inject_overflow: None,
+        };
+        let p = PyProgress { callback: progress, steps: Default::default(), total: Default::default(), notes: Default::default() };
+        let summary = smelt::train::train(s, &run, &p)?;
+        notes.extend(p.notes.into_inner().expect("not poisoned"));
+        Ok((serde_json::to_string(&summary).expect("a summary serializes"), notes))
     })
 }
 
@@ -265,6 +368,7 @@ fn _smelt(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(plan, m)?)?;
     m.add_function(wrap_pyfunction!(fit, m)?)?;
     m.add_function(wrap_pyfunction!(compile, m)?)?;
+    m.add_function(wrap_pyfunction!(train, m)?)?;
     m.add_function(wrap_pyfunction!(text, m)?)?;
     m.add_function(wrap_pyfunction!(ports, m)?)?;
     m.add_function(wrap_pyfunction!(version, m)?)?;

@@ -385,3 +385,59 @@ def test_readme_and_module_examples_run():
         assert tried == prompts > 0, f"{doc}: {tried} examples ran of {prompts}"
     failed, tried = doctest.testmod(smelt, optionflags=doctest.ELLIPSIS)
     assert failed == 0 and tried > 0
+
+
+# ---------------------------------------------------------------- training
+
+RUNS = DATA / "train_runs"
+
+
+def test_train_is_the_clis_and_pytorchs(tmp_path):
+    """Model.train is smelt train: the same checkpoint bit for bit as the
+    CLI's, and PyTorch's weights after 20 Adam steps (scripts/make_train_runs.py)
+    from arrays given as a dict, on the CPU and on the emulator."""
+    d = RUNS / "cnn"
+    m = smelt.load(d / "model.onnx")
+    flags = dict(optimizer="adam", lr=0.01, batch=32, steps=20, shuffle=False, progress=False)
+    py = m.train(d / "train.npz", checkpoint=tmp_path / "py", **flags)
+    c = cli("train", d / "model.onnx", "--data", d / "train.npz", "--optimizer", "adam", "--lr", 0.01, "--batch", 32,
+            "--steps", 20, "--no-shuffle", "--checkpoint", tmp_path / "cli")
+    assert py.steps == c["steps"] == 20 and py.final_loss == c["final_loss"]
+    got, want = np.load(tmp_path / "py" / "checkpoint.npz"), np.load(tmp_path / "cli" / "checkpoint.npz")
+    assert sorted(got.files) == sorted(want.files)
+    for k in want.files:
+        assert np.array_equal(got[k], want[k]), k
+    arrays = dict(np.load(d / "train.npz"))
+    reference = np.load(d / "adam.npz")
+    for backend in ["cpu", "emulator"]:
+        # Exact f32 on the emulator too (its default is the GPU's TF32 convs).
+        t = m.train(arrays, backend=backend, tf32="off", checkpoint=tmp_path / backend, **flags)
+        assert t.to_dict()["backend"] == backend
+        got = np.load(tmp_path / backend / "checkpoint.npz")
+        compared = [k for k in reference.files if k in got.files]
+        assert len(compared) >= 4, compared
+        for k in compared:
+            w = reference[k]
+            assert np.allclose(got[k], w, rtol=1e-4, atol=1e-5 * max(1.0, float(np.abs(w).max()))), (backend, k)
+
+
+def test_train_refuses_as_the_cli_and_saves_a_model_onnxruntime_runs(tmp_path):
+    d = RUNS / "mlp"
+    m = smelt.load(d / "model.onnx")
+    with pytest.raises(smelt.UsageError, match="is SGD's"):
+        m.train(d / "train.npz", optimizer="adam", momentum=0.9, batch=8, steps=1, progress=False)
+    with pytest.raises(smelt.UsageError, match="invalid learning rate"):
+        m.train(d / "train.npz", optimizer="sgd", lr=-1.0, batch=8, steps=1, progress=False)
+    with pytest.raises(smelt.MemoryLimitError):
+        m.train(d / "train.npz", batch=8, steps=1, memory_limit="1KiB", progress=False)
+    seen = []
+    out = tmp_path / "trained.onnx"
+    t = m.train(d / "train.npz", optimizer="sgd", lr=0.05, batch=8, steps=5, val=d / "val.npz", save=out, progress=False)
+    assert t.validation["samples"] == 200 and t.to_dict()["saved"] == str(out)
+    x = np.load(d / "val.npz")["x"][:1].astype(np.float32)
+    want = onnxruntime_outputs(out, {"x": x})
+    got = smelt.load(out).run(x)
+    for k in want:
+        assert np.allclose(got[k], want[k], rtol=1e-4, atol=1e-5), k
+    assert "loss" in repr(t) and "validation loss" in t._repr_html_()
+    del seen

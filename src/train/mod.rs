@@ -14,6 +14,10 @@
 //! - [`evaluate`]: the model's forward pass with the trained weights on the
 //!   CPU reference executor: loss and accuracy on a data set.
 
+mod run;
+
+pub use run::{train, Backend, EpochValidation, Progress, Quiet, Run, Start, Summary};
+
 use crate::driver::Error;
 use smelt_codegen::program::Space;
 use smelt_ir::{npy, DType, Graph, Op, OpSet, Rng, Tensor, TensorType};
@@ -559,9 +563,9 @@ impl<D: Device> Trainer<D> {
     /// that archive's name and size) written atomically: the commit. A kill
     /// at any instant leaves the previous checkpoint or this one, whole;
     /// then `checkpoint.npz` links to the archive, and archives no commit
-    /// names are removed. Refuses to save
-    /// non-finite values (the run has diverged: the last good checkpoint
-    /// stays).
+    /// names (and the temporary files of a run killed while writing) are
+    /// removed. Refuses to save non-finite values (the run has diverged: the
+    /// last good checkpoint stays).
     pub fn save_checkpoint(&mut self, dir: &Path) -> Result<(), Error> {
         let io = |error: std::io::Error| Error::Model(smelt_ir::IrError::Io { path: dir.display().to_string(), error });
         std::fs::create_dir_all(dir).map_err(io)?;
@@ -592,9 +596,12 @@ impl<D: Device> Trainer<D> {
         #[cfg(not(unix))]
         std::fs::copy(dir.join(&file), &tmp).map_err(io)?;
         std::fs::rename(&tmp, dir.join("checkpoint.npz")).map_err(io)?;
+        // Older archives, and what a run killed while writing left (its
+        // archive's temporary file, or the link's or the JSON's).
         for e in std::fs::read_dir(dir).map_err(io)?.flatten() {
             let name = e.file_name().to_string_lossy().to_string();
-            if name.starts_with("checkpoint-") && name.ends_with(".npz") && name != file {
+            let archive = name.starts_with("checkpoint-") && (name.ends_with(".npz") || name.ends_with(".npz.tmp")) && name != file;
+            if archive || (name.starts_with(".checkpoint.") && name.ends_with(".tmp")) {
                 let _ = std::fs::remove_file(e.path());
             }
         }
