@@ -179,7 +179,7 @@ fn spelled_out_layer_norms_become_one_op() {
         let f = fused(&g);
         let is_layer_norm = |n: NodeId| match &f.node(n).op {
             KernelOp::Op(op) => matches!(op, Op::LayerNorm { .. }),
-            KernelOp::FusedReduction { reduction, .. } => matches!(**reduction, Op::LayerNorm { .. }),
+            KernelOp::FusedReduction { reduction, .. } => matches!(reduction, smelt_ir::Reducer::LayerNorm { .. }),
             _ => false,
         };
         assert_eq!(f.node_ids().filter(|&n| is_layer_norm(n)).count(), want, "{square} {tail} {extra}");

@@ -41,7 +41,7 @@ fn samples() -> Vec<(KernelOp, Vec<TensorType>)> {
         (
             KernelOp::FusedReduction {
                 expr: "mul($0, $1)".parse::<Expr>().unwrap(),
-                reduction: Box::new(Op::Reduce { op: ReduceOp::Mean, axes: vec![3], keepdims: true }),
+                reduction: smelt_ir::Reducer::Reduce { op: ReduceOp::Mean, axes: vec![3], keepdims: true },
             },
             vec![x.clone(), f32t(&[4, 1, 1])],
         ),
@@ -74,11 +74,11 @@ fn samples() -> Vec<(KernelOp, Vec<TensorType>)> {
         (
             KernelOp::FusedReduction {
                 expr: "add($0,$1)".parse::<Expr>().unwrap(),
-                reduction: Box::new(Op::LayerNorm { axis: 3, epsilon: 1e-5 }),
+                reduction: smelt_ir::Reducer::LayerNorm { axis: 3, epsilon: 1e-5 },
             },
             vec![x.clone(), f32t(&[4, 1, 1]), f32t(&[5]), f32t(&[5])],
         ),
-        (KernelOp::Op(Op::Lrn { size: 3, alpha: 1e-4, beta: 0.75, bias: 1.0 }), vec![x.clone()]),
+        (KernelOp::Op(Op::Lrn(smelt_ir::Lrn { size: 3, alpha: 1e-4, beta: 0.75, bias: 1.0 })), vec![x.clone()]),
         (KernelOp::Op(Op::Dropout), vec![x.clone()]),
         (KernelOp::Op(Op::Identity), vec![x.clone()]),
         (KernelOp::Op(Op::Pad { pads: vec![0, 0, 1, 1, 0, 0, 1, 1], mode: smelt_ir::PadMode::Edge }), vec![x.clone()]),
@@ -88,7 +88,7 @@ fn samples() -> Vec<(KernelOp, Vec<TensorType>)> {
         (KernelOp::Op(Op::Cast { to: DType::F16 }), vec![x.clone()]),
         (KernelOp::Elementwise { expr: "add(mul($0,$1),tanh($0))".parse::<Expr>().unwrap() }, vec![x.clone(), f32t(&[4, 1, 1])]),
         (
-            KernelOp::FusedReduction { expr: "relu($0)".parse::<Expr>().unwrap(), reduction: Box::new(Op::GlobalAveragePool) },
+            KernelOp::FusedReduction { expr: "relu($0)".parse::<Expr>().unwrap(), reduction: smelt_ir::Reducer::GlobalAveragePool },
             vec![x.clone()],
         ),
     ];
@@ -137,7 +137,7 @@ fn samples() -> Vec<(KernelOp, Vec<TensorType>)> {
     // GELU, a transposed Gemm read as [2,5,6] with a scale and a residual,
     // a batched product with an f16 output.
     let epilogue = |product: Op, expr: &str, shape: &[usize]| KernelOp::GemmEpilogue {
-        product: Box::new(product),
+        product: smelt_ir::Product::of(&product).unwrap(),
         expr: expr.parse::<Expr>().unwrap(),
         shape: shape.to_vec(),
     };
@@ -188,7 +188,7 @@ fn samples() -> Vec<(KernelOp, Vec<TensorType>)> {
     v.push((KernelOp::Op(Op::ConvGradWeight { conv: strided, shape: vec![4, 2, 3, 3] }), vec![x.clone(), f32t(&[1, 4, 3, 3])]));
     v.push((KernelOp::Op(Op::MaxPoolGrad(window.clone())), vec![x.clone(), x.clone()]));
     v.push((KernelOp::Op(Op::AvgPoolGrad { pool: window, count_include_pad: false, shape: vec![1, 4, 5, 5] }), vec![x.clone()]));
-    v.push((KernelOp::Op(Op::LrnGrad { size: 3, alpha: 1e-4, beta: 0.75, bias: 1.0 }), vec![x.clone(), x.clone()]));
+    v.push((KernelOp::Op(Op::LrnGrad(smelt_ir::Lrn { size: 3, alpha: 1e-4, beta: 0.75, bias: 1.0 })), vec![x.clone(), x.clone()]));
     let i64s = |shape: &[usize]| TensorType::new(DType::I64, shape.to_vec());
     v.push((KernelOp::Op(Op::GatherGrad { axis: 1, shape: vec![2, 6, 3] }), vec![i64s(&[2, 2]), f32t(&[2, 2, 2, 3])]));
     v.push((KernelOp::Op(Op::GatherGrad { axis: 0, shape: vec![3, 4] }), vec![i64s(&[]), f32t(&[4])]));
@@ -261,7 +261,7 @@ fn covered_op(op: &Op) {
         | Op::Softmax { .. }
         | Op::LogSoftmax { .. }
         | Op::LayerNorm { .. }
-        | Op::Lrn { .. }
+        | Op::Lrn(_)
         | Op::Dropout
         | Op::Identity
         | Op::Pad { .. }

@@ -345,7 +345,7 @@ fn every_gradient_rule_matches_finite_differences() {
             operands: vec![x4(r), pos(r, &[6, 6]), random(r, &[6, 6], -1.0, 1.0)],
             fixed: vec![],
         },
-        OneOp { op: Op::Lrn { size: 3, alpha: 0.5, beta: 0.75, bias: 1.0 }, operands: vec![x4(r)], fixed: vec![] },
+        OneOp { op: Op::Lrn(smelt_ir::Lrn { size: 3, alpha: 0.5, beta: 0.75, bias: 1.0 }), operands: vec![x4(r)], fixed: vec![] },
         OneOp {
             op: Op::Pad { pads: vec![0, 1, 2, 0, 1, 0, 1, 2], mode: smelt_ir::PadMode::Constant(0.5) },
             operands: vec![x4(r)],

@@ -92,14 +92,14 @@ fn check(case: &str, prefix: &str, opts: smelt::Options) -> f64 {
     // no score tensor is ever stored.
     let softmax = compiled.graph.node_ids().find(|&n| match &compiled.graph.node(n).op {
         smelt_ir::KernelOp::Op(op) => matches!(op, smelt_ir::Op::Softmax { .. }),
-        smelt_ir::KernelOp::FusedReduction { reduction, .. } => matches!(**reduction, smelt_ir::Op::Softmax { .. }),
+        smelt_ir::KernelOp::FusedReduction { reduction, .. } => matches!(reduction, smelt_ir::Reducer::Softmax { .. }),
         _ => false,
     });
     assert!(softmax.is_none(), "{case}: softmax {:?} left unfused", softmax.map(|n| &compiled.graph.node(n).name));
     // Every layer norm is one op, including those opset 14 spells out.
     let reduce = compiled.graph.node_ids().find(|&n| match &compiled.graph.node(n).op {
         smelt_ir::KernelOp::Op(op) => matches!(op, smelt_ir::Op::Reduce { .. }),
-        smelt_ir::KernelOp::FusedReduction { reduction, .. } => matches!(**reduction, smelt_ir::Op::Reduce { .. }),
+        smelt_ir::KernelOp::FusedReduction { reduction, .. } => matches!(reduction, smelt_ir::Reducer::Reduce { .. }),
         _ => false,
     });
     assert!(reduce.is_none(), "{case}: reduction {:?} left unfused", reduce.map(|n| &compiled.graph.node(n).name));
@@ -273,7 +273,7 @@ fn emulate_at(
     let g = &compiled.graph;
     let cast_after_norm = g.node_ids().find(|&n| {
         matches!(g.node(n).op, smelt_ir::KernelOp::Op(smelt_ir::Op::Cast { .. }))
-            && matches!(&g.node(g.inputs_of(n)[0].node).op, smelt_ir::KernelOp::FusedReduction { reduction, .. } if matches!(**reduction, smelt_ir::Op::LayerNorm { .. }))
+            && matches!(&g.node(g.inputs_of(n)[0].node).op, smelt_ir::KernelOp::FusedReduction { reduction, .. } if matches!(reduction, smelt_ir::Reducer::LayerNorm { .. }))
     });
     assert!(cast_after_norm.is_none(), "{case} {policy}: cast {:?} after a layer norm", cast_after_norm.map(|n| &g.node(n).name));
     let planned = s.plan(&compiled).unwrap_or_else(|e| panic!("{case}: {e}"));

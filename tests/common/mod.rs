@@ -226,7 +226,7 @@ pub fn random_kernel_graph(seed: u64) -> Graph {
                 b.op(Op::AveragePool { pool, count_include_pad: r.below(2) == 0 }, &[v])
             }
             5 if four => b.op(Op::GlobalAveragePool, &[v]),
-            6 if four => b.op(Op::Lrn { size: 3, alpha: 1e-3, beta: 0.75, bias: 1.0 }, &[v]),
+            6 if four => b.op(Op::Lrn(smelt_ir::Lrn { size: 3, alpha: 1e-3, beta: 0.75, bias: 1.0 }), &[v]),
             7 if four => b.op(Op::Transpose { perm: vec![0, 1, 3, 2] }, &[v]).and_then(|t| b.relu(t)),
             8 => {
                 let w = vals.iter().copied().find(|&w| w != v && b.ty(w).shape == ty.shape);

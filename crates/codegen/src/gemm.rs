@@ -105,7 +105,7 @@ impl Gemm {
             if !node.outputs[0].dtype.is_float() {
                 return None;
             }
-            let product = KernelOp::Op(product.as_ref().clone());
+            let product = KernelOp::Op(product.op());
             let p = smelt_ir::infer_kernel(&product, &tys[..2]).ok()?.remove(0);
             let mut gemm = Gemm::describe(&product, &tys[..2], &p)?;
             let mut inputs = vec![(DType::F32, strides(shape, shape))];

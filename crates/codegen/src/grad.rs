@@ -61,16 +61,7 @@ pub enum GradKind {
         index: DType,
     },
     /// dx of LRN: inputs x, dy.
-    Lrn {
-        /// Channels summed over.
-        size: usize,
-        /// Scale.
-        alpha: f32,
-        /// Exponent.
-        beta: f32,
-        /// Offset.
-        bias: f32,
-    },
+    Lrn(smelt_ir::Lrn),
 }
 
 /// A backward kernel.
@@ -128,9 +119,7 @@ impl Grad {
             KernelOp::Op(Op::GatherGrad { axis, .. }) => {
                 (GradKind::Gather { axis: *axis, index: g.ty(g.inputs_of(id)[0]).dtype }, "gather_grad")
             }
-            KernelOp::Op(Op::LrnGrad { size, alpha, beta, bias }) => {
-                (GradKind::Lrn { size: *size, alpha: *alpha, beta: *beta, bias: *bias }, "lrn_grad")
-            }
+            KernelOp::Op(Op::LrnGrad(l)) => (GradKind::Lrn(*l), "lrn_grad"),
             _ => return None,
         };
         let inputs: Vec<Vec<usize>> = g.inputs_of(id).iter().map(|v| g.ty(*v).shape.clone()).collect();
@@ -142,7 +131,7 @@ impl Grad {
         let window = match &kind {
             GradKind::ConvData(c) | GradKind::ConvWeight(c) => format!("s{}d{}g{}_", c.strides[0], c.dilations[0], c.group),
             GradKind::MaxPool(p) | GradKind::AvgPool(p, _) => format!("k{}x{}s{}_", p.kernel[0], p.kernel[1], p.strides[0]),
-            GradKind::Lrn { size, .. } => format!("n{size}_"),
+            GradKind::Lrn(smelt_ir::Lrn { size, .. }) => format!("n{size}_"),
             GradKind::Gather { axis, index } => format!("a{axis}_{index}_{}_", inputs[0].iter().product::<usize>()),
         };
         let dims: Vec<String> = out.shape.iter().map(|d| d.to_string()).collect();
@@ -180,7 +169,7 @@ impl Grad {
                 dy[0] * dy[2] * dy[3]
             }
             GradKind::MaxPool(p) | GradKind::AvgPool(p, _) => p.kernel.iter().product(),
-            GradKind::Lrn { size, .. } => size * size,
+            GradKind::Lrn(smelt_ir::Lrn { size, .. }) => size * size,
             GradKind::Gather { .. } => self.inputs[0].iter().product(),
         };
         self.numel() * per
@@ -658,7 +647,7 @@ impl Grad {
                 s += &format!("            acc += {} / div;\n        }}\n    }}\n", ld(&format!("in0[plane + y * {ow} + z]")));
             }
             GradKind::Gather { .. } => unreachable!("handled above"),
-            GradKind::Lrn { size, alpha, beta, bias } => {
+            GradKind::Lrn(smelt_ir::Lrn { size, alpha, beta, bias }) => {
                 // out: dx; in0: x [n, c, h, w]; in1: dy
                 let c = a1;
                 let inner = a2 * a3;
@@ -895,7 +884,7 @@ impl Grad {
                     }
                 }
                 GradKind::Gather { .. } => unreachable!("handled above"),
-                GradKind::Lrn { size, alpha, beta, bias } => {
+                GradKind::Lrn(smelt_ir::Lrn { size, alpha, beta, bias }) => {
                     let (c, inner) = (a1, a2 * a3);
                     let (lo, hi) = ((size - 1) / 2, size / 2);
                     let k = alpha / *size as f32;

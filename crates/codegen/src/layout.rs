@@ -20,16 +20,7 @@ pub enum Kind {
         sizes: Vec<usize>,
     },
     /// Local response normalization across channels.
-    Lrn {
-        /// Channels summed over.
-        size: usize,
-        /// Scale.
-        alpha: f32,
-        /// Exponent.
-        beta: f32,
-        /// Offset.
-        bias: f32,
-    },
+    Lrn(smelt_ir::Lrn),
 }
 
 /// A transpose, concat or LRN kernel.
@@ -72,9 +63,7 @@ impl Layout {
                 Kind::Concat { axis: *axis, sizes: ins.iter().map(|v| g.ty(*v).shape[*axis]).collect() },
                 format!("concat{}_a{axis}", ins.len()),
             ),
-            KernelOp::Op(Op::Lrn { size, alpha, beta, bias }) => {
-                (Kind::Lrn { size: *size, alpha: *alpha, beta: *beta, bias: *bias }, format!("lrn{size}"))
-            }
+            KernelOp::Op(Op::Lrn(l)) => (Kind::Lrn(*l), format!("lrn{}", l.size)),
             _ => return None,
         };
         let out = &node.outputs[0];
@@ -134,7 +123,7 @@ impl Layout {
                     start += n;
                 }
             }
-            Kind::Lrn { size, alpha, beta, bias } => {
+            Kind::Lrn(smelt_ir::Lrn { size, alpha, beta, bias }) => {
                 let inner: usize = self.output[2..].iter().product();
                 let c = self.output[1];
                 let (lo, hi) = ((size - 1) / 2, size / 2);
@@ -190,7 +179,7 @@ impl Layout {
                     .collect();
                 Tensor::from_f32(self.output.clone(), out).cast(self.dtype)
             }
-            Kind::Lrn { size, alpha, beta, bias } => {
+            Kind::Lrn(smelt_ir::Lrn { size, alpha, beta, bias }) => {
                 let inner: usize = self.output[2..].iter().product();
                 let c = self.output[1] as i64;
                 let (lo, hi) = (((size - 1) / 2) as i64, (size / 2) as i64);

@@ -106,7 +106,7 @@ impl Reduction {
         let node = g.node(id);
         let ins = g.inputs_of(id);
         let (expr, inner) = match &node.op {
-            KernelOp::FusedReduction { expr, reduction } => (expr.clone(), reduction.as_ref().clone()),
+            KernelOp::FusedReduction { expr, reduction } => (expr.clone(), reduction.op()),
             KernelOp::Op(op) => {
                 let mut e = Expr::default();
                 e.push(ExprNode::Input(0));

@@ -104,7 +104,7 @@ pub fn infer(op: &Op, ins: &[&TensorType]) -> Result<Vec<TensorType>, String> {
             expect_forward(&pool(p, &[&x])?, ins[0], "dy")?;
             x
         }
-        Op::LrnGrad { size, .. } => {
+        Op::LrnGrad(crate::Lrn { size, .. }) => {
             arity(ins, 2, 2)?;
             float(ins[0])?;
             rank_at_least(ins[0], 2)?;
@@ -201,7 +201,7 @@ pub fn infer(op: &Op, ins: &[&TensorType]) -> Result<Vec<TensorType>, String> {
             }
             x.clone()
         }
-        Op::Lrn { size, .. } => {
+        Op::Lrn(crate::Lrn { size, .. }) => {
             arity(ins, 1, 1)?;
             rank_at_least(ins[0], 3)?;
             if *size == 0 {
@@ -312,10 +312,9 @@ pub fn infer_kernel(op: &KernelOp, ins: &[&TensorType]) -> Result<Vec<TensorType
             if ins.len() < 2 {
                 return Err(format!("gemm_epilogue takes the product's two operands, got {} inputs", ins.len()));
             }
-            let p = match product.as_ref() {
-                Op::MatMul => infer(product, &ins[..2])?.remove(0),
-                Op::Gemm { trans_a, trans_b, .. } => gemm(*trans_a, *trans_b, &ins[..2], true)?,
-                op => return Err(format!("gemm_epilogue's product must be matmul or gemm, not {}", op.name())),
+            let p = match *product {
+                crate::Product::MatMul => infer(&Op::MatMul, &ins[..2])?.remove(0),
+                crate::Product::Gemm { trans_a, trans_b, .. } => gemm(trans_a, trans_b, &ins[..2], true)?,
             };
             if Ok(p.numel()) != checked_numel(shape) {
                 return Err(format!("gemm_epilogue's product {p} cannot be read as shape {shape:?}"));
@@ -333,12 +332,9 @@ pub fn infer_kernel(op: &KernelOp, ins: &[&TensorType]) -> Result<Vec<TensorType
             // operands (a layer norm's scale and bias) follow.
             let k = expr.arity().min(ins.len());
             let pre = elementwise(expr, &ins[..k])?;
-            if !reduction.is_fusable_reduction() {
-                return Err(format!("{} cannot take an elementwise prologue", reduction.name()));
-            }
             let mut all = vec![&pre];
             all.extend_from_slice(&ins[k..]);
-            return infer(reduction, &all);
+            return infer(&reduction.op(), &all);
         }
     }])
 }

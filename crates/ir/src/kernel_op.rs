@@ -12,12 +12,109 @@
 use crate::dtype::TensorType;
 use crate::fused::{Act, Expr};
 use crate::graph::Graph;
-use crate::op::{Conv, Op};
+use crate::op::{Conv, Op, ReduceOp};
 use crate::text::{Attr, Attrs};
 use crate::traits::Traits;
 
 /// A graph at the kernel level.
 pub type KernelGraph = Graph<KernelOp>;
+
+/// The reduction of a [`KernelOp::FusedReduction`]: the semantic ops whose
+/// kernel reads an elementwise prologue (a closed set: every consumer
+/// matches all of them).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Reducer {
+    /// Mean over the spatial dimensions.
+    GlobalAveragePool,
+    /// Softmax along `axis`.
+    Softmax {
+        /// The axis.
+        axis: usize,
+    },
+    /// Log-softmax along `axis`.
+    LogSoftmax {
+        /// The axis.
+        axis: usize,
+    },
+    /// Layer normalization from `axis` on (its scale and bias are operands).
+    LayerNorm {
+        /// First normalized dimension.
+        axis: usize,
+        /// Added to the variance.
+        epsilon: f32,
+    },
+    /// A reduction over axes.
+    Reduce {
+        /// Which reduction.
+        op: ReduceOp,
+        /// Reduced axes, sorted.
+        axes: Vec<usize>,
+        /// Keep reduced axes with extent 1.
+        keepdims: bool,
+    },
+}
+
+impl Reducer {
+    /// `op` as a reducer, if its kernel takes a prologue.
+    pub fn of(op: &Op) -> Option<Reducer> {
+        Some(match op {
+            Op::GlobalAveragePool => Reducer::GlobalAveragePool,
+            Op::Softmax { axis } => Reducer::Softmax { axis: *axis },
+            Op::LogSoftmax { axis } => Reducer::LogSoftmax { axis: *axis },
+            Op::LayerNorm { axis, epsilon } => Reducer::LayerNorm { axis: *axis, epsilon: *epsilon },
+            Op::Reduce { op, axes, keepdims } => Reducer::Reduce { op: *op, axes: axes.clone(), keepdims: *keepdims },
+            _ => return None,
+        })
+    }
+
+    /// The semantic op.
+    pub fn op(&self) -> Op {
+        match self {
+            Reducer::GlobalAveragePool => Op::GlobalAveragePool,
+            Reducer::Softmax { axis } => Op::Softmax { axis: *axis },
+            Reducer::LogSoftmax { axis } => Op::LogSoftmax { axis: *axis },
+            Reducer::LayerNorm { axis, epsilon } => Op::LayerNorm { axis: *axis, epsilon: *epsilon },
+            Reducer::Reduce { op, axes, keepdims } => Op::Reduce { op: *op, axes: axes.clone(), keepdims: *keepdims },
+        }
+    }
+}
+
+/// The product of a [`KernelOp::GemmEpilogue`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Product {
+    /// A batched matrix product (numpy semantics).
+    MatMul,
+    /// `alpha * op(a) @ op(b)`: a GEMM without its C operand.
+    Gemm {
+        /// Transpose a.
+        trans_a: bool,
+        /// Transpose b.
+        trans_b: bool,
+        /// Product scale.
+        alpha: f32,
+        /// Bias scale (of a C operand the epilogue adds).
+        beta: f32,
+    },
+}
+
+impl Product {
+    /// `op` as a product, if it is one.
+    pub fn of(op: &Op) -> Option<Product> {
+        match *op {
+            Op::MatMul => Some(Product::MatMul),
+            Op::Gemm { trans_a, trans_b, alpha, beta } => Some(Product::Gemm { trans_a, trans_b, alpha, beta }),
+            _ => None,
+        }
+    }
+
+    /// The semantic op.
+    pub fn op(self) -> Op {
+        match self {
+            Product::MatMul => Op::MatMul,
+            Product::Gemm { trans_a, trans_b, alpha, beta } => Op::Gemm { trans_a, trans_b, alpha, beta },
+        }
+    }
+}
 
 /// What a graph node can hold: [`Op`] (semantic) or [`KernelOp`].
 pub trait OpSet: Clone + std::fmt::Debug + PartialEq + Send + Sync + 'static {
@@ -106,7 +203,7 @@ pub enum KernelOp {
         /// The elementwise prologue; `$i` is input i.
         expr: Expr,
         /// The reduction applied to its (broadcast) result.
-        reduction: Box<Op>,
+        reduction: Reducer,
     },
     /// A matrix product whose result an elementwise expression consumes in
     /// the kernel's epilogue (a bias and GELU in any exporter's spelling, a
@@ -116,7 +213,7 @@ pub enum KernelOp {
     /// `$i` is input `i + 1`.
     GemmEpilogue {
         /// The product: `matmul`, or a `gemm` without its C operand.
-        product: Box<Op>,
+        product: Product,
         /// The epilogue.
         expr: Expr,
         /// The output shape; the product is read as this shape (same

@@ -33,10 +33,10 @@ pub use error::IrError;
 pub use fused::{round_to, Act, Expr, ExprNode};
 pub use graph::{Graph, Node, NodeId, Target, TileChoice, ValueId};
 pub use infer::{attention_types, broadcast, broadcast_index, broadcast_strides, infer, infer_kernel, slice_len};
-pub use kernel_op::{KernelGraph, KernelOp, OpSet};
+pub use kernel_op::{KernelGraph, KernelOp, OpSet, Product, Reducer};
 pub use op::{
-    apply_binary, apply_unary, erf, max_nan, min_nan, BinaryOp, CompareOp, Conv, LogicOp, Op, Optimizer, PadMode, Pool, ReduceOp, Schedule,
-    UnaryOp,
+    apply_binary, apply_unary, erf, max_nan, min_nan, BinaryOp, CompareOp, Conv, LogicOp, Lrn, Op, Optimizer, PadMode, Pool, ReduceOp,
+    Schedule, UnaryOp,
 };
 pub use rng::Rng;
 pub use tensor::{Tensor, TensorData};

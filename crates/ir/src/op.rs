@@ -31,6 +31,19 @@ pub struct Pool {
     pub ceil_mode: bool,
 }
 
+/// Attributes of local response normalization (and its gradient).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Lrn {
+    /// Number of channels summed over.
+    pub size: usize,
+    /// Scale.
+    pub alpha: f32,
+    /// Exponent.
+    pub beta: f32,
+    /// Offset.
+    pub bias: f32,
+}
+
 /// How Pad fills the border.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum PadMode {
@@ -484,16 +497,7 @@ pub enum Op {
         epsilon: f32,
     },
     /// Local response normalization across channels. Input: x `[N,C,*]`.
-    Lrn {
-        /// Number of channels summed over.
-        size: usize,
-        /// Scale.
-        alpha: f32,
-        /// Exponent.
-        beta: f32,
-        /// Offset.
-        bias: f32,
-    },
+    Lrn(Lrn),
     /// Identity at inference (dropout is only active in training).
     Dropout,
     /// Identity.
@@ -565,16 +569,7 @@ pub enum Op {
         shape: Vec<usize>,
     },
     /// Gradient of local response normalization. Inputs: x, dy.
-    LrnGrad {
-        /// Number of channels summed over.
-        size: usize,
-        /// Scale.
-        alpha: f32,
-        /// Exponent.
-        beta: f32,
-        /// Offset.
-        bias: f32,
-    },
+    LrnGrad(Lrn),
     /// An optimizer's update of one parameter and its state, in place: the
     /// outputs replace the persistent operands they name (see
     /// [`Op::updated_operand`]) when the step ends. Inputs: param, grad,
@@ -926,7 +921,7 @@ impl Op {
             Op::Softmax { .. } => "softmax",
             Op::LogSoftmax { .. } => "log_softmax",
             Op::LayerNorm { .. } => "layer_norm",
-            Op::Lrn { .. } => "lrn",
+            Op::Lrn(_) => "lrn",
             Op::Dropout => "dropout",
             Op::Identity => "identity",
             Op::Cast { .. } => "cast",
@@ -938,7 +933,7 @@ impl Op {
             Op::ConvGradWeight { .. } => "conv_grad_weight",
             Op::MaxPoolGrad(_) => "max_pool_grad",
             Op::AvgPoolGrad { .. } => "avg_pool_grad",
-            Op::LrnGrad { .. } => "lrn_grad",
+            Op::LrnGrad(_) => "lrn_grad",
             Op::GatherGrad { .. } => "gather_grad",
             Op::Update(o) => o.name(),
         }

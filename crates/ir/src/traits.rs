@@ -88,9 +88,6 @@ pub struct Traits {
     pub in_place: InPlace,
     /// How it reaches the GPU.
     pub lowering: Lowering,
-    /// Whether an elementwise producer can be computed on the fly as its
-    /// prologue (`fused_reduction`): reductions that have a kernel.
-    pub takes_prologue: bool,
     /// Whether its kernel converts a first operand of another float dtype as
     /// it loads it (a kernel capability: the precision pass inserts no cast
     /// before a widening load).
@@ -98,7 +95,7 @@ pub struct Traits {
 }
 
 const fn t(kind: Kind, precision: Precision, in_place: InPlace, lowering: Lowering) -> Traits {
-    Traits { kind, precision, in_place, lowering, takes_prologue: false, widens_first_operand: false }
+    Traits { kind, precision, in_place, lowering, widens_first_operand: false }
 }
 
 impl Op {
@@ -110,8 +107,6 @@ impl Op {
         use Lowering as L;
         use Precision as P;
         let layer = |lowering| Traits { widens_first_operand: true, ..t(K::Layer, P::Half, I::No, lowering) };
-        let prologue =
-            |precision, lowering| Traits { takes_prologue: lowering == L::Kernel, ..t(K::Reduction, precision, I::No, lowering) };
         match self {
             Op::Input | Op::Constant | Op::Parameter | Op::State => t(K::Source, P::Fixed, I::No, L::Nothing),
             Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze { .. } | Op::Unsqueeze { .. } | Op::Dropout | Op::Identity => {
@@ -121,8 +116,8 @@ impl Op {
             Op::MatMul => Traits { widens_first_operand: false, ..layer(L::Kernel) },
             Op::BatchNorm { .. } => t(K::Normalization, P::Sensitive, I::Any, L::Kernel),
             // Its kernel reads the residual add before it as a prologue.
-            Op::LayerNorm { .. } => Traits { takes_prologue: true, ..t(K::Normalization, P::Sensitive, I::No, L::Kernel) },
-            Op::Lrn { .. } => t(K::Normalization, P::Half, I::No, L::Kernel),
+            Op::LayerNorm { .. } => t(K::Normalization, P::Sensitive, I::No, L::Kernel),
+            Op::Lrn(_) => t(K::Normalization, P::Half, I::No, L::Kernel),
             Op::Unary(_) | Op::Binary(_) | Op::Clip { .. } | Op::Sum => t(K::Elementwise, P::Half, I::Any, L::Kernel),
             Op::Cast { .. } => t(K::Elementwise, P::Fixed, I::No, L::Kernel),
             // Bool results: float operands are brought to one precision.
@@ -131,8 +126,9 @@ impl Op {
             Op::Where => t(K::Elementwise, P::Sensitive, I::No, L::Kernel),
             Op::MaxPool(_) => t(K::Movement, P::Follows, I::No, L::Kernel),
             Op::AveragePool { .. } => t(K::Window, P::Half, I::No, L::Kernel),
-            Op::GlobalAveragePool | Op::Softmax { .. } | Op::LogSoftmax { .. } => prologue(P::Sensitive, L::Kernel),
-            Op::Reduce { .. } => prologue(P::Sensitive, L::Kernel),
+            Op::GlobalAveragePool | Op::Softmax { .. } | Op::LogSoftmax { .. } | Op::Reduce { .. } => {
+                t(K::Reduction, P::Sensitive, I::No, L::Kernel)
+            }
             Op::Concat { .. } | Op::Transpose { .. } => t(K::Movement, P::Follows, I::No, L::Kernel),
             Op::Slice { .. } | Op::Pad { .. } | Op::Expand { .. } | Op::Tile { .. } | Op::Gather { .. } => {
                 t(K::Movement, P::Follows, I::No, L::Kernel)
@@ -142,15 +138,10 @@ impl Op {
             // Backward ops: one thread per output element (2-D images).
             Op::ConvGradData { .. } | Op::ConvGradWeight { .. } => t(K::Layer, P::Sensitive, I::No, L::Kernel),
             Op::MaxPoolGrad(_) | Op::AvgPoolGrad { .. } => t(K::Window, P::Sensitive, I::No, L::Kernel),
-            Op::LrnGrad { .. } => t(K::Normalization, P::Sensitive, I::No, L::Kernel),
+            Op::LrnGrad(_) => t(K::Normalization, P::Sensitive, I::No, L::Kernel),
             Op::GatherGrad { .. } => t(K::Movement, P::Sensitive, I::No, L::Kernel),
             Op::Update(_) => t(K::Update, P::Fixed, I::No, L::Kernel),
         }
-    }
-
-    /// Whether the op is a reduction an elementwise prologue can feed.
-    pub fn is_fusable_reduction(&self) -> bool {
-        self.traits().takes_prologue
     }
 }
 

@@ -129,7 +129,7 @@ fn block(g: &KernelGraph, m2: NodeId, outputs: &HashSet<NodeId>, stats: &mut Sta
             e.push(ExprNode::Input(0));
             (e, g.inputs_of(softmax))
         }
-        KernelOp::FusedReduction { expr, reduction } if matches!(**reduction, Op::Softmax { axis } if axis == last) => {
+        KernelOp::FusedReduction { expr, reduction: smelt_ir::Reducer::Softmax { axis } } if *axis == last => {
             (expr.clone(), g.inputs_of(softmax))
         }
         _ => return None,

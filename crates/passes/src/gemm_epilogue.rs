@@ -24,7 +24,7 @@ struct Fusion {
     absorbed: Vec<NodeId>,
     inputs: Vec<ValueId>,
     expr: Expr,
-    op: Op,
+    op: smelt_ir::Product,
 }
 
 /// Fuses elementwise consumers into the products of `g`.
@@ -46,7 +46,7 @@ pub fn run(g: &mut KernelGraph) -> Result<Stats, IrError> {
         let Some(f) = found.get(&id) else { return Ok(None) };
         let ins: Vec<ValueId> = f.inputs.iter().map(|v| map[v]).collect();
         let shape = g.node(id).outputs[0].shape.clone();
-        let op = KernelOp::GemmEpilogue { product: Box::new(f.op.clone()), expr: f.expr.clone(), shape };
+        let op = KernelOp::GemmEpilogue { product: f.op, expr: f.expr.clone(), shape };
         let new = out.add(op, g.node(f.product).name.clone(), &ins)?;
         out.set_origin(new, g.origins(f.absorbed.iter().chain([&id])));
         Ok(Some(new))
@@ -92,7 +92,7 @@ fn fusion(g: &KernelGraph, e: NodeId, outputs: &HashSet<NodeId>) -> Option<Fusio
         let product = cur;
         let pins = g.inputs_of(product);
         let (op, bias) = match &g.node(product).op {
-            KernelOp::Op(Op::MatMul) => (Op::MatMul, None),
+            KernelOp::Op(Op::MatMul) => (smelt_ir::Product::MatMul, None),
             KernelOp::Op(Op::Gemm { trans_a, trans_b, alpha, beta }) => {
                 let bias = pins.get(2).copied();
                 // The bias joins the expression when it is one value per
@@ -102,7 +102,7 @@ fn fusion(g: &KernelGraph, e: NodeId, outputs: &HashSet<NodeId>) -> Option<Fusio
                 if bias.is_some_and(|c| *beta != 1.0 || !per_column(c)) {
                     return None;
                 }
-                (Op::Gemm { trans_a: *trans_a, trans_b: *trans_b, alpha: *alpha, beta: 1.0 }, bias)
+                (smelt_ir::Product::Gemm { trans_a: *trans_a, trans_b: *trans_b, alpha: *alpha, beta: 1.0 }, bias)
             }
             _ => return None,
         };

@@ -7,7 +7,7 @@
 //! the reduction stores the cast's dtype itself, its statistics still f32
 //! in registers, so the f32 copy of the hidden states never exists.
 
-use smelt_ir::{DType, Expr, ExprNode, IrError, KernelGraph, KernelOp, NodeId, Op, OpSet, ValueId};
+use smelt_ir::{DType, Expr, ExprNode, IrError, KernelGraph, KernelOp, NodeId, Op, OpSet, Reducer, ValueId};
 use std::collections::{HashMap, HashSet};
 
 /// What the pass did.
@@ -25,7 +25,7 @@ pub fn run(g: &mut KernelGraph) -> Result<Stats, IrError> {
     // reduction -> its producer, when the producer can be absorbed.
     let mut absorb: HashMap<NodeId, NodeId> = HashMap::new();
     for id in g.node_ids() {
-        if !g.node(id).op.semantic().is_some_and(|op| op.is_fusable_reduction()) {
+        if g.node(id).op.semantic().is_none_or(|op| Reducer::of(op).is_none()) {
             continue;
         }
         let x = g.inputs_of(id)[0];
@@ -44,10 +44,10 @@ pub fn run(g: &mut KernelGraph) -> Result<Stats, IrError> {
         let Some(&p) = absorb.get(&id) else { return Ok(None) };
         let pins = g.inputs_of(p);
         let expr = Expr::of_kernel(&g.node(p).op, pins.len()).expect("checked above");
-        let reduction = g.node(id).op.semantic().cloned().expect("a semantic reduction, checked above");
+        let reduction = g.node(id).op.semantic().and_then(smelt_ir::Reducer::of).expect("a reduction that takes a prologue, checked above");
         // The prologue's inputs, then the reduction's own operands.
         let ins: Vec<ValueId> = pins.iter().chain(&g.inputs_of(id)[1..]).map(|v| map[v]).collect();
-        let new = out.add(KernelOp::FusedReduction { expr, reduction: Box::new(reduction) }, g.node(id).name.clone(), &ins)?;
+        let new = out.add(KernelOp::FusedReduction { expr, reduction }, g.node(id).name.clone(), &ins)?;
         out.set_origin(new, [g.origin(p), g.origin(id)].concat());
         Ok(Some(new))
     })?;
@@ -65,7 +65,10 @@ fn fuse_casts(g: &mut KernelGraph, outputs: &HashSet<NodeId>) -> Result<usize, I
         let KernelOp::Op(Op::Cast { to }) = g.node(c).op else { continue };
         let x = g.inputs_of(c)[0];
         let KernelOp::FusedReduction { expr, reduction } = &g.node(x.node).op else { continue };
-        let normalizes = matches!(**reduction, Op::LayerNorm { .. } | Op::Softmax { .. } | Op::LogSoftmax { .. });
+        let normalizes = match reduction {
+            Reducer::LayerNorm { .. } | Reducer::Softmax { .. } | Reducer::LogSoftmax { .. } => true,
+            Reducer::GlobalAveragePool | Reducer::Reduce { .. } => false,
+        };
         let n = expr.nodes.len();
         let widened = n >= 2 && expr.nodes[n - 1] == ExprNode::Cast(DType::F32, n - 2);
         if !normalizes || !widened || !to.is_float() || g.users_of(x.node).len() != 1 || outputs.contains(&x.node) {

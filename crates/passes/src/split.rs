@@ -25,7 +25,7 @@
 //! keeping the cheapest that fits a limit (or the smallest arena).
 
 use crate::memory::{self, Plan};
-use smelt_ir::{IrError, KernelGraph, KernelOp, NodeId, Op, OpSet, ValueId};
+use smelt_ir::{IrError, KernelGraph, KernelOp, NodeId, Op, OpSet, Product, Reducer, ValueId};
 use std::collections::{HashMap, HashSet};
 
 /// How a segment is split.
@@ -109,7 +109,7 @@ fn reads(g: &KernelGraph, n: NodeId, how: How) -> Option<Reads> {
                 | Op::Not
                 | Op::IsNaN
                 | Op::Where
-                | Op::Lrn { .. }
+                | Op::Lrn(_)
                 | Op::Identity
                 | Op::Dropout
         )
@@ -146,16 +146,15 @@ fn reads(g: &KernelGraph, n: NodeId, how: How) -> Option<Reads> {
                 KernelOp::FusedGemm { trans_a, .. } => !trans_a,
                 // Rows of a product (tokens of a flattened batch too: a
                 // transformer's feed-forward block) and its epilogue.
-                KernelOp::GemmEpilogue { product, .. } => match product.as_ref() {
-                    Op::Gemm { trans_a, .. } => !trans_a,
-                    Op::MatMul => true,
-                    _ => false,
+                KernelOp::GemmEpilogue { product, .. } => match product {
+                    Product::Gemm { trans_a, .. } => !trans_a,
+                    Product::MatMul => true,
                 },
                 KernelOp::Attention { perms, .. } => perms.iter().all(|p| p.first().is_none_or(|&d| d == 0)),
-                KernelOp::FusedReduction { reduction, .. } => match reduction.as_ref() {
-                    Op::GlobalAveragePool => true,
-                    Op::Softmax { axis } | Op::LogSoftmax { axis } | Op::LayerNorm { axis, .. } => *axis != 0,
-                    _ => false,
+                KernelOp::FusedReduction { reduction, .. } => match reduction {
+                    Reducer::GlobalAveragePool => true,
+                    Reducer::Softmax { axis } | Reducer::LogSoftmax { axis } | Reducer::LayerNorm { axis, .. } => *axis != 0,
+                    Reducer::Reduce { .. } => false,
                 },
                 KernelOp::Op(op) => match op {
                     Op::Conv(_) | Op::MaxPool(_) | Op::AveragePool { .. } | Op::GlobalAveragePool => true,
@@ -212,7 +211,7 @@ fn splits_port(op: &KernelOp, port: usize, arity: usize) -> bool {
         KernelOp::FusedConv { residual, .. } => port == 0 || (*residual && port + 1 == arity),
         KernelOp::FusedGemm { .. } | KernelOp::Op(Op::Conv(_) | Op::Gemm { .. } | Op::BatchNorm { .. } | Op::LayerNorm { .. }) => port == 0,
         // A matrix product's operands and an epilogue's (not a Gemm's B).
-        KernelOp::GemmEpilogue { product, .. } => port != 1 || matches!(product.as_ref(), Op::MatMul),
+        KernelOp::GemmEpilogue { product, .. } => port != 1 || matches!(product, Product::MatMul),
         _ => true,
     }
 }

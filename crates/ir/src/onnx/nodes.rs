@@ -965,7 +965,8 @@ fn lower(im: &mut Importer, cx: &Cx) -> Result<Vec<Entry>, IrError> {
         }
         "LRN" => {
             let size = usize::try_from(cx.int("size", 0)?).map_err(|_| cx.bad("negative size"))?;
-            let op = Op::Lrn { size, alpha: cx.float("alpha", 1e-4)?, beta: cx.float("beta", 0.75)?, bias: cx.float("bias", 1.0)? };
+            let op =
+                Op::Lrn(crate::Lrn { size, alpha: cx.float("alpha", 1e-4)?, beta: cx.float("beta", 0.75)?, bias: cx.float("bias", 1.0)? });
             emit(im, cx, op, &[cx.need(0)?])
         }
         _ => Err(IrError::UnsupportedOp { op_type: op_type.to_string(), node: cx.name.clone(), opset: cx.opset }),

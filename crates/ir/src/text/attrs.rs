@@ -46,6 +46,11 @@ impl fmt::Display for Attr {
     }
 }
 
+/// The attributes of LRN and its gradient.
+fn lrn(l: &crate::Lrn) -> Vec<(&'static str, Attr)> {
+    vec![("size", Attr::Int(l.size as i64)), ("alpha", Attr::Float(l.alpha)), ("beta", Attr::Float(l.beta)), ("bias", Attr::Float(l.bias))]
+}
+
 fn ints(v: &[usize]) -> Attr {
     Attr::Ints(v.iter().map(|&x| x as i64).collect())
 }
@@ -73,9 +78,7 @@ pub fn attrs_of(op: &Op) -> Vec<(&'static str, Attr)> {
             a.push(("count_include_pad", Bool(*count_include_pad)));
             with_shape(a, shape)
         }
-        Op::LrnGrad { size, alpha, beta, bias } => {
-            vec![("size", Int(*size as i64)), ("alpha", Float(*alpha)), ("beta", Float(*beta)), ("bias", Float(*bias))]
-        }
+        Op::LrnGrad(l) => lrn(l),
         Op::Update(Optimizer::Sgd { lr, momentum, dampening, nesterov, weight_decay, accumulate, schedule }) => vec![
             ("lr", Float(*lr)),
             ("momentum", Float(*momentum)),
@@ -127,9 +130,7 @@ pub fn attrs_of(op: &Op) -> Vec<(&'static str, Attr)> {
         Op::LayerNorm { axis, epsilon } => {
             vec![("axis", Int(*axis as i64)), ("epsilon", Float(*epsilon))]
         }
-        Op::Lrn { size, alpha, beta, bias } => {
-            vec![("size", Int(*size as i64)), ("alpha", Float(*alpha)), ("beta", Float(*beta)), ("bias", Float(*bias))]
-        }
+        Op::Lrn(l) => lrn(l),
         Op::Cast { to } => vec![("to", DType(*to))],
         Op::Pad { pads, mode } => {
             let mut a = vec![("pads", ints(pads))];
@@ -195,6 +196,9 @@ impl Attrs {
             Attr::Ints(v) => Ok(v),
             a => Err(format!("attribute {k}={a} must be a list of integers")),
         }
+    }
+    fn lrn(&mut self) -> Result<crate::Lrn, String> {
+        Ok(crate::Lrn { size: self.usize("size")?, alpha: self.float("alpha")?, beta: self.float("beta")?, bias: self.float("bias")? })
     }
     fn usizes(&mut self, k: &str) -> Result<Vec<usize>, String> {
         self.ints(k)?.into_iter().map(|x| usize::try_from(x).map_err(|_| format!("attribute {k} must be non-negative"))).collect()
@@ -293,7 +297,7 @@ pub fn op_from(name: &str, mut a: Attrs) -> Result<Op, String> {
         "softmax" => Ok(Op::Softmax { axis: a.usize("axis")? }),
         "log_softmax" => Ok(Op::LogSoftmax { axis: a.usize("axis")? }),
         "layer_norm" => Ok(Op::LayerNorm { axis: a.usize("axis")?, epsilon: a.float("epsilon")? }),
-        "lrn" => Ok(Op::Lrn { size: a.usize("size")?, alpha: a.float("alpha")?, beta: a.float("beta")?, bias: a.float("bias")? }),
+        "lrn" => Ok(Op::Lrn(a.lrn()?)),
         "conv_grad_data" => Ok(Op::ConvGradData { conv: a.conv()?, shape: a.usizes("shape")? }),
         "conv_grad_weight" => Ok(Op::ConvGradWeight { conv: a.conv()?, shape: a.usizes("shape")? }),
         "max_pool_grad" => Ok(Op::MaxPoolGrad(a.pool()?)),
@@ -301,7 +305,7 @@ pub fn op_from(name: &str, mut a: Attrs) -> Result<Op, String> {
         "avg_pool_grad" => {
             Ok(Op::AvgPoolGrad { pool: a.pool()?, count_include_pad: a.bool("count_include_pad")?, shape: a.usizes("shape")? })
         }
-        "lrn_grad" => Ok(Op::LrnGrad { size: a.usize("size")?, alpha: a.float("alpha")?, beta: a.float("beta")?, bias: a.float("bias")? }),
+        "lrn_grad" => Ok(Op::LrnGrad(a.lrn()?)),
         "sgd_update" => Ok(Op::Update(Optimizer::Sgd {
             lr: a.float("lr")?,
             momentum: a.float("momentum")?,
@@ -370,13 +374,15 @@ pub fn kernel_attrs_of(op: &KernelOp) -> Vec<(&'static str, Attr)> {
             ("perm_out", ints(&perms[3])),
         ],
         KernelOp::GemmEpilogue { product, expr, shape } => {
+            let product = product.op();
             let mut a = vec![("expr", Str(expr.to_string())), ("shape", ints(shape)), ("product", Str(product.name().to_string()))];
-            a.extend(attrs_of(product));
+            a.extend(attrs_of(&product));
             a
         }
         KernelOp::FusedReduction { expr, reduction } => {
+            let reduction = reduction.op();
             let mut a = vec![("expr", Str(expr.to_string())), ("reduction", Str(reduction.name().to_string()))];
-            a.extend(attrs_of(reduction));
+            a.extend(attrs_of(&reduction));
             a
         }
     }
@@ -413,10 +419,8 @@ pub fn kernel_op_from(name: &str, mut a: Attrs) -> Result<KernelOp, String> {
             };
             // The reduction's own attributes are the rest.
             let reduction = op_from(&inner, Attrs(std::mem::take(&mut a.0)))?;
-            if !reduction.is_fusable_reduction() {
-                return Err(format!("{inner} cannot take an elementwise prologue"));
-            }
-            KernelOp::FusedReduction { expr, reduction: Box::new(reduction) }
+            let reduction = crate::Reducer::of(&reduction).ok_or_else(|| format!("{inner} cannot take an elementwise prologue"))?;
+            KernelOp::FusedReduction { expr, reduction }
         }
         "gemm_epilogue" => {
             let (expr, shape) = (a.parsed("expr")?, a.usizes("shape")?);
@@ -425,10 +429,9 @@ pub fn kernel_op_from(name: &str, mut a: Attrs) -> Result<KernelOp, String> {
                 x => return Err(format!("attribute product={x} must be a string")),
             };
             let product = op_from(&inner, Attrs(std::mem::take(&mut a.0)))?;
-            if !matches!(product, Op::MatMul | Op::Gemm { .. }) {
-                return Err(format!("gemm_epilogue's product must be matmul or gemm, not {inner}"));
-            }
-            KernelOp::GemmEpilogue { product: Box::new(product), expr, shape }
+            let product =
+                crate::Product::of(&product).ok_or_else(|| format!("gemm_epilogue's product must be matmul or gemm, not {inner}"))?;
+            KernelOp::GemmEpilogue { product, expr, shape }
         }
         _ => return op_from(name, a).map(KernelOp::Op),
     };

@@ -559,8 +559,8 @@ pub(super) fn vjp(ad: &mut Ad, n: NodeId, dys: &[Option<ValueId>], needs: &[bool
                 out[2] = Some(ad.reduce_to(dy, &xs[2])?);
             }
         }
-        Op::Lrn { size, alpha, beta, bias } => {
-            set!(0, ad.op(Op::LrnGrad { size: *size, alpha: *alpha, beta: *beta, bias: *bias }, &[ins[0], dy])?)
+        Op::Lrn(l) => {
+            set!(0, ad.op(Op::LrnGrad(*l), &[ins[0], dy])?)
         }
         Op::Pad { pads, mode } => {
             if !matches!(mode, PadMode::Constant(_)) {
@@ -589,7 +589,7 @@ pub(super) fn vjp(ad: &mut Ad, n: NodeId, dys: &[Option<ValueId>], needs: &[bool
         | Op::ConvGradWeight { .. }
         | Op::MaxPoolGrad(_)
         | Op::AvgPoolGrad { .. }
-        | Op::LrnGrad { .. }
+        | Op::LrnGrad(_)
         | Op::GatherGrad { .. }
         | Op::Update(_) => return Err(unsupported("second derivatives are not supported")),
     }

@@ -151,7 +151,7 @@ pub(crate) fn gather_grad(indices: &Tensor, dy: &Tensor, axis: usize, out: &smel
 /// dx of LRN: `y_i = x_i s_i^-beta`, `s_i = bias + alpha/size sum x_k^2`
 /// over the channel window of i, so `dx_j = dy_j s_j^-beta - 2 alpha beta /
 /// size x_j sum dy_i x_i s_i^(-beta-1)` over the windows holding j.
-pub(crate) fn lrn_grad(x: &Tensor, dy: &Tensor, size: usize, alpha: f32, beta: f32, bias: f32) -> Vec<f32> {
+pub(crate) fn lrn_grad(x: &Tensor, dy: &Tensor, &smelt_ir::Lrn { size, alpha, beta, bias }: &smelt_ir::Lrn) -> Vec<f32> {
     let xs = x.shape();
     let (n, c) = (xs[0], xs[1]);
     let inner: usize = xs[2..].iter().product();

@@ -11,7 +11,7 @@ mod pool;
 
 use crate::RuntimeError;
 use half::{bf16, f16};
-use smelt_ir::{values, DType, Graph, KernelOp, NodeId, Op, OpSet, Tensor, TensorData, TensorType, ValueId};
+use smelt_ir::{values, DType, Graph, KernelOp, NodeId, Op, OpSet, Product, Tensor, TensorData, TensorType, ValueId};
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -307,10 +307,10 @@ impl Eval for KernelOp {
             KernelOp::GemmEpilogue { product, expr, shape } => {
                 // The product in f32, read as `shape`, then the expression.
                 let tys: Vec<&TensorType> = args[..2].iter().map(|a| a.ty()).collect();
-                let p_ty = smelt_ir::infer_kernel(&KernelOp::Op(product.as_ref().clone()), &tys)?.remove(0);
-                let p = match product.as_ref() {
-                    Op::Gemm { trans_a, trans_b, alpha, beta } => matmul::gemm(&args[..2], *trans_a, *trans_b, *alpha, *beta, &p_ty),
-                    _ => matmul::matmul(&args[0], &args[1], &p_ty),
+                let p_ty = smelt_ir::infer_kernel(&KernelOp::Op(product.op()), &tys)?.remove(0);
+                let p = match *product {
+                    Product::Gemm { trans_a, trans_b, alpha, beta } => matmul::gemm(&args[..2], trans_a, trans_b, alpha, beta, &p_ty),
+                    Product::MatMul => matmul::matmul(&args[0], &args[1], &p_ty),
                 };
                 let mut ins = vec![Arc::new(Tensor::from_f32(shape.clone(), p))];
                 ins.extend(args[2..].iter().cloned());
@@ -326,7 +326,7 @@ impl Eval for KernelOp {
                 let pre = tensor_of(&pre_ty, elementwise::fused(expr, &args[..k], &pre_ty.shape));
                 let mut all = vec![Arc::new(pre)];
                 all.extend_from_slice(&args[k..]);
-                eval(reduction, &all, out)
+                eval(&reduction.op(), &all, out)
             }
         }
     }
@@ -358,7 +358,7 @@ fn eval(op: &Op, args: &[Arc<Tensor>], out: &[TensorType]) -> Result<Vec<Tensor>
         Op::Softmax { axis } => float(norm::softmax(&args[0], *axis, false)),
         Op::LogSoftmax { axis } => float(norm::softmax(&args[0], *axis, true)),
         Op::LayerNorm { axis, epsilon } => float(norm::layer_norm(args, *axis, *epsilon)),
-        Op::Lrn { size, alpha, beta, bias } => float(norm::lrn(&args[0], *size, *alpha, *beta, *bias)),
+        Op::Lrn(l) => float(norm::lrn(&args[0], l)),
         Op::Cast { to } => Ok(vec![args[0].cast(*to)]),
         Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze { .. } | Op::Unsqueeze { .. } | Op::Dropout | Op::Identity => {
             Ok(vec![args[0].as_ref().clone().reshaped(o.shape.clone()).expect("views keep the element count")])
@@ -375,7 +375,7 @@ fn eval(op: &Op, args: &[Arc<Tensor>], out: &[TensorType]) -> Result<Vec<Tensor>
         Op::MaxPoolGrad(p) => float(grad::max_pool_grad(p, &args[0], &args[1])?),
         Op::AvgPoolGrad { pool: p, count_include_pad, .. } => float(grad::avg_pool_grad(p, *count_include_pad, &args[0], o)?),
         Op::GatherGrad { axis, .. } => float(grad::gather_grad(&args[0], &args[1], *axis, o)?),
-        Op::LrnGrad { size, alpha, beta, bias } => float(grad::lrn_grad(&args[0], &args[1], *size, *alpha, *beta, *bias)),
+        Op::LrnGrad(l) => float(grad::lrn_grad(&args[0], &args[1], l)),
         Op::Update(u) => Ok(grad::update(u, args).into_iter().zip(out).map(|(v, ty)| tensor_of(ty, v)).collect()),
     }
 }

@@ -67,7 +67,7 @@ pub(crate) fn layer_norm(args: &[Arc<Tensor>], axis: usize, eps: f32) -> Vec<f32
     y
 }
 
-pub(crate) fn lrn(x: &Tensor, size: usize, alpha: f32, beta: f32, bias: f32) -> Vec<f32> {
+pub(crate) fn lrn(x: &Tensor, &smelt_ir::Lrn { size, alpha, beta, bias }: &smelt_ir::Lrn) -> Vec<f32> {
     let xs = x.shape();
     let (n, c) = (xs[0], xs[1]);
     let inner: usize = xs[2..].iter().product();
