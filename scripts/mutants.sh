@@ -128,7 +128,7 @@ m_schedules() {
 # Resuming from a checkpoint with arrays missing (the old code left them at
 # their initial values).
 m_checkpoint() {
-    sub src/train.rs '    if !written.is_empty() {' '    if false {'
+    sub src/train/mod.rs '    if !written.is_empty() {' '    if false {'
     caught checkpoint "should be refused with exit 2" nt --test train_cmd -E 'test(=resuming_gives_the_weights_of_an_uninterrupted_run)'
 }
 
@@ -234,7 +234,7 @@ m_relu_nan() {
 # A checkpoint's step counter no longer checked against its steps: the
 # fuzzer's corpus file (a counter of 1e30) overflows the update (issue 44).
 m_step_counter() {
-    sub src/train.rs 'if name == "train.step" {' 'if name == "train.step" && false {'
+    sub src/train/mod.rs 'if name == "train.step" {' 'if name == "train.step" && false {'
     caught step_counter "attempt to add with overflow" nt --test fuzz -E 'test(=mutated_training_files_never_fail)'
 }
 
@@ -245,7 +245,7 @@ m_ignored_flags() {
     caught ignored_flags "should be refused with exit 2" nt --test train_cmd -E 'test(=flags_that_would_be_ignored_are_refused_and_a_divergence_keeps_the_last_checkpoint)'
 }
 m_two_label_arrays() {
-    sub src/train.rs 'if found.len() > 1 {' 'if found.len() > 2 {'
+    sub src/train/mod.rs 'if found.len() > 1 {' 'if found.len() > 2 {'
     caught two_label_arrays "should be refused with exit 2" nt --test train_cmd -E 'test(=flags_that_would_be_ignored_are_refused_and_a_divergence_keeps_the_last_checkpoint)'
 }
 

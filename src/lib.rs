@@ -4,6 +4,7 @@
 
 pub mod args;
 pub mod cost;
+pub mod device;
 pub mod driver;
 pub mod emit;
 pub mod fit;

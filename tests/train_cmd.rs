@@ -524,6 +524,9 @@ fn mixed_f16_with_loss_scaling_trains_and_skips_an_overflowing_step() {
     assert_eq!(wa, wb, "the skipped step changed the parameters, the optimizer state or the step counter");
     let steps = wa.iter().find(|(n, _)| n == "train.step").unwrap().1.to_f32_vec()[0];
     assert_eq!(steps as u64, 10 - ra["skipped_steps"].as_u64().unwrap(), "the step counter counts applied steps");
+    // A checkpoint with skipped steps resumes (its counter is the applied steps').
+    let rc = train(&[&base[..], &["--steps", "12", "--resume", s(&b)]].concat());
+    assert_eq!(rc["resumed_from"].as_u64(), Some(11));
     std::fs::remove_dir_all(&a).unwrap();
     std::fs::remove_dir_all(&b).unwrap();
 }
@@ -942,7 +945,7 @@ fn flags_that_would_be_ignored_are_refused_and_a_divergence_keeps_the_last_check
     std::fs::write(&damaged, b).unwrap();
     let set_x = format!("x={}", vec!["0.5"; 80].join(","));
     for (flags, says) in [
-        (vec!["--dim", "batch=4"], "--dim batch=4 and --batch 8 both size the first dimension of input \"x\""),
+        (vec!["--dim", "batch=4"], "--dim batch=4 and --batch both size the first dimension of input \"x\" (batch; --batch makes it 8"),
         (vec!["--momentum", "0.9", "--optimizer", "adam"], "--momentum 0.9 is SGD's"),
         (vec!["--loss", "mse", "--label-smoothing", "0.1"], "--label-smoothing is the cross-entropy's"),
         (vec!["--memory-limit", "99999999TiB"], "is more bytes than can be counted"),

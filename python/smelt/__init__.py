@@ -339,7 +339,7 @@ class Model:
         self.dims = dict(dims or {})
         """Sizes of named symbolic dimensions."""
         self._onnx: Optional[bytes] = None
-        self._runners: Dict[Tuple[str, ...], Any] = {}
+        self._runners: Dict[Tuple[Tuple[str, ...], str], Any] = {}
         self._ports: Optional[Dict[str, Any]] = None
         # PyTorch's trained parameters (from_torch(train=True)): the step's
         # --trainable unless the caller chooses.
@@ -351,9 +351,11 @@ class Model:
         d = f", dims={self.dims}" if self.dims else ""
         return f"smelt.Model({self.name!r}{b}{d})"
 
-    def _argv(self, batch: Optional[int] = None, dims: Optional[Mapping[str, int]] = None, **flags: Any) -> List[str]:
-        batch = self.batch if batch is None else batch
-        sizes = dict(self.dims)
+    def _argv(self, batch: Optional[int] = None, dims: Optional[Mapping[str, int]] = None, sized: bool = True, **flags: Any) -> List[str]:
+        """The command line for the model with `flags`; `sized=False` leaves
+        out the batch and the dimensions (a recipe fixes them)."""
+        batch = (self.batch if batch is None else batch) if sized else None
+        sizes = dict(self.dims) if sized else {}
         sizes.update(dims or {})
         if flags.get("train") and self._trainable is not None and not (flags.get("trainable") or flags.get("train_only")):
             if self._trainable_file is None:
@@ -629,7 +631,9 @@ class Model:
         flags = dict(precision=precision if precision != "f32" else None, keep_f32=list(keep_f32), tf32=tf32, no_fuse=not fuse, **step)
         if recipe is not None:
             flags.pop("precision")
-        argv = self._argv(None if recipe is not None else batch, dims, **flags)
+        if recipe is not None and (batch is not None or dims):
+            raise UsageError("the recipe fixes the batch and the dimensions: leave out batch= and dims=")
+        argv = self._argv(batch, dims, sized=recipe is None, **flags)
         bar = _Progress("training") if progress else None
         try:
             doc, notes = _smelt.train(
@@ -664,9 +668,13 @@ class Model:
         precision: str = "f32",
         dims: Optional[Mapping[str, int]] = None,
         fuse: bool = True,
+        backend: str = "cpu",
     ) -> Dict[str, np.ndarray]:
-        """Runs the compiled model on the CPU reference executor and returns
-        its outputs by name, as numpy arrays.
+        """Runs the compiled model and returns its outputs by name, as numpy
+        arrays: on the CPU reference executor (``backend="cpu"``), or as the
+        program ``smelt run --backend`` runs, on the ``"emulator"`` (the
+        generated CUDA C on the CPU) or ``"cuda"`` (GPU 0; TF32 convolutions
+        there, as PyTorch's default).
 
         ``inputs``: an array (a model with one input), a sequence in the
         model's input order, or a dict by input name. Arrays are converted to
@@ -675,10 +683,10 @@ class Model:
         (the first axis of every input) compiles the model at that batch;
         compiled models are kept for the next call.
         """
-        first = self._runner(self.batch, dims, precision, fuse)
+        first = self._runner(self.batch, dims, precision, fuse, backend)
         arrays = self._arrange(first.inputs(), inputs)
         batch = self._batch_of(first.inputs(), arrays)
-        runner = first if batch is None else self._runner(batch, dims, precision, fuse)
+        runner = first if batch is None else self._runner(batch, dims, precision, fuse, backend)
         ports = runner.inputs()
         held = []
         for (name, dtype, shape), a in zip(ports, arrays):
@@ -695,11 +703,11 @@ class Model:
         outs = runner.run([(a.ctypes.data, a.nbytes) for a in held])
         return {name: np.frombuffer(buf, dtype=_NUMPY[dtype]).reshape(shape) for name, dtype, shape, buf in outs}
 
-    def _runner(self, batch: Optional[int], dims: Optional[Mapping[str, int]], precision: str, fuse: bool) -> Any:
+    def _runner(self, batch: Optional[int], dims: Optional[Mapping[str, int]], precision: str, fuse: bool, backend: str = "cpu") -> Any:
         argv = tuple(self._argv(batch, dims, precision=precision, no_fuse=not fuse))
-        if argv not in self._runners:
-            self._runners[argv] = _smelt.Runner(list(argv))
-        return self._runners[argv]
+        if (argv, backend) not in self._runners:
+            self._runners[(argv, backend)] = _smelt.Runner(list(argv), backend)
+        return self._runners[(argv, backend)]
 
     @staticmethod
     def _arrange(ports: List[Tuple[str, str, List[int]]], inputs: Any) -> List[Any]:

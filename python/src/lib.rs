@@ -29,7 +29,9 @@ fn exception(py: Python<'_>, e: &Error) -> PyResult<PyErr> {
         Error::Model(IrError::UnsupportedOp { .. } | IrError::Unsupported { .. } | IrError::UnsupportedFeature(_)) => "UnsupportedError",
         Error::NoKernel { .. } => "UnsupportedError",
         Error::Train(TrainError::NoGradient { .. }) => "UnsupportedError",
-        Error::Model(IrError::Usage(_)) | Error::Usage(_) | Error::Data { .. } | Error::Train(TrainError::Usage(_)) => "UsageError",
+        Error::Model(IrError::Usage(_) | IrError::Array(_)) | Error::Usage(_) | Error::Data { .. } | Error::Train(TrainError::Usage(_)) => {
+            "UsageError"
+        }
         Error::Model(_) => "ModelError",
         Error::MemoryLimit { limit, arena, smaller_batch, .. } => {
             kw.set_item("limit", limit)?;
@@ -201,9 +203,6 @@ fn train(
     if steps.is_some() && epochs.is_some() {
         return Err(to_py(Error::Usage("give steps or epochs, not both".into())));
     }
-    if every == Some(0) {
-        return Err(to_py(Error::Usage("every must be at least 1".into())));
-    }
     detached(py, move || {
         let mut m = ModelArgs::parse_from(argv)?;
         m.apply_recipe()?;
@@ -214,8 +213,6 @@ fn train(
         if m.train.train.is_none() {
             return Err(Error::Usage("train needs an optimizer: optimizer='sgd', 'adam' or 'adamw'".into()));
         }
-        let s = m.open(true)?;
-        let mut notes: Vec<String> = s.train.iter().flat_map(|t| t.step.notes.clone()).collect();
         let run = Run {
             data,
             val,
@@ -234,6 +231,9 @@ fn train(
             log_json,
             inject_overflow: None,
         };
+        run.check(&m.model)?;
+        let s = m.open(true)?;
+        let mut notes: Vec<String> = s.train.iter().flat_map(|t| t.step.notes.clone()).collect();
         let p = PyProgress { callback: progress, steps: Default::default(), total: Default::default(), notes: Default::default() };
         let summary = smelt::train::train(s, &run, &p)?;
         notes.extend(p.notes.into_inner().expect("not poisoned"));
@@ -264,24 +264,39 @@ fn ports(py: Python<'_>, argv: Vec<String>) -> PyResult<(Vec<Port>, Vec<Port>)> 
     })
 }
 
-/// A model compiled for the CPU reference executor, run as often as asked.
+/// A model compiled for the CPU reference executor, or loaded on the
+/// emulator or a GPU, run as often as asked.
 #[pyclass(frozen, module = "smelt._smelt")]
 struct Runner {
     graph: KernelGraph,
+    /// The program on the emulator or CUDA (none: the reference executor).
+    device: Option<std::sync::Mutex<smelt::device::Loaded>>,
 }
 
 #[pymethods]
 impl Runner {
     /// Opens (weights' values filled for a text file) and compiles the
-    /// model the flags name.
+    /// model the flags name: for the CPU reference executor (`cpu`), or
+    /// as a program loaded on the `emulator` or `cuda`.
     #[new]
-    fn new(py: Python<'_>, argv: Vec<String>) -> PyResult<Runner> {
+    #[pyo3(signature = (argv, backend="cpu"))]
+    fn new(py: Python<'_>, argv: Vec<String>, backend: &str) -> PyResult<Runner> {
+        let backend: smelt::train::Backend = backend.parse().map_err(|e| to_py(Error::Usage(e)))?;
         detached(py, || {
-            // The CPU reference executor: exact f32 (it ignores TF32 anyway).
             let mut m = ModelArgs::parse_from(argv)?;
-            m.no_tf32_by_default();
+            if backend == smelt::train::Backend::Cpu {
+                // The CPU reference executor: exact f32 (it ignores TF32 anyway).
+                m.no_tf32_by_default();
+                let mut s = m.open(true)?;
+                return Ok(Runner { graph: s.compile()?.graph, device: None });
+            }
             let mut s = m.open(true)?;
-            Ok(Runner { graph: s.compile()?.graph })
+            let compiled = s.compile()?;
+            let planned = s.plan(&compiled)?;
+            let program = s.program(&compiled, &planned)?;
+            let blob = program.weights_blob(&compiled.graph)?;
+            let loaded = smelt::device::load(program, &blob, backend, None, false, &smelt::train::Quiet)?;
+            Ok(Runner { graph: compiled.graph, device: Some(std::sync::Mutex::new(loaded)) })
         })
     }
 
@@ -327,6 +342,9 @@ impl Runner {
             tensors.push(Tensor::from_le_bytes(ty, bytes).expect("length checked"));
         }
         let outs = detached(py, || {
+            if let Some(device) = &self.device {
+                return device.lock().expect("not poisoned").run(&tensors);
+            }
             let peak = smelt::runtime::cpu::peak_bytes(g)?;
             smelt::runtime::check_host_memory("running on the CPU reference executor", peak)?;
             Ok(smelt::runtime::cpu::run(g, &tensors)?)

@@ -441,3 +441,34 @@ def test_train_refuses_as_the_cli_and_saves_a_model_onnxruntime_runs(tmp_path):
         assert np.allclose(got[k], want[k], rtol=1e-4, atol=1e-5), k
     assert "loss" in repr(t) and "validation loss" in t._repr_html_()
     del seen
+
+
+def test_run_on_the_emulator_is_onnxruntimes():
+    """Model.run(backend="emulator") runs the program smelt run --backend
+    emulator runs (the generated CUDA C), against onnxruntime."""
+    d = RUNS / "mlp"
+    m = smelt.load(d / "model.onnx", batch=4)
+    x = np.load(d / "val.npz")["x"][:4].astype(np.float32)
+    want = onnxruntime_outputs(d / "model.onnx", {"x": x})
+    for backend in ["cpu", "emulator"]:
+        got = m.run(x, backend=backend)
+        for k in want:
+            assert np.allclose(got[k], want[k], rtol=1e-4, atol=1e-5), (backend, k)
+    with pytest.raises(smelt.UsageError, match="unknown backend"):
+        m.run(x, backend="tpu")
+
+
+def test_train_takes_a_recipe_from_fit(tmp_path):
+    """A recipe fixes batch and dimensions: a model loaded with a batch
+    trains from it (the model's own batch left out), and one given beside
+    it is refused."""
+    d = RUNS / "mlp"
+    m = smelt.load(d / "model.onnx", batch=8)
+    recipe = tmp_path / "recipe.json"
+    m.fit(memory_limit="1MiB", batch=16, train="sgd", save_recipe=recipe)
+    t = m.train(d / "train.npz", optimizer="sgd", steps=2, recipe=recipe, progress=False)
+    assert t.to_dict()["batch"] == 16
+    with pytest.raises(smelt.UsageError, match="the recipe fixes"):
+        m.train(d / "train.npz", optimizer="sgd", steps=2, recipe=recipe, batch=4, progress=False)
+    with pytest.raises(smelt.UsageError, match="at least 1"):
+        m.train(d / "train.npz", optimizer="sgd", steps=2, checkpoint=tmp_path / "ck", every=0, progress=False)

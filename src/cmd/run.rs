@@ -5,13 +5,13 @@ use crate::Open as _;
 use crate::RunArgs;
 use anyhow::{bail, Context, Result};
 use serde_json::json;
+use smelt::device::Loaded;
 use smelt::report::human_bytes;
+use smelt::train::{Backend, Progress};
 use smelt::{compare, dummy_input, summarize};
-use smelt_codegen::{nvrtc::Compiler, program::compile_all};
 use smelt_ir::{onnx, KernelGraph, Tensor};
 use smelt_passes::precision::Policy;
 use smelt_runtime::exec::{Device, Executor, KernelTime};
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -235,20 +235,28 @@ fn on_device(
         }
     }
     let program = s.program(compiled, &planned).with_context(|| format!("cannot generate code for {}", args.model.model))?;
-    let sources = program.sources();
     let blob = program.weights_blob(fused)?;
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let bar = super::bar(sources.len(), "{spinner} compiling kernels {bar:30} {pos}/{len}", false);
-    if cuda {
-        let kernels = compile_all(&Compiler::default(), &sources, threads, &|_| bar.inc(1)).context("kernel compilation failed")?;
-        bar.finish_and_clear();
-        let ptx: HashMap<String, String> = sources.iter().map(|(n, _)| n.clone()).zip(kernels.into_iter().map(|c| c.ptx)).collect();
-        let exec = smelt_runtime::cuda::executor(program, ptx, &blob, args.memory_limit, args.sync)?;
-        drive(exec, fused, a, reference, args)
-    } else {
-        let exec = smelt_runtime::emu::executor(program, &blob, &|_| bar.inc(1)).context("cannot prepare the emulator")?;
-        bar.finish_and_clear();
-        drive(exec, fused, a, reference, args)
+    let bar = CompileBar(super::bar(0, "{spinner} compiling kernels {bar:30} {pos}/{len}", false));
+    let backend = if cuda { Backend::Cuda } else { Backend::Emulator };
+    let loaded = smelt::device::load(program, &blob, backend, args.memory_limit, args.sync, &bar);
+    bar.0.finish_and_clear();
+    match loaded? {
+        Loaded::Cpu(e) => drive(e, fused, a, reference, args),
+        Loaded::Emulator(e) => drive(e, fused, a, reference, args),
+        Loaded::Cuda(e) => drive(e, fused, a, reference, args),
+    }
+}
+
+/// The bar of the kernels compiled for a device.
+struct CompileBar(indicatif::ProgressBar);
+
+impl Progress for CompileBar {
+    fn compiling(&self, kernels: usize) {
+        self.0.set_length(kernels as u64);
+    }
+
+    fn compiled(&self) {
+        self.0.inc(1);
     }
 }
 

@@ -38,6 +38,7 @@ pub fn run(a: &TrainCmdArgs) -> Result<bool> {
         inject_overflow: a.inject_overflow,
     };
     let bars = Bars { json: a.json, compile: Mutex::new(None), steps: Mutex::new(None) };
+    run.check(&m.model)?;
     let s = m.session_with_values()?;
     let summary = smelt::train::train(s, &run, &bars);
     for bar in [&bars.compile, &bars.steps] {

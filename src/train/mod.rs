@@ -737,13 +737,15 @@ pub fn load_checkpoint(dir: &Path, cfg: &Config, graph: &mut Graph) -> Result<(u
         if name.ends_with(".adam_v") && v.iter().any(|&x| x < 0.0) {
             return Err(err(format!("\"{name}\" (Adam's second moment) holds a negative value")));
         }
-        // The step counter counts micro-steps: the checkpoint's steps times
-        // the accumulation, or the two disagree.
+        // The step counter counts the micro-steps applied: the checkpoint's
+        // steps less those the loss scaler skipped (checked above to be at
+        // most the steps), times the accumulation, or the two disagree.
         if name == "train.step" {
-            let want = meta.step.checked_mul(cfg.accumulate).map(|m| m as f64);
+            let skipped = meta.scaler.map_or(0, |s| s.skipped);
+            let want = (meta.step - skipped).checked_mul(cfg.accumulate).map(|m| m as f64);
             if v.len() != 1 || want != Some(v[0] as f64) {
                 return Err(err(format!(
-                    "its step counter \"train.step\" holds {v:?}, and the checkpoint says {} steps of {} micro-batches: they disagree",
+                    "its step counter \"train.step\" holds {v:?}, and the checkpoint says {} steps ({skipped} skipped) of {} micro-batches: they disagree",
                     meta.step, cfg.accumulate
                 )));
             }

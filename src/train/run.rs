@@ -5,10 +5,10 @@
 //! compiling, compiles once, runs the steps and returns a [`Summary`].
 
 use super::{evaluate, load_checkpoint, set_weights, with_tied, Config, Data, Evaluation, Length, StepReport, Trainer};
+use crate::device::Loaded;
 use crate::driver::Error;
 use crate::report::human_bytes;
 use crate::Session;
-use smelt_codegen::{nvrtc::Compiler, program::compile_all};
 use smelt_ir::{Graph, OpSet, TensorType};
 use smelt_passes::train::{CeLayout, Initializer, Loss};
 use smelt_runtime::exec::{Device, Executor};
@@ -81,6 +81,31 @@ pub struct Run {
     pub log_json: Option<PathBuf>,
     /// Make this optimizer step's gradients overflow (tests of loss scaling).
     pub inject_overflow: Option<usize>,
+}
+
+impl Run {
+    /// What can be checked of the run before the model is opened (and
+    /// [`train`] checks again): the checkpoint cadence, and the target of
+    /// `save` (an `.onnx` model's, a folder that takes a new file), so a bad
+    /// target is said before the first step rather than after the last.
+    pub fn check(&self, spec: &str) -> Result<(), Error> {
+        let usage = |m: String| Error::Usage(m);
+        if self.every == Some(0) {
+            return Err(usage("--every must be at least 1".into()));
+        }
+        if self.every.is_some() && self.checkpoint.is_none() {
+            return Err(usage("--every needs --checkpoint DIR".into()));
+        }
+        if self.save.is_some() && !spec.to_ascii_lowercase().ends_with(".onnx") {
+            return Err(usage(format!(
+                "--save writes the trained weights into the ONNX model: {spec} is not an .onnx file (use --checkpoint to keep its weights)"
+            )));
+        }
+        if let Some(path) = &self.save {
+            super::check_writable(path).map_err(|why| usage(format!("--save {}: {why}", path.display())))?;
+        }
+        Ok(())
+    }
 }
 
 /// What a run is about to do, once everything is checked and compiled.
@@ -219,19 +244,7 @@ pub fn train(mut s: Session, run: &Run, progress: &dyn Progress) -> Result<Summa
     let Some(cfg) = s.options.train.clone() else {
         return Err(usage("smelt train needs an optimizer: --optimizer sgd, adam or adamw".into()));
     };
-    if run.every.is_some() && run.checkpoint.is_none() {
-        return Err(usage("--every needs --checkpoint DIR".into()));
-    }
-    if run.save.is_some() && !s.spec.to_ascii_lowercase().ends_with(".onnx") {
-        return Err(usage(format!(
-            "--save writes the trained weights into the ONNX model: {} is not an .onnx file (use --checkpoint to keep its weights)",
-            s.spec
-        )));
-    }
-    // Where the result goes, checked before the first step rather than after the last.
-    if let Some(path) = &run.save {
-        super::check_writable(path).map_err(|why| usage(format!("--save {}: {why}", path.display())))?;
-    }
+    run.check(&s.spec)?;
     let accumulate = cfg.optimizer.map_or(1, |o| o.accumulate());
     let micro = s.source.inputs().first().map_or(1, |&i| s.source.node(i).outputs[0].shape.first().copied().unwrap_or(1));
     // The recipe as checkpoints record it (the options as given: the loss
@@ -357,24 +370,10 @@ pub fn train(mut s: Session, run: &Run, progress: &dyn Progress) -> Result<Summa
         spec: s.spec.clone(),
         options: s.options.clone(),
     };
-    match run.backend {
-        Backend::Cpu => ctx.go(Executor::new(smelt_runtime::host::HostDevice::new(), program, &blob, None)?, progress),
-        Backend::Emulator => {
-            progress.compiling(program.sources().len());
-            let exec = smelt_runtime::emu::executor(program, &blob, &|_| progress.compiled())?;
-            ctx.go(exec, progress)
-        }
-        Backend::Cuda => {
-            if let Some(why) = smelt_runtime::cuda::unavailable() {
-                return Err(usage(format!("--backend cuda needs an NVIDIA GPU: {why}")));
-            }
-            let sources = program.sources();
-            let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-            progress.compiling(sources.len());
-            let kernels = compile_all(&Compiler::default(), &sources, threads, &|_| progress.compiled())?;
-            let ptx: HashMap<String, String> = sources.iter().map(|(n, _)| n.clone()).zip(kernels.into_iter().map(|c| c.ptx)).collect();
-            ctx.go(smelt_runtime::cuda::executor(program, ptx, &blob, None, false)?, progress)
-        }
+    match crate::device::load(program, &blob, run.backend, None, false, progress)? {
+        Loaded::Cpu(e) => ctx.go(e, progress),
+        Loaded::Emulator(e) => ctx.go(e, progress),
+        Loaded::Cuda(e) => ctx.go(e, progress),
     }
 }
 

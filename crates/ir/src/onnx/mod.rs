@@ -231,7 +231,7 @@ fn check_dims(graph: &smelt_onnx_proto::GraphProto, opts: &ImportOptions) -> Res
         if let (Some(batch), Some((input, _))) = (opts.batch, leading.iter().find(|(_, p)| p == name)) {
             if batch != *size {
                 return Err(IrError::Usage(format!(
-                    "--dim {name}={size} and --batch {batch} both size the first dimension of input \"{input}\" ({name}), and --batch wins: give one of them"
+                    "--dim {name}={size} and --batch both size the first dimension of input \"{input}\" ({name}; --batch makes it {batch}, a micro-batch with --accumulate), and --batch wins: give one of them"
                 )));
             }
         }
