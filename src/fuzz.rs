@@ -171,21 +171,8 @@ impl TrainTarget {
         dir: &std::path::Path,
     ) -> Result<TrainTarget, Error> {
         let mut session = args.open(true)?;
-        let training = session.train.clone().ok_or_else(|| Error::Usage("TrainTarget needs --train".into()))?;
-        let inputs: Vec<_> = session
-            .source
-            .inputs()
-            .iter()
-            .map(|&i| (session.source.node(i).name.clone(), session.source.node(i).outputs[0].clone()))
-            .collect();
-        let classes = match training.step.loss {
-            smelt_passes::train::Loss::CrossEntropy { .. } | smelt_passes::train::Loss::CausalLm { .. } => {
-                let causal = matches!(training.step.loss, smelt_passes::train::Loss::CausalLm { .. });
-                let (_, v) = training.model.outputs().first().ok_or_else(|| Error::Usage("no outputs".into()))?;
-                Some(smelt_passes::train::CeLayout::of(&training.model.ty(*v).shape, causal).map_err(Error::Usage)?.classes)
-            }
-            _ => None,
-        };
+        let step = crate::train::StepData::of(&session)?;
+        let (inputs, classes) = (step.inputs, step.cross_entropy.map(|l| l.classes));
         let json = std::fs::read(checkpoint.join("checkpoint.json")).map_err(|e| Error::Usage(e.to_string()))?;
         let meta: crate::train::Checkpoint = serde_json::from_slice(&json).map_err(|e| Error::Usage(e.to_string()))?;
         let name = meta.arrays.clone().unwrap_or_else(|| "checkpoint.npz".into());

@@ -16,7 +16,7 @@
 
 mod run;
 
-pub use run::{train, Backend, EpochValidation, Progress, Quiet, Run, Start, Summary};
+pub use run::{train, Backend, EpochValidation, Progress, Quiet, Run, Start, StepData, Summary};
 
 use crate::driver::Error;
 use smelt_codegen::program::Space;

@@ -265,21 +265,7 @@ pub fn train(mut s: Session, run: &Run, progress: &dyn Progress) -> Result<Summa
     };
     // The step's inputs and the data, checked before anything is compiled.
     let training = s.train.clone().ok_or_else(|| Error::Usage("the session has no training step (--train)".into()))?;
-    let inputs: Vec<(String, TensorType)> =
-        s.source.inputs().iter().map(|&i| (s.source.node(i).name.clone(), s.source.node(i).outputs[0].clone())).collect();
-    let loss_on = match &cfg.loss_on {
-        Some(o) => o.clone(),
-        None => training.model.outputs().first().map(|(n, _)| n.clone()).ok_or_else(|| usage("the model has no outputs".into()))?,
-    };
-    // Cross-entropy's layout of the logits (None: mean squared error).
-    let causal = matches!(training.step.loss, Loss::CausalLm { .. });
-    let cross_entropy = match training.step.loss {
-        Loss::CrossEntropy { .. } | Loss::CausalLm { .. } => {
-            let (_, v) = training.model.outputs().iter().find(|(n, _)| *n == loss_on).ok_or_else(|| usage("the loss's output".into()))?;
-            Some(CeLayout::of(&training.model.ty(*v).shape, causal).map_err(|e| usage(format!("output {loss_on:?}: {e}")))?)
-        }
-        _ => None,
-    };
+    let StepData { inputs, loss_on, cross_entropy } = StepData::of(&s)?;
     let classes = cross_entropy.as_ref().map(|l| l.classes);
     let set: Vec<&str> = s.options.known.iter().map(|(n, _)| n.as_str()).collect();
     let load = |path: &Path, draw: u64, least: usize| -> Result<Data, Error> {
@@ -374,6 +360,40 @@ pub fn train(mut s: Session, run: &Run, progress: &dyn Progress) -> Result<Summa
         Loaded::Cpu(e) => ctx.go(e, progress),
         Loaded::Emulator(e) => ctx.go(e, progress),
         Loaded::Cuda(e) => ctx.go(e, progress),
+    }
+}
+
+/// What a training step reads of a data set.
+pub struct StepData {
+    /// The step's inputs: name and type (the first dimension the micro-batch).
+    pub inputs: Vec<(String, TensorType)>,
+    /// The output the loss reads.
+    pub loss_on: String,
+    /// The logits' layout under cross-entropy (none: the squared error).
+    pub cross_entropy: Option<CeLayout>,
+}
+
+impl StepData {
+    /// Of the training step of `s`.
+    pub fn of(s: &Session) -> Result<StepData, Error> {
+        let usage = |m: String| Error::Usage(m);
+        let training = s.train.as_ref().ok_or_else(|| usage("the session has no training step (--train)".into()))?;
+        let g = &s.source;
+        let inputs = g.inputs().iter().map(|&i| (g.node(i).name.clone(), g.node(i).outputs[0].clone())).collect();
+        let loss_on = match s.options.train.as_ref().and_then(|c| c.loss_on.clone()) {
+            Some(o) => o,
+            None => training.model.outputs().first().map(|(n, _)| n.clone()).ok_or_else(|| usage("the model has no outputs".into()))?,
+        };
+        let causal = matches!(training.step.loss, Loss::CausalLm { .. });
+        let cross_entropy = match training.step.loss {
+            Loss::CrossEntropy { .. } | Loss::CausalLm { .. } => {
+                let (_, v) =
+                    training.model.outputs().iter().find(|(n, _)| *n == loss_on).ok_or_else(|| usage("the loss's output".into()))?;
+                Some(CeLayout::of(&training.model.ty(*v).shape, causal).map_err(|e| usage(format!("output {loss_on:?}: {e}")))?)
+            }
+            _ => None,
+        };
+        Ok(StepData { inputs, loss_on, cross_entropy })
     }
 }
 
