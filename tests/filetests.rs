@@ -7,7 +7,6 @@
 mod common;
 
 use smelt_ir::text;
-use smelt_ir::traits::Lowering;
 use smelt_ir::OpSet;
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -31,10 +30,9 @@ fn check_fuse(path: &Path) -> (String, BTreeSet<String>) {
     for id in after.node_ids() {
         if let Err(e) = smelt_codegen::Kernel::lower(&after, id, plan.copied_concats.contains(&id)) {
             let op = &after.node(id).op;
-            let lowering = op.traits().lowering;
             let had = before.node_ids().any(|n| before.node(n).op.name() == op.name());
             assert!(
-                had && matches!(lowering, Lowering::CpuOnly),
+                had && matches!(smelt_codegen::Route::of(&after, id), smelt_codegen::Route::Refused(_)),
                 "{}: a pass produced {} which has no kernel: {e}",
                 path.display(),
                 op.name()

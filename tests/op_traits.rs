@@ -5,8 +5,8 @@
 
 mod common;
 
-use smelt_codegen::{Kernel, Lowered};
-use smelt_ir::traits::{InPlace, Lowering};
+use smelt_codegen::{Kernel, Lowered, Route};
+use smelt_ir::traits::InPlace;
 use smelt_ir::{
     Act, BinaryOp, CompareOp, Conv, DType, Expr, KernelGraph, KernelOp, LogicOp, Op, OpSet, Pool, ReduceOp, Rng, Tensor, TensorType,
     UnaryOp,
@@ -302,7 +302,7 @@ fn one_node(op: &KernelOp, types: &[TensorType]) -> KernelGraph {
 }
 
 #[test]
-fn every_op_lowers_as_its_traits_say() {
+fn every_op_lowers_as_its_route_says() {
     let nvrtc = common::nvrtc_compiler("op-traits");
     let (mut kernels, mut refused) = (0, 0);
     for (op, types) in samples() {
@@ -310,9 +310,9 @@ fn every_op_lowers_as_its_traits_say() {
         let id = g.node_ids().last().unwrap();
         let traits = op.traits();
         let inputs = common::random_inputs(&g, 1);
-        match (traits.lowering, Kernel::lower(&g, id, true)) {
-            (Lowering::Nothing, Ok(Lowered::Nothing)) => {}
-            (Lowering::Kernel | Lowering::Alias, Ok(Lowered::Kernel(k))) => {
+        match (Route::of(&g, id), Kernel::lower(&g, id, true)) {
+            (Route::Nothing, Ok(Lowered::Nothing)) => {}
+            (Route::Kernel(_) | Route::Alias(_), Ok(Lowered::Kernel(k))) => {
                 // The description's CPU run matches the reference executor.
                 let want = smelt_runtime::cpu::run(&g, &inputs).unwrap();
                 let args: Vec<Tensor> =
@@ -325,14 +325,14 @@ fn every_op_lowers_as_its_traits_say() {
                 }
                 kernels += 1;
             }
-            (Lowering::CpuOnly, Err(e)) => {
+            (Route::Refused(_), Err(e)) => {
                 let msg = e.to_string();
                 assert!(msg.contains(op.name()) && msg.contains("no CUDA kernel"), "{msg}");
                 // The CPU reference executor runs it.
                 smelt_runtime::cpu::run(&g, &inputs).unwrap_or_else(|e| panic!("{}: {e}", op.name()));
                 refused += 1;
             }
-            (l, got) => panic!("{}: traits say {l:?} but lowering gave {got:?}", op.name()),
+            (l, got) => panic!("{}: its route is {l:?} but lowering gave {got:?}", op.name()),
         }
         if traits.in_place == InPlace::Last {
             assert!(types.len() >= 2, "{}: only an op with operands can overwrite its last", op.name());

@@ -12,8 +12,7 @@ use crate::reduce::Reduction;
 use crate::select::Select;
 use crate::update::Update;
 use crate::CodegenError;
-use smelt_ir::traits::Lowering;
-use smelt_ir::{KernelGraph, NodeId, OpSet, Tensor};
+use smelt_ir::{BinaryOp, KernelGraph, KernelOp, NodeId, Op, OpSet, Tensor};
 
 /// Threads per block of the one-thread-per-element kernels.
 pub const BLOCK: usize = 256;
@@ -70,57 +69,145 @@ fn linear(n: usize) -> Launch {
     Launch { grid: [n.div_ceil(BLOCK).max(1), 1, 1], block: [BLOCK, 1, 1], count: Some(n) }
 }
 
+/// The describer that lowers a kernel op: each kind of [`Kernel`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    /// [`Conv`].
+    Conv,
+    /// [`Attention`].
+    Attention,
+    /// [`Gemm`].
+    Gemm,
+    /// [`Pool`].
+    Pool,
+    /// [`Reduction`].
+    Reduction,
+    /// [`Layout`].
+    Layout,
+    /// [`Select`].
+    Select,
+    /// [`Grad`].
+    Grad,
+    /// [`Update`].
+    Update,
+    /// [`Elementwise`].
+    Elementwise,
+}
+
+/// How a node reaches the GPU: decided by one `match` on every kernel op and
+/// every semantic op, with no wildcard arm, so that a new op does not compile
+/// until the kernel level says how it runs (or why it does not).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// Nothing runs: sources and views share their bytes.
+    Nothing,
+    /// Nothing runs when the memory planner aliases it (its producers wrote
+    /// into place); a copy kernel of this family otherwise.
+    Alias(Family),
+    /// A kernel of this family (which may still refuse an instance, such as
+    /// a 3-D convolution, with an error naming the node).
+    Kernel(Family),
+    /// No CUDA kernel, and why: it runs on the CPU reference executor only.
+    Refused(&'static str),
+}
+
+impl Route {
+    /// How node `id` of `g` reaches the GPU.
+    pub fn of(g: &KernelGraph, id: NodeId) -> Route {
+        use Family as F;
+        use Route::Kernel as K;
+        let node = g.node(id);
+        let float_out = node.outputs.first().is_some_and(|t| t.dtype.is_float());
+        match &node.op {
+            KernelOp::Op(op) => match op {
+                Op::Input | Op::Constant | Op::Parameter | Op::State => Route::Nothing,
+                Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze { .. } | Op::Unsqueeze { .. } | Op::Dropout | Op::Identity => {
+                    Route::Nothing
+                }
+                Op::Conv(_) => K(F::Conv),
+                Op::Gemm { .. } | Op::MatMul => K(F::Gemm),
+                Op::BatchNorm { .. } | Op::Unary(_) | Op::Clip { .. } | Op::Sum => K(F::Elementwise),
+                // Integer arithmetic selects and moves elements on any dtype.
+                Op::Binary(b) => K(if float_out || *b == BinaryOp::PRelu { F::Elementwise } else { F::Select }),
+                // Float to float casts are elementwise expressions; the rest
+                // convert element by element on any dtype.
+                Op::Cast { .. } => {
+                    let float_in = g.inputs_of(id).first().is_some_and(|v| g.ty(*v).dtype.is_float());
+                    K(if float_out && float_in { F::Elementwise } else { F::Select })
+                }
+                Op::Compare(_) | Op::Logic(_) | Op::Not | Op::IsNaN | Op::Where => K(F::Select),
+                Op::Slice { .. } | Op::Pad { .. } | Op::Expand { .. } | Op::Tile { .. } | Op::Gather { .. } => K(F::Select),
+                Op::MaxPool(_) | Op::AveragePool { .. } => K(F::Pool),
+                Op::GlobalAveragePool | Op::Softmax { .. } | Op::LogSoftmax { .. } | Op::LayerNorm { .. } | Op::Reduce { .. } => {
+                    K(F::Reduction)
+                }
+                Op::Concat { .. } | Op::Transpose { .. } | Op::Lrn(_) => K(F::Layout),
+                Op::ConvGradData { .. }
+                | Op::ConvGradWeight { .. }
+                | Op::MaxPoolGrad(_)
+                | Op::AvgPoolGrad { .. }
+                | Op::GatherGrad { .. }
+                | Op::LrnGrad(_) => K(F::Grad),
+                Op::Update(_) => K(F::Update),
+                Op::Split { .. } => Route::Refused(
+                    "no CUDA kernel yet (one kernel per output is still to come): it runs on the CPU reference executor only",
+                ),
+            },
+            KernelOp::FusedConv { .. } => K(F::Conv),
+            KernelOp::FusedGemm { .. } | KernelOp::GemmEpilogue { .. } => K(F::Gemm),
+            KernelOp::Elementwise { .. } => K(F::Elementwise),
+            KernelOp::FusedReduction { .. } => K(F::Reduction),
+            KernelOp::ConcatInPlace { .. } => Route::Alias(F::Layout),
+            KernelOp::SliceView { .. } => Route::Nothing,
+            KernelOp::Attention { .. } => K(F::Attention),
+        }
+    }
+}
+
 impl Kernel {
     /// What node `id` of `g` lowers to; `copied_concat` says whether an
     /// in-place concatenation was planned as a copy after all. An op with no
     /// kernel is an error naming the node.
     pub fn lower(g: &KernelGraph, id: NodeId, copied_concat: bool) -> Result<Lowered, CodegenError> {
         let node = g.node(id);
-        let why = match node.op.traits().lowering {
-            Lowering::Nothing => return Ok(Lowered::Nothing),
-            Lowering::Alias if !copied_concat => return Ok(Lowered::Nothing),
-            Lowering::Kernel | Lowering::Alias => match Kernel::of(g, id) {
+        let why = match Route::of(g, id) {
+            Route::Nothing => return Ok(Lowered::Nothing),
+            Route::Alias(_) if !copied_concat => return Ok(Lowered::Nothing),
+            Route::Kernel(family) | Route::Alias(family) => match Kernel::describe(family, g, id) {
                 Some(k) => return Ok(Lowered::Kernel(Box::new(k))),
                 None => format!(
                     "no CUDA kernel for this op with inputs {}",
                     g.inputs_of(id).iter().map(|v| g.ty(*v).to_string()).collect::<Vec<_>>().join(", ")
                 ),
             },
-            Lowering::CpuOnly => "no CUDA kernel yet: it runs on the CPU reference executor only".into(),
+            Route::Refused(why) => why.into(),
         };
         Err(CodegenError::NoKernel { node: node.name.clone(), op: node.op.name().to_string(), detail: why, origin: g.origin(id).to_vec() })
     }
 
     /// The kernel of node `id`, if there is one.
     pub fn of(g: &KernelGraph, id: NodeId) -> Option<Kernel> {
-        if let Some(c) = Conv::of(g, id) {
-            return Some(Kernel::Conv(c));
+        match Route::of(g, id) {
+            Route::Kernel(family) | Route::Alias(family) => Kernel::describe(family, g, id),
+            Route::Nothing | Route::Refused(_) => None,
         }
-        if let Some(a) = Attention::of(g, id) {
-            return Some(Kernel::Attention(a));
+    }
+
+    /// The description of node `id` by `family`'s describer, if it covers
+    /// this instance (shapes and dtypes).
+    fn describe(family: Family, g: &KernelGraph, id: NodeId) -> Option<Kernel> {
+        match family {
+            Family::Conv => Conv::of(g, id).map(Kernel::Conv),
+            Family::Attention => Attention::of(g, id).map(Kernel::Attention),
+            Family::Gemm => Gemm::of(g, id).map(Kernel::Gemm),
+            Family::Pool => Pool::of(g, id).map(Kernel::Pool),
+            Family::Reduction => Reduction::of(g, id).map(Kernel::Reduction),
+            Family::Layout => Layout::of(g, id).map(Kernel::Layout),
+            Family::Select => Select::of(g, id).map(Kernel::Select),
+            Family::Grad => Grad::of(g, id).map(Kernel::Grad),
+            Family::Update => Update::of(g, id).map(Kernel::Update),
+            Family::Elementwise => Elementwise::of(g, id).map(Kernel::Elementwise),
         }
-        if let Some(m) = Gemm::of(g, id) {
-            return Some(Kernel::Gemm(m));
-        }
-        if let Some(p) = Pool::of(g, id) {
-            return Some(Kernel::Pool(p));
-        }
-        if let Some(r) = Reduction::of(g, id) {
-            return Some(Kernel::Reduction(r));
-        }
-        if let Some(l) = Layout::of(g, id) {
-            return Some(Kernel::Layout(l));
-        }
-        if let Some(s) = Select::of(g, id) {
-            return Some(Kernel::Select(s));
-        }
-        if let Some(d) = Grad::of(g, id) {
-            return Some(Kernel::Grad(d));
-        }
-        if let Some(u) = Update::of(g, id) {
-            return Some(Kernel::Update(u));
-        }
-        Elementwise::of(g, id).map(Kernel::Elementwise)
     }
 
     /// Its name (the CUDA function's).

@@ -26,7 +26,7 @@ pub mod update;
 
 pub use cache::Cache;
 pub use error::CodegenError;
-pub use kernel::{Kernel, Launch, Lowered};
+pub use kernel::{Family, Kernel, Launch, Lowered, Route};
 pub use program::Program;
 
 /// The CUDA C type of a dtype, and the functions that load it to and store

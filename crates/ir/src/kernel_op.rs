@@ -151,10 +151,10 @@ pub trait OpSet: Clone + std::fmt::Debug + PartialEq + Send + Sync + 'static {
     fn is_view(&self) -> bool {
         self.traits().kind == crate::traits::Kind::View
     }
-    /// Whether it launches a kernel: not a source, a view or an aliased
-    /// concatenation.
+    /// Whether it computes anything: not a source or a view. (A kernel op
+    /// also says no for a concatenation its producers write in place.)
     fn is_kernel(&self) -> bool {
-        !matches!(self.traits().lowering, crate::traits::Lowering::Nothing | crate::traits::Lowering::Alias)
+        !matches!(self.traits().kind, crate::traits::Kind::Source | crate::traits::Kind::View)
     }
 }
 
@@ -316,6 +316,10 @@ impl OpSet for KernelOp {
     }
     fn traits(&self) -> Traits {
         KernelOp::traits(self)
+    }
+    fn is_kernel(&self) -> bool {
+        !matches!(self, KernelOp::ConcatInPlace { .. })
+            && !matches!(self.traits().kind, crate::traits::Kind::Source | crate::traits::Kind::View)
     }
     fn semantic(&self) -> Option<&Op> {
         match self {

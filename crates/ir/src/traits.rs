@@ -1,8 +1,10 @@
 //! Facts about each op, in one place: [`Op::traits`] (semantic ops) and
 //! [`KernelOp::traits`] (the forms fusion makes) are the only `match`es on
-//! every variant that precision, fusion, clustering, the memory planner, its
-//! checker and code generation read their rules from. They have no wildcard
-//! arm, so a new op does not compile until each fact is decided for it.
+//! every variant that precision, fusion, clustering, the memory planner and
+//! its checker read their rules from. They have no wildcard arm, so a new op
+//! does not compile until each fact is decided for it. How an op reaches the
+//! GPU is not among them: that is the kernel level's one match
+//! (`smelt_codegen::Route::of`).
 
 use crate::kernel_op::KernelOp;
 use crate::op::Op;
@@ -62,21 +64,6 @@ pub enum InPlace {
     Last,
 }
 
-/// How an op reaches the GPU.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Lowering {
-    /// A kernel of its own (code generation may still refuse an instance, such
-    /// as a 3-D convolution, with an error naming the node).
-    Kernel,
-    /// Nothing runs: sources and views.
-    Nothing,
-    /// Nothing runs when the planner aliases it (its producers wrote into
-    /// place); a copy kernel otherwise.
-    Alias,
-    /// No CUDA kernel yet: runs on the CPU reference executor only.
-    CpuOnly,
-}
-
 /// The facts about one op. See [`Op::traits`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Traits {
@@ -86,16 +73,14 @@ pub struct Traits {
     pub precision: Precision,
     /// Which operand its output may overwrite.
     pub in_place: InPlace,
-    /// How it reaches the GPU.
-    pub lowering: Lowering,
     /// Whether its kernel converts a first operand of another float dtype as
     /// it loads it (a kernel capability: the precision pass inserts no cast
     /// before a widening load).
     pub widens_first_operand: bool,
 }
 
-const fn t(kind: Kind, precision: Precision, in_place: InPlace, lowering: Lowering) -> Traits {
-    Traits { kind, precision, in_place, lowering, widens_first_operand: false }
+const fn t(kind: Kind, precision: Precision, in_place: InPlace) -> Traits {
+    Traits { kind, precision, in_place, widens_first_operand: false }
 }
 
 impl Op {
@@ -104,43 +89,39 @@ impl Op {
     pub fn traits(&self) -> Traits {
         use InPlace as I;
         use Kind as K;
-        use Lowering as L;
         use Precision as P;
-        let layer = |lowering| Traits { widens_first_operand: true, ..t(K::Layer, P::Half, I::No, lowering) };
+        let layer = Traits { widens_first_operand: true, ..t(K::Layer, P::Half, I::No) };
         match self {
-            Op::Input | Op::Constant | Op::Parameter | Op::State => t(K::Source, P::Fixed, I::No, L::Nothing),
+            Op::Input | Op::Constant | Op::Parameter | Op::State => t(K::Source, P::Fixed, I::No),
             Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze { .. } | Op::Unsqueeze { .. } | Op::Dropout | Op::Identity => {
-                t(K::View, P::Follows, I::No, L::Nothing)
+                t(K::View, P::Follows, I::No)
             }
-            Op::Conv(_) | Op::Gemm { .. } => layer(L::Kernel),
-            Op::MatMul => Traits { widens_first_operand: false, ..layer(L::Kernel) },
-            Op::BatchNorm { .. } => t(K::Normalization, P::Sensitive, I::Any, L::Kernel),
+            Op::Conv(_) | Op::Gemm { .. } => layer,
+            Op::MatMul => Traits { widens_first_operand: false, ..layer },
+            Op::BatchNorm { .. } => t(K::Normalization, P::Sensitive, I::Any),
             // Its kernel reads the residual add before it as a prologue.
-            Op::LayerNorm { .. } => t(K::Normalization, P::Sensitive, I::No, L::Kernel),
-            Op::Lrn(_) => t(K::Normalization, P::Half, I::No, L::Kernel),
-            Op::Unary(_) | Op::Binary(_) | Op::Clip { .. } | Op::Sum => t(K::Elementwise, P::Half, I::Any, L::Kernel),
-            Op::Cast { .. } => t(K::Elementwise, P::Fixed, I::No, L::Kernel),
+            Op::LayerNorm { .. } => t(K::Normalization, P::Sensitive, I::No),
+            Op::Lrn(_) => t(K::Normalization, P::Half, I::No),
+            Op::Unary(_) | Op::Binary(_) | Op::Clip { .. } | Op::Sum => t(K::Elementwise, P::Half, I::Any),
+            Op::Cast { .. } => t(K::Elementwise, P::Fixed, I::No),
             // Bool results: float operands are brought to one precision.
-            Op::Compare(_) | Op::Logic(_) | Op::Not | Op::IsNaN => t(K::Elementwise, P::Follows, I::No, L::Kernel),
+            Op::Compare(_) | Op::Logic(_) | Op::Not | Op::IsNaN => t(K::Elementwise, P::Follows, I::No),
             // Masks select between scores and -inf: kept in f32 by the mixed policies.
-            Op::Where => t(K::Elementwise, P::Sensitive, I::No, L::Kernel),
-            Op::MaxPool(_) => t(K::Movement, P::Follows, I::No, L::Kernel),
-            Op::AveragePool { .. } => t(K::Window, P::Half, I::No, L::Kernel),
-            Op::GlobalAveragePool | Op::Softmax { .. } | Op::LogSoftmax { .. } | Op::Reduce { .. } => {
-                t(K::Reduction, P::Sensitive, I::No, L::Kernel)
-            }
-            Op::Concat { .. } | Op::Transpose { .. } => t(K::Movement, P::Follows, I::No, L::Kernel),
+            Op::Where => t(K::Elementwise, P::Sensitive, I::No),
+            Op::MaxPool(_) => t(K::Movement, P::Follows, I::No),
+            Op::AveragePool { .. } => t(K::Window, P::Half, I::No),
+            Op::GlobalAveragePool | Op::Softmax { .. } | Op::LogSoftmax { .. } | Op::Reduce { .. } => t(K::Reduction, P::Sensitive, I::No),
+            Op::Concat { .. } | Op::Transpose { .. } => t(K::Movement, P::Follows, I::No),
             Op::Slice { .. } | Op::Pad { .. } | Op::Expand { .. } | Op::Tile { .. } | Op::Gather { .. } => {
-                t(K::Movement, P::Follows, I::No, L::Kernel)
+                t(K::Movement, P::Follows, I::No)
             }
-            // One kernel per output is still to come.
-            Op::Split { .. } => t(K::Movement, P::Follows, I::No, L::CpuOnly),
+            Op::Split { .. } => t(K::Movement, P::Follows, I::No),
             // Backward ops: one thread per output element (2-D images).
-            Op::ConvGradData { .. } | Op::ConvGradWeight { .. } => t(K::Layer, P::Sensitive, I::No, L::Kernel),
-            Op::MaxPoolGrad(_) | Op::AvgPoolGrad { .. } => t(K::Window, P::Sensitive, I::No, L::Kernel),
-            Op::LrnGrad(_) => t(K::Normalization, P::Sensitive, I::No, L::Kernel),
-            Op::GatherGrad { .. } => t(K::Movement, P::Sensitive, I::No, L::Kernel),
-            Op::Update(_) => t(K::Update, P::Fixed, I::No, L::Kernel),
+            Op::ConvGradData { .. } | Op::ConvGradWeight { .. } => t(K::Layer, P::Sensitive, I::No),
+            Op::MaxPoolGrad(_) | Op::AvgPoolGrad { .. } => t(K::Window, P::Sensitive, I::No),
+            Op::LrnGrad(_) => t(K::Normalization, P::Sensitive, I::No),
+            Op::GatherGrad { .. } => t(K::Movement, P::Sensitive, I::No),
+            Op::Update(_) => t(K::Update, P::Fixed, I::No),
         }
     }
 }
@@ -151,23 +132,20 @@ impl KernelOp {
     pub fn traits(&self) -> Traits {
         use InPlace as I;
         use Kind as K;
-        use Lowering as L;
         use Precision as P;
         match self {
             KernelOp::Op(op) => op.traits(),
-            KernelOp::FusedConv { residual, .. } => Traits {
-                in_place: if *residual { I::Last } else { I::No },
-                widens_first_operand: true,
-                ..t(K::Layer, P::Half, I::No, L::Kernel)
-            },
-            KernelOp::FusedGemm { .. } => Traits { widens_first_operand: true, ..t(K::Layer, P::Half, I::No, L::Kernel) },
-            KernelOp::Elementwise { .. } => t(K::Elementwise, P::Half, I::Any, L::Kernel),
-            KernelOp::FusedReduction { .. } => t(K::Reduction, P::Sensitive, I::No, L::Kernel),
-            KernelOp::ConcatInPlace { .. } => t(K::Movement, P::Follows, I::No, L::Alias),
-            KernelOp::SliceView { .. } => t(K::View, P::Follows, I::No, L::Nothing),
+            KernelOp::FusedConv { residual, .. } => {
+                Traits { in_place: if *residual { I::Last } else { I::No }, widens_first_operand: true, ..t(K::Layer, P::Half, I::No) }
+            }
+            KernelOp::FusedGemm { .. } => Traits { widens_first_operand: true, ..t(K::Layer, P::Half, I::No) },
+            KernelOp::Elementwise { .. } => t(K::Elementwise, P::Half, I::Any),
+            KernelOp::FusedReduction { .. } => t(K::Reduction, P::Sensitive, I::No),
+            KernelOp::ConcatInPlace { .. } => t(K::Movement, P::Follows, I::No),
+            KernelOp::SliceView { .. } => t(K::View, P::Follows, I::No),
             // Products in the inputs' precision, the softmax in f32 registers.
-            KernelOp::Attention { .. } => t(K::Layer, P::Half, I::No, L::Kernel),
-            KernelOp::GemmEpilogue { .. } => Traits { widens_first_operand: true, ..t(K::Layer, P::Half, I::No, L::Kernel) },
+            KernelOp::Attention { .. } => t(K::Layer, P::Half, I::No),
+            KernelOp::GemmEpilogue { .. } => Traits { widens_first_operand: true, ..t(K::Layer, P::Half, I::No) },
         }
     }
 }
