@@ -107,7 +107,7 @@ pub struct ModelArgs {
     pub tuning: Option<std::path::PathBuf>,
     /// How tiles are chosen, overriding --tuning (set by `smelt tune`).
     #[arg(skip)]
-    pub tiles: Option<smelt_ir::TileChoice>,
+    pub tiles: Option<smelt_codegen::TileChoice>,
     #[command(flatten)]
     pub train: TrainArgs,
 }
@@ -335,8 +335,25 @@ impl ModelArgs {
         self.tf32.get_or_insert(smelt_ir::Tf32::Off);
     }
 
+    /// What the kernels are compiled for: `--device`'s GPU (the default for
+    /// an unknown name, which `smelt fit` refuses), tiles as `--tuning` (or
+    /// `smelt tune`) says.
+    pub fn target(&self) -> Result<smelt_codegen::Target, Error> {
+        Ok(smelt_codegen::Target {
+            gpu: crate::cost::gpu(&self.train.device).unwrap_or_default(),
+            tiles: match (&self.tiles, &self.tuning) {
+                (Some(t), _) => t.clone(),
+                (None, Some(path)) => smelt_codegen::TileChoice::Tuned(std::sync::Arc::new(
+                    crate::tune::Tuning::read(path)?.table().expect("checked when read"),
+                )),
+                (None, None) => smelt_codegen::TileChoice::Model,
+            },
+        })
+    }
+
     /// The driver's options.
     pub fn options(&self) -> Result<crate::Options, Error> {
+        let target = self.target()?;
         Ok(crate::Options {
             batch: self.batch,
             dims: self.dims.clone(),
@@ -354,7 +371,7 @@ impl ModelArgs {
             }),
             remat: self.train.remat_budget.map(|budget| crate::Remat {
                 budget,
-                gpu: crate::cost::gpu(&self.train.device).unwrap_or_default(),
+                target: target.clone(),
                 solver: crate::RematSolver::parse(&self.train.remat_solver).unwrap_or_default(),
             }),
             split: if self.min_memory {
@@ -362,14 +379,7 @@ impl ModelArgs {
             } else {
                 self.split_limit.map(smelt_passes::split::Goal::Limit)
             },
-            gpu: Some(self.train.device.clone()),
-            tiles: match (&self.tiles, &self.tuning) {
-                (Some(t), _) => t.clone(),
-                (None, Some(path)) => {
-                    smelt_ir::TileChoice::Tuned(std::sync::Arc::new(crate::tune::Tuning::read(path)?.table().expect("checked when read")))
-                }
-                (None, None) => smelt_ir::TileChoice::Model,
-            },
+            target,
         })
     }
 

@@ -5,20 +5,22 @@
 
 pub use smelt_codegen::cost::{estimate, gpu, kernel_time, Bound, Estimate, Gpu, Resources, GPUS, GPU_NAMES};
 use smelt_codegen::kernel::{Kernel, Lowered};
+use smelt_codegen::Target;
 use smelt_ir::{KernelGraph, NodeId};
 
-/// Estimated seconds of node `id` of `g` on `gpu` (0 for what launches
-/// nothing: inputs, constants, views).
-pub fn node_time(g: &KernelGraph, id: NodeId, gpu: &Gpu) -> f64 {
-    let Ok(Lowered::Kernel(k)) = Kernel::lower(g, id, false) else { return 0.0 };
+/// Estimated seconds of node `id` of `g` on `target`'s GPU, with the tile
+/// it chooses (0 for what launches nothing: inputs, constants, views).
+pub fn node_time(g: &KernelGraph, id: NodeId, target: &Target) -> f64 {
+    let Ok(Lowered::Kernel(mut k)) = Kernel::lower(g, id, false) else { return 0.0 };
+    smelt_codegen::tiling::choose(&mut k, smelt_codegen::tiling::node_bytes(g, id), target);
     let bytes: usize = g.inputs_of(id).iter().map(|v| g.ty(*v).bytes()).sum::<usize>()
         + if k.written().is_empty() { g.node(id).outputs.iter().map(|t| t.bytes()).sum() } else { 0 };
-    kernel_time(&k, bytes, gpu)
+    kernel_time(&k, bytes, &target.gpu)
 }
 
-/// Estimated seconds of every node of `g` on `gpu`.
-pub fn graph_time(g: &KernelGraph, gpu: &Gpu) -> f64 {
-    g.node_ids().map(|n| node_time(g, n, gpu)).sum()
+/// Estimated seconds of every node of `g` on `target`'s GPU.
+pub fn graph_time(g: &KernelGraph, target: &Target) -> f64 {
+    g.node_ids().map(|n| node_time(g, n, target)).sum()
 }
 
 /// FLOPs of node `id`'s kernel (0 without one).

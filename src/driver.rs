@@ -161,11 +161,10 @@ pub struct Options {
     /// bands of rows) until its arena meets this goal (`--memory-limit`,
     /// `--min-memory`).
     pub split: Option<split::Goal>,
-    /// The GPU the kernels are for (`--device`: their tiles are chosen on
-    /// its roofline); `None`: the default, the H100.
-    pub gpu: Option<String>,
-    /// How the tensor-core kernels' tiles are chosen (`--tuning`).
-    pub tiles: smelt_ir::TileChoice,
+    /// What the kernels are compiled for: the GPU (`--device`: their tiles
+    /// are chosen on its roofline; the H100 by default) and how the
+    /// tensor-core kernels' tiles are chosen (`--tuning`).
+    pub target: smelt_codegen::Target,
 }
 
 /// Rematerialization under a budget: what [`Session::compile`] recomputes
@@ -174,8 +173,8 @@ pub struct Options {
 pub struct Remat {
     /// The arena's budget in bytes.
     pub budget: usize,
-    /// The GPU whose roofline prices a recomputation.
-    pub gpu: crate::cost::Gpu,
+    /// The GPU whose roofline prices a recomputation, and its tiles.
+    pub target: smelt_codegen::Target,
     /// Which solver chooses.
     pub solver: RematSolver,
 }
@@ -253,12 +252,7 @@ pub struct RematReport {
 impl Options {
     /// The pipeline's options, fusion on when `fuse` and not `no_fuse`.
     pub fn pipeline(&self, fuse: bool) -> pipeline::Options {
-        pipeline::Options {
-            fuse: fuse && !self.no_fuse,
-            precision: self.precision.clone(),
-            target: smelt_ir::Target { gpu: self.gpu.clone(), tiles: self.tiles.clone(), ..Default::default() },
-            ..Default::default()
-        }
+        pipeline::Options { fuse: fuse && !self.no_fuse, precision: self.precision.clone(), ..Default::default() }
     }
 }
 
@@ -532,8 +526,8 @@ impl Session {
         }
         let hint = self.unfused_hint()?;
         let t = Instant::now();
-        let gpu = r.gpu;
-        let cost = move |g: &KernelGraph, n| crate::cost::node_time(g, n, &gpu);
+        let target = &r.target;
+        let cost = move |g: &KernelGraph, n| crate::cost::node_time(g, n, target);
         let greedy = || -> Result<smelt_passes::remat::Outcome, Error> {
             smelt_passes::remat::choose(&compiled.graph, r.budget, Some(&hint), &cost)?.map_err(|u| Error::RematBudget {
                 budget: r.budget,
@@ -569,7 +563,7 @@ impl Session {
             arena_before: outcome.arena_before,
             arena_after: outcome.plan.arena,
             recomputed,
-            cost_seconds: clones.iter().map(|&n| crate::cost::node_time(g, n, &gpu)).sum::<f64>().max(0.0),
+            cost_seconds: clones.iter().map(|&n| crate::cost::node_time(g, n, target)).sum::<f64>().max(0.0),
             flops: clones.iter().map(|&n| crate::cost::node_flops(g, n)).sum(),
             solver,
             lower_bound_seconds: bound.map(|b| b.0).filter(|b| b.is_finite()),
@@ -633,7 +627,7 @@ impl Session {
     /// order, with arena and weights offsets.
     pub fn program(&mut self, compiled: &Compiled, planned: &Planned) -> Result<Program, Error> {
         let t = Instant::now();
-        let p = Program::build(&compiled.graph, &planned.plan).map_err(|e| match e {
+        let p = Program::build(&compiled.graph, &planned.plan, &self.options.target).map_err(|e| match e {
             CodegenError::NoKernel { node, op, detail, origin } => {
                 let names: Vec<String> = origin
                     .iter()

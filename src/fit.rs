@@ -484,7 +484,7 @@ pub fn prepare(req: &Request, precision: Policy, micro: usize, limit: Option<usi
 pub fn recompute(req: &Request, c: &mut Candidate, step: Step, budget: usize) -> Result<(), Error> {
     let t = std::time::Instant::now();
     let Step { mut session, mut compiled } = step;
-    let remat = |budget| Remat { budget, gpu: req.gpu, solver: req.solver };
+    let remat = |budget| Remat { budget, target: req.options.target.clone(), solver: req.solver };
     match session.rematerialize(&mut compiled, &remat(budget)) {
         Ok(()) => c.verdict = Verdict::Fits,
         Err(Error::RematBudget { smallest, .. }) => {
@@ -508,12 +508,12 @@ pub fn recompute(req: &Request, c: &mut Candidate, step: Step, budget: usize) ->
 
 /// Fills `c`'s memory and time from a compiled, planned step.
 fn describe(c: &mut Candidate, s: &Session, compiled: &crate::driver::Compiled, planned: &crate::driver::Planned, req: &Request) {
-    let (k, gpu) = (c.accumulate, &req.gpu);
+    let k = c.accumulate;
     let forward = &s.train.as_ref().expect("a training session").step.forward;
     c.breakdown = crate::plan::train_breakdown(&compiled.graph, &planned.plan, forward);
     c.arena_bytes = planned.plan.arena;
     c.persistent_bytes = c.blob;
-    c.step_seconds = cost::graph_time(&compiled.graph, gpu) * k as f64;
+    c.step_seconds = cost::graph_time(&compiled.graph, &req.options.target) * k as f64;
     if req.gpus > 1 {
         let dp = data_parallel(&c.breakdown, c.blob, k, req);
         // Sharded parameters are gathered a layer at a time: the largest,

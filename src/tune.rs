@@ -69,7 +69,7 @@ impl Tuning {
         std::fs::write(path, serde_json::to_string_pretty(self).expect("a table serializes")).map_err(io)
     }
 
-    /// The tiles as codegen takes them ([`smelt_ir::TileChoice::Tuned`]).
+    /// The tiles as codegen takes them ([`smelt_codegen::TileChoice::Tuned`]).
     pub fn table(&self) -> Result<BTreeMap<String, [usize; 2]>, String> {
         self.tiles
             .iter()

@@ -15,6 +15,7 @@ use smelt_codegen::nvrtc::Compiler;
 use smelt_codegen::pool::Pool;
 use smelt_codegen::program::compile_all;
 use smelt_codegen::reduce::Reduction;
+use smelt_codegen::tiling::kernel_of;
 use smelt_codegen::{Kernel, Program};
 use smelt_ir::onnx::{import_file, read_tensor_file, ImportOptions};
 use smelt_ir::{text, Graph, KernelGraph, NodeId, Tensor, ValueId};
@@ -49,8 +50,8 @@ fn every_kernel_of_the_light_models_matches_the_reference_and_compiles() {
         let g = common::compiled(&import_file(&v.join("model.onnx"), &ImportOptions::default()).unwrap(), true);
         // Every node of the planned graph lowers: no op is left without a kernel.
         let plan = smelt_passes::memory::plan(&g).unwrap();
-        let program = Program::build(&g, &plan).unwrap_or_else(|e| panic!("{name}: {e}"));
-        let ids: Vec<NodeId> = g.node_ids().filter(|&id| Kernel::of(&g, id).is_some()).collect();
+        let program = Program::build(&g, &plan, &Default::default()).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let ids: Vec<NodeId> = g.node_ids().filter(|&id| kernel_of(&g, id, &Default::default()).is_some()).collect();
         let wanted: HashSet<ValueId> =
             ids.iter().flat_map(|id| g.inputs_of(*id).into_iter().chain([ValueId { node: *id, slot: 0 }])).collect();
         let input = read_tensor_file(&v.join("input_0.pb")).unwrap().1;
@@ -66,7 +67,7 @@ fn every_kernel_of_the_light_models_matches_the_reference_and_compiles() {
             let ins = operands(&g, *id, &kept);
             let refs: Vec<&Tensor> = ins.iter().map(|t| t.as_ref()).collect();
             // The same description runs on the CPU and renders the CUDA C.
-            let k = Kernel::of(&g, *id).unwrap();
+            let k = kernel_of(&g, *id, &Default::default()).unwrap();
             let got = k.run_cpu(&refs);
             let want = &kept[&ValueId { node: *id, slot: 0 }];
             // Same arithmetic as the reference, except the summation order of
@@ -342,7 +343,7 @@ fn programs_run_from_the_arena_match_the_reference() {
     let check = |what: &str, plain: &Graph, inputs: &[Tensor]| {
         let g = common::compiled(plain, true);
         let plan = smelt_passes::memory::plan(&g).unwrap();
-        let program = Program::build(&g, &plan).unwrap_or_else(|e| panic!("{what}: {e}\n{}", text::print(&g)));
+        let program = Program::build(&g, &plan, &Default::default()).unwrap_or_else(|e| panic!("{what}: {e}\n{}", text::print(&g)));
         let got = program.run_cpu(&program.weights_blob(&g).unwrap(), inputs).unwrap();
         let want = smelt_runtime::cpu::run(plain, inputs).unwrap();
         for (a, b) in got.iter().zip(&want) {
@@ -378,7 +379,7 @@ fn infinite_bounds_and_views_of_constants() {
     assert!(d.cuda().contains("__int_as_float(0x7f800000)"), "{}", d.cuda());
     compile_and_snapshot(nvrtc.as_ref(), "clip_lower_bound_only", &d.name, &d.cuda());
     let plan = smelt_passes::memory::plan(&g).unwrap();
-    let program = Program::build(&g, &plan).unwrap();
+    let program = Program::build(&g, &plan, &Default::default()).unwrap();
     assert_eq!(program.steps[0].args[1].space, smelt_codegen::program::Space::Weights);
     let x = common::random_inputs(&g, 9);
     let got = program.run_cpu(&program.weights_blob(&g).unwrap(), &x).unwrap();
@@ -402,7 +403,8 @@ fn infinite_bounds_and_views_of_constants() {
 fn tiles_follow_the_target_gpu() {
     let program = |gpu: &str| {
         let precision = smelt_passes::precision::Options { policy: "mixed-f16".parse().unwrap(), ..Default::default() };
-        let options = smelt::Options { batch: Some(32), gpu: Some(gpu.into()), precision, ..Default::default() };
+        let target = smelt_codegen::Target { gpu: smelt::cost::gpu(gpu).unwrap(), ..Default::default() };
+        let options = smelt::Options { batch: Some(32), target, precision, ..Default::default() };
         let mut s = smelt::Session::open("zoo:resnet50", options).unwrap_or_else(|e| panic!("{e}"));
         let compiled = s.compile().unwrap_or_else(|e| panic!("{e}"));
         let planned = s.plan(&compiled).unwrap_or_else(|e| panic!("{e}"));
@@ -436,7 +438,7 @@ fn attention_gemm_norm_select_grad_and_update_snapshots() {
     let policy = |p: &str| smelt_passes::precision::Options { policy: p.parse().unwrap(), keep_f32: vec![], ..Default::default() };
     let kernels = |g: &Graph, options: smelt::Options| -> Vec<Kernel> {
         let k = common::session(g, options).compile().unwrap_or_else(|e| panic!("{e}")).graph;
-        k.node_ids().filter_map(|id| Kernel::of(&k, id)).collect()
+        k.node_ids().filter_map(|id| kernel_of(&k, id, &Default::default())).collect()
     };
     let one = |ks: &[Kernel], what: &str, pred: &dyn Fn(&Kernel) -> bool| -> Kernel {
         ks.iter()
@@ -505,4 +507,54 @@ fn attention_gemm_norm_select_grad_and_update_snapshots() {
     ] {
         compile_and_snapshot(nvrtc.as_ref(), name, k.name(), &k.cuda());
     }
+}
+
+/// Code generation's modules import each other in one direction: the
+/// describers below the kernel enum, the tile geometry and launch geometry
+/// below the describers, the roofline model and the tile choice above them
+/// (a pass over described kernels), the program on top. A `crate::m` use
+/// outside a comment is an edge; any strongly connected set of modules
+/// fails, naming them.
+#[test]
+fn codegen_modules_import_each_other_without_a_circle() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/codegen/src");
+    let mut modules: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.unwrap().file_name().to_str().and_then(|n| n.strip_suffix(".rs")).map(String::from))
+        .filter(|m| m != "lib")
+        .collect();
+    modules.sort();
+    let deps: Vec<Vec<usize>> = modules
+        .iter()
+        .map(|m| {
+            let text = std::fs::read_to_string(dir.join(format!("{m}.rs"))).unwrap();
+            let code: String = text.lines().filter(|l| !l.trim_start().starts_with("//")).collect::<Vec<_>>().join("\n");
+            let mut out: Vec<usize> = code
+                .match_indices("crate::")
+                .filter_map(|(i, _)| {
+                    let name: String = code[i + 7..].chars().take_while(|c| c.is_ascii_lowercase() || *c == '_').collect();
+                    modules.iter().position(|n| *n == name && n != m)
+                })
+                .collect();
+            out.sort();
+            out.dedup();
+            out
+        })
+        .collect();
+    for (m, d) in modules.iter().zip(&deps) {
+        println!("{m} -> {}", d.iter().map(|&k| modules[k].as_str()).collect::<Vec<_>>().join(" "));
+    }
+    // A module is on a circle when it reaches itself.
+    let reaches = |from: usize| {
+        let (mut seen, mut stack) = (vec![false; modules.len()], deps[from].clone());
+        while let Some(k) = stack.pop() {
+            if !std::mem::replace(&mut seen[k], true) {
+                stack.extend(&deps[k]);
+            }
+        }
+        seen
+    };
+    let circle: Vec<&str> = (0..modules.len()).filter(|&m| reaches(m)[m]).map(|m| modules[m].as_str()).collect();
+    assert!(circle.is_empty(), "codegen modules that import themselves through others: {circle:?}");
+    assert!(deps[modules.iter().position(|m| m == "kernel").unwrap()].len() >= 10, "the parse found kernel.rs's describers");
 }

@@ -11,6 +11,7 @@
 
 mod common;
 
+use smelt_codegen::tiling::kernel_of;
 use smelt_ir::builder::Builder;
 use smelt_ir::{Graph, KernelGraph, Op, Tensor, ValueId};
 use smelt_runtime::emu::Schedule;
@@ -796,7 +797,7 @@ fn tensor_core_kernels_match_their_descriptions() {
             assert_kernels_agree(&what, &e);
             let mut products = 0;
             for id in e.graph.node_ids() {
-                match Kernel::of(&e.graph, id) {
+                match kernel_of(&e.graph, id, &Default::default()) {
                     Some(Kernel::Conv(c)) => {
                         assert!(c.tensor_cores(), "{what}: {} is not on tensor cores", c.name);
                         products += 1;
@@ -843,7 +844,7 @@ fn block_per_row_norms_match_their_descriptions() {
             let blocks: Vec<Kernel> = e
                 .graph
                 .node_ids()
-                .filter_map(|id| Kernel::of(&e.graph, id))
+                .filter_map(|id| kernel_of(&e.graph, id, &Default::default()))
                 .filter(|k| matches!(k, Kernel::Reduction(r) if r.by_block()))
                 .collect();
             assert_eq!(blocks.len(), 1, "{what}: one normalization by block");
@@ -906,8 +907,12 @@ fn attention_on_tensor_cores_matches_its_description() {
             let what = format!("{what} ({policy})");
             let e = emulate_in_every_order(g, policy, &x);
             assert_kernels_agree(&what, &e);
-            let fused: Vec<Kernel> =
-                e.graph.node_ids().filter_map(|id| Kernel::of(&e.graph, id)).filter(|k| matches!(k, Kernel::Attention(_))).collect();
+            let fused: Vec<Kernel> = e
+                .graph
+                .node_ids()
+                .filter_map(|id| kernel_of(&e.graph, id, &Default::default()))
+                .filter(|k| matches!(k, Kernel::Attention(_)))
+                .collect();
             assert_eq!(fused.len(), 1, "{what}: one fused attention");
             let Kernel::Attention(a) = &fused[0] else { unreachable!() };
             assert_eq!(a.tc_rows, Some(*rows), "{what}: {} on tensor cores", a.name);
@@ -987,12 +992,12 @@ fn tf32_kernels_match_their_descriptions() {
             assert_kernels_agree(&what, &e);
             let mut products = 0;
             for id in e.graph.node_ids() {
-                let want = match Kernel::of(&e.graph, id) {
+                let want = match kernel_of(&e.graph, id, &Default::default()) {
                     Some(Kernel::Conv(_)) => tf32.convs(),
                     Some(Kernel::Gemm(_)) => tf32.gemms(),
                     _ => continue,
                 };
-                let k = Kernel::of(&e.graph, id).unwrap();
+                let k = kernel_of(&e.graph, id, &Default::default()).unwrap();
                 assert_eq!((k.tensor_cores(), k.tf32()), (want, want), "{what}: {}", k.name());
                 if want {
                     assert!(k.cuda().contains("wmma::precision::tf32"), "{what}: {}", k.name());
@@ -1066,8 +1071,12 @@ fn convolution_gradients_on_tensor_cores_match_their_descriptions() {
             let what = format!("{what} ({policy})");
             let e = emulate_in_every_order(g, policy, &x);
             assert_kernels_agree(&what, &e);
-            let grads: Vec<Kernel> =
-                e.graph.node_ids().filter_map(|id| Kernel::of(&e.graph, id)).filter(|k| matches!(k, Kernel::Grad(_))).collect();
+            let grads: Vec<Kernel> = e
+                .graph
+                .node_ids()
+                .filter_map(|id| kernel_of(&e.graph, id, &Default::default()))
+                .filter(|k| matches!(k, Kernel::Grad(_)))
+                .collect();
             assert_eq!(grads.len(), 1, "{what}: one gradient kernel");
             assert!(grads[0].tensor_cores(), "{what}: {} is not on tensor cores", grads[0].name());
             assert_eq!(grads[0].tf32(), policy == "tf32", "{what}: {}", grads[0].name());
@@ -1135,7 +1144,9 @@ fn every_tensor_core_tile_matches_its_description() {
             let graph = common::session(g, smelt::Options { precision, ..Default::default() }).compile().unwrap_or_else(|e| panic!("{e}"));
             let graph = graph.graph;
             for id in graph.node_ids() {
-                let Some(k) = Kernel::of(&graph, id).filter(|k| k.tensor_cores() && matches!(k, Kernel::Conv(_) | Kernel::Gemm(_))) else {
+                let Some(k) = kernel_of(&graph, id, &Default::default())
+                    .filter(|k| k.tensor_cores() && matches!(k, Kernel::Conv(_) | Kernel::Gemm(_)))
+                else {
                     continue;
                 };
                 let inputs: Vec<Tensor> = graph

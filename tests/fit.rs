@@ -267,8 +267,8 @@ fn the_greedy_recomputation_is_measured_against_the_exhaustive_optimum() {
     // the greedy walk plans: the optimum of the same model.
     let mut s = session("zoo:resnet8", 8);
     let g = s.compile().unwrap().graph;
-    let gpu = smelt::cost::Gpu::default();
-    let cost = |g: &smelt_ir::KernelGraph, n| smelt::cost::node_time(g, n, &gpu);
+    let target = smelt_codegen::Target::default();
+    let cost = |g: &smelt_ir::KernelGraph, n| smelt::cost::node_time(g, n, &target);
     let arena = smelt_passes::memory::plan(&g).unwrap().arena;
     let mut rows = Vec::new();
     for i in 1..=9 {
@@ -356,8 +356,8 @@ fn remat_solvers_table() {
         common::LIGHT.iter().map(|m| common::light_model(m).display().to_string()).chain(["zoo:resnet50".into()]).collect()
     });
     let flops = |g: &smelt_ir::KernelGraph, n| smelt::cost::node_flops(g, n) as f64;
-    let gpu = smelt::cost::Gpu::default();
-    let time = |g: &smelt_ir::KernelGraph, n| smelt::cost::node_time(g, n, &gpu) * 1e3;
+    let target = smelt_codegen::Target::default();
+    let time = |g: &smelt_ir::KernelGraph, n| smelt::cost::node_time(g, n, &target) * 1e3;
     let limit = std::time::Duration::from_secs(60);
     eprintln!("| model | saved | greedy FLOPs | exact FLOPs | lower bound | proven | greedy s | exact s | greedy ms | exact ms | proven |");
     eprintln!("|---|---|---|---|---|---|---|---|---|---|---|");

@@ -27,7 +27,7 @@ fn compiled(plain: &Graph, policy: &str) -> (KernelGraph, smelt_passes::memory::
 }
 
 fn executor(g: &KernelGraph, plan: &smelt_passes::memory::Plan, limit: Option<usize>) -> Result<CudaExecutor, smelt_runtime::RuntimeError> {
-    let program = Program::build(g, plan).unwrap();
+    let program = Program::build(g, plan, &Default::default()).unwrap();
     let sources = program.sources();
     let compiled = compile_all(&Compiler::default(), &sources, 4, &|_| {}).unwrap_or_else(|e| panic!("{e}"));
     let ptx: HashMap<String, String> = sources.iter().map(|(n, _)| n.clone()).zip(compiled.into_iter().map(|c| c.ptx)).collect();
@@ -119,7 +119,7 @@ fn main() {
     }
     // The memory limit refuses before allocating.
     let (g, plan) = compiled(&common::load("zoo:resnet50", None), "f32");
-    let program = Program::build(&g, &plan).unwrap();
+    let program = Program::build(&g, &plan, &Default::default()).unwrap();
     let blob = program.weights_blob(&g).unwrap();
     match smelt_runtime::cuda::executor(program, HashMap::new(), &blob, Some(1 << 20), false) {
         Err(smelt_runtime::RuntimeError::MemoryLimit { .. }) => println!("gpu: ok   the memory limit refuses a 5 MiB arena under 1 MiB"),

@@ -8,7 +8,7 @@ mod common;
 use smelt_codegen::{Kernel, Lowered, Route};
 use smelt_ir::traits::InPlace;
 use smelt_ir::{
-    Act, BinaryOp, CompareOp, Conv, DType, Expr, KernelGraph, KernelOp, LogicOp, Op, OpSet, Pool, ReduceOp, Rng, Tensor, TensorType,
+    Act, BinaryOp, CompareOp, Conv, DType, Expr, KernelGraph, KernelOp, LogicOp, Named, Op, OpSet, Pool, ReduceOp, Rng, Tensor, TensorType,
     UnaryOp,
 };
 

@@ -85,7 +85,7 @@ fn mixed_precision_on_the_light_models() {
                 // kernel descriptions, ends near the reference: these
                 // random-weight nets amplify a one-ulp difference, as they
                 // amplify the f16 rounding itself (the tolerance above).
-                let program = Program::build(&g, &plan).unwrap();
+                let program = Program::build(&g, &plan, &Default::default()).unwrap();
                 let out = program.run_cpu(&program.weights_blob(&g).unwrap(), std::slice::from_ref(&image)).unwrap();
                 let c = smelt::precision_error(&out[0], &got[0]);
                 assert!(c.max_abs_over_range <= tol && c.argmax_agree == c.rows, "{name}: program vs reference {c:?}");
@@ -93,7 +93,7 @@ fn mixed_precision_on_the_light_models() {
             // Every half convolution wide enough for a GEMM tile and every
             // half GEMM runs on tensor cores (the f32 classifier and
             // depthwise convolutions do not).
-            let program = Program::build(&g, &plan).unwrap();
+            let program = Program::build(&g, &plan, &Default::default()).unwrap();
             for k in program.steps.iter().map(|s| &s.kernel) {
                 let (product, on_tc) = match k {
                     smelt_codegen::Kernel::Conv(c) => (c.dtype == half && c.algo != smelt_codegen::conv::Algo::Direct, c.tensor_cores()),
@@ -130,12 +130,12 @@ fn mixed_precision_on_the_light_models() {
 /// reference executor computed, against the reference's output.
 fn check_kernels(name: &str, g: &KernelGraph, image: &Tensor) {
     use smelt_ir::ValueId;
-    let ids: Vec<_> = g.node_ids().filter(|&id| smelt_codegen::Kernel::of(g, id).is_some()).collect();
+    let ids: Vec<_> = g.node_ids().filter(|&id| smelt_codegen::tiling::kernel_of(g, id, &Default::default()).is_some()).collect();
     let wanted: std::collections::HashSet<ValueId> =
         ids.iter().flat_map(|id| g.inputs_of(*id).into_iter().chain([ValueId { node: *id, slot: 0 }])).collect();
     let (_, kept) = smelt_runtime::cpu::run_keeping(g, std::slice::from_ref(image), &|v| wanted.contains(&v), &mut |_, _| {}).unwrap();
     for id in ids {
-        let k = smelt_codegen::Kernel::of(g, id).unwrap();
+        let k = smelt_codegen::tiling::kernel_of(g, id, &Default::default()).unwrap();
         let ins: Vec<std::sync::Arc<Tensor>> =
             g.inputs_of(id).iter().map(|v| g.weight(v.node).cloned().unwrap_or_else(|| kept[v].clone())).collect();
         let got = k.run_cpu(&ins.iter().map(|t| t.as_ref()).collect::<Vec<_>>());
@@ -164,7 +164,7 @@ fn mixed_f16_block_snapshots() {
     let (m, _) = compile(&g, Policy::MixedF16, &[]);
     insta::assert_snapshot!("mixed_f16_block_ir", text::print(&m));
     let plan = smelt_passes::memory::plan(&m).unwrap();
-    let program = Program::build(&m, &plan).unwrap();
+    let program = Program::build(&m, &plan, &Default::default()).unwrap();
     let all = compiled_kernels(&program);
     insta::assert_snapshot!("mixed_f16_block_kernels", all);
     // The kernels compute what the reference executor computes.
@@ -249,7 +249,7 @@ fn f32_classifiers_widen_half_inputs_on_load() {
     let g = b.finish("y", z).unwrap();
     let (m, _) = compile(&g, Policy::MixedF16, &[]);
     let plan = smelt_passes::memory::plan(&m).unwrap();
-    let program = Program::build(&m, &plan).unwrap();
+    let program = Program::build(&m, &plan, &Default::default()).unwrap();
     let names: Vec<String> = program.sources().into_iter().map(|(n, _)| n).collect();
     assert!(names.iter().any(|n| n.starts_with("gemm") && n.ends_with("_af16")), "{names:?}");
     assert_eq!(m.node_ids().filter(|&n| matches!(m.node(n).op, KernelOp::Op(Op::Cast { .. }))).count(), 1, "{}", text::print(&m));
@@ -286,7 +286,8 @@ fn random_graphs_under_every_policy() {
             let plan = smelt_passes::memory::plan(&h).unwrap();
             smelt_passes::memory::check::check(&h, &plan).unwrap_or_else(|e| panic!("seed {seed} {policy}: {e}"));
             let reference = smelt_runtime::cpu::run(&h, &x).unwrap();
-            let program = Program::build(&h, &plan).unwrap_or_else(|e| panic!("seed {seed} {policy}: {e}\n{}", text::print(&h)));
+            let program =
+                Program::build(&h, &plan, &Default::default()).unwrap_or_else(|e| panic!("seed {seed} {policy}: {e}\n{}", text::print(&h)));
             let got = program.run_cpu(&program.weights_blob(&h).unwrap(), &x).unwrap();
             for ((a, r), w) in got.iter().zip(&reference).zip(&want) {
                 assert_eq!(a.ty(), w.ty(), "seed {seed} {policy}: the interface changed");

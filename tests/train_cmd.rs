@@ -296,7 +296,25 @@ fn resuming_gives_the_weights_of_an_uninterrupted_run() {
     }
     // Another learning rate is another run: refused.
     let e = refused(&[&common[..], &["--lr", "0.5", "--steps", "40", "--resume", s(&parts)]].concat());
-    assert!(e.contains("it was made with the recipe"), "{e}");
+    assert!(e.contains("it was made with the recipe") && e.contains("\"lr\":0.5"), "{e}");
+    // The recipe is JSON, the optimizer's values by the text IR's names; a
+    // checkpoint of format 2 held a Rust `Debug` string: refused, saying so.
+    let meta: serde_json::Value = serde_json::from_slice(&std::fs::read(parts.join("checkpoint.json")).unwrap()).unwrap();
+    let recipe = &meta["config"]["recipe"];
+    assert_eq!((meta["format"].as_u64(), recipe["optimizer"]["rule"].as_str()), (Some(3), Some("adam_update")), "{meta}");
+    assert_eq!((recipe["optimizer"]["lr"].as_f64(), recipe["optimizer"]["accumulate"].as_i64()), (Some(0.001), Some(2)), "{meta}");
+    let old = scratch("old");
+    for f in std::fs::read_dir(&parts).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, old.join(f.file_name().unwrap())).unwrap();
+    }
+    let mut two = meta.clone();
+    two["format"] = 2.into();
+    two["config"]["recipe"] = "TrainConfig { loss: Auto { smoothing: 0.0 }, .. }".into();
+    std::fs::write(old.join("checkpoint.json"), two.to_string()).unwrap();
+    let e = refused(&[&common[..], &["--steps", "40", "--resume", s(&old)]].concat());
+    assert!(e.contains("checkpoint format 2 records its recipe as") && e.contains("resume it with the smelt that wrote it"), "{e}");
+    std::fs::remove_dir_all(&old).unwrap();
     // An archive without one of the values the step updates (a moment of
     // Adam, the step counter, a bias) is refused, naming it: resuming would
     // start that value over and silently train another run.

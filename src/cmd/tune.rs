@@ -9,8 +9,9 @@ use serde_json::json;
 use smelt::dummy_input;
 use smelt::tune::{default_path, measure, tile_name, tiled_steps, Tuning};
 use smelt_codegen::tile::Tile;
+use smelt_codegen::TileChoice;
 use smelt_codegen::{nvrtc::Compiler, program::compile_all, Program};
-use smelt_ir::{Tensor, TileChoice};
+use smelt_ir::Tensor;
 use smelt_runtime::exec::{Device, Executor, KernelTime};
 use std::collections::HashMap;
 

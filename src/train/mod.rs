@@ -315,9 +315,57 @@ pub struct Config {
     pub seed: u64,
     /// Shuffle each epoch (else file order).
     pub shuffle: bool,
-    /// What a checkpoint must agree on to be resumed: the model and every
-    /// option that changes the step.
-    pub recipe: String,
+    /// What a checkpoint must agree on to be resumed: every option that
+    /// changes the step ([`recipe`]; formats 1 and 2 held a string).
+    pub recipe: serde_json::Value,
+}
+
+/// The recipe a checkpoint records and a resumed run must match: the loss,
+/// the optimizer (its rule and attributes as the text IR spells them),
+/// what trains, batch norms, clipping, precision and fusion, as JSON (the
+/// loss scaler's state is the checkpoint's own).
+pub fn recipe(cfg: &smelt_passes::train::TrainConfig, precision: &smelt_passes::precision::Options, fusion: bool) -> serde_json::Value {
+    use serde_json::json;
+    use smelt_ir::text::Attr;
+    use smelt_passes::train::{BatchNorm, Loss};
+    // f32s as their shortest decimal (0.001, not 0.0010000000474974513).
+    let float = |x: f32| format!("{x:?}").parse::<f64>().map_or(json!(null), |v| json!(v));
+    let loss = match cfg.loss {
+        Loss::CrossEntropy { smoothing } => json!({ "cross_entropy": { "label_smoothing": float(smoothing) } }),
+        Loss::CausalLm { smoothing } => json!({ "causal_lm": { "label_smoothing": float(smoothing) } }),
+        Loss::MeanSquaredError => json!("mse"),
+        Loss::Auto { smoothing } => json!({ "auto": { "label_smoothing": float(smoothing) } }),
+    };
+    let optimizer = cfg.optimizer.map(|o| {
+        let mut m = serde_json::Map::new();
+        m.insert("rule".into(), json!(o.name()));
+        for (k, a) in smelt_ir::text::attrs_of(&smelt_ir::Op::Update(o)) {
+            let v = match a {
+                Attr::Float(x) => float(x),
+                Attr::Int(i) => json!(i),
+                Attr::Bool(b) => json!(b),
+                a => json!(a.to_string()),
+            };
+            m.insert(k.into(), v);
+        }
+        serde_json::Value::Object(m)
+    });
+    let batch_norm = match cfg.batch_norm {
+        BatchNorm::Frozen => json!("frozen"),
+        BatchNorm::Train { momentum } => json!({ "train": { "momentum": float(momentum) } }),
+    };
+    json!({
+        "loss": loss,
+        "loss_on": cfg.loss_on,
+        "optimizer": optimizer,
+        "freeze": cfg.freeze,
+        "only": cfg.only,
+        "batch_norm": batch_norm,
+        "clip_norm": cfg.clip_norm.map(float),
+        "precision": precision.policy.to_string(),
+        "keep_f32": precision.keep_f32,
+        "fusion": fusion,
+    })
 }
 
 impl Config {
@@ -577,7 +625,7 @@ impl<D: Device> Trainer<D> {
         npy::write_npz(&dir.join(&file), &arrays)?;
         let bytes = std::fs::metadata(dir.join(&file)).map_err(io)?.len();
         let meta = Checkpoint {
-            format: 2,
+            format: 3,
             step: self.step,
             config: self.cfg.clone(),
             scaler: self.scaler(),
@@ -660,7 +708,7 @@ pub struct Checkpoint {
     /// The loss scaler's state, when the loss is scaled.
     #[serde(default)]
     pub scaler: Option<Scaler>,
-    /// The archive of this checkpoint's values in its folder (format 2;
+    /// The archive of this checkpoint's values in its folder (format 2 on;
     /// format 1 had `checkpoint.npz`).
     #[serde(default)]
     pub arrays: Option<String>,
@@ -689,17 +737,20 @@ pub struct DataIdentity {
 /// scale) and writes its values into `graph` (the training step, before it
 /// is compiled). Returns the steps it had done, the loss scaler's state (for
 /// [`Trainer::set_scaler`]) and the identity of the data it was made on
-/// (format 2; check it with [`Data::identity`]).
+/// (format 2 on; check it with [`Data::identity`]).
 pub fn load_checkpoint(dir: &Path, cfg: &Config, graph: &mut Graph) -> Result<(usize, Option<Scaler>, Option<DataIdentity>), Error> {
     let file = dir.join("checkpoint.json");
     let err = |msg: String| Error::Data { file: file.display().to_string(), msg };
     let text = crate::read_text(&file, 1 << 20).map_err(err)?;
     let meta: Checkpoint = serde_json::from_str(&text).map_err(|e| err(format!("not a smelt checkpoint: {e}")))?;
-    if meta.format != 1 && meta.format != 2 {
-        return Err(err(format!("checkpoint format {} (this smelt reads formats 1 and 2)", meta.format)));
+    if !(1..=3).contains(&meta.format) {
+        return Err(err(format!("checkpoint format {} (this smelt reads format 3)", meta.format)));
     }
-    if meta.format == 2 && (meta.arrays.is_none() || meta.arrays_bytes.is_none() || meta.data.is_none()) {
-        return Err(err("a format 2 checkpoint names its archive, the archive's size and its data set: this one lacks one".into()));
+    if meta.format >= 2 && (meta.arrays.is_none() || meta.arrays_bytes.is_none() || meta.data.is_none()) {
+        return Err(err(format!(
+            "a format {} checkpoint names its archive, the archive's size and its data set: this one lacks one",
+            meta.format
+        )));
     }
     let same = |what: &str, a: String, b: String| {
         if a == b {
@@ -708,7 +759,17 @@ pub fn load_checkpoint(dir: &Path, cfg: &Config, graph: &mut Graph) -> Result<(u
             Err(err(format!("it was made with {what} {a}, this run has {b}: resume with the same options")))
         }
     };
-    same("the recipe", meta.config.recipe.clone(), cfg.recipe.clone())?;
+    match &meta.config.recipe {
+        serde_json::Value::Object(_) => same("the recipe", meta.config.recipe.to_string(), cfg.recipe.to_string())?,
+        // Formats 1 and 2 wrote the recipe as a Rust `Debug` string, which
+        // no later smelt reproduces reliably.
+        was => {
+            return Err(err(format!(
+                "checkpoint format {} records its recipe as {was}, which this smelt cannot compare with its own: resume it with the smelt that wrote it, or start over",
+                meta.format
+            )))
+        }
+    }
     same("--batch", meta.config.batch.to_string(), cfg.batch.to_string())?;
     same("--accumulate", meta.config.accumulate.to_string(), cfg.accumulate.to_string())?;
     same("--seed", meta.config.seed.to_string(), cfg.seed.to_string())?;

@@ -257,7 +257,7 @@ pub fn train(mut s: Session, run: &Run, progress: &dyn Progress) -> Result<Summa
         length: run.length.unwrap_or(Length::Epochs(1)),
         seed: run.seed,
         shuffle: !run.no_shuffle,
-        recipe: format!("{given:?}; precision {}; keep-f32 {:?}; fusion {}", p.policy, p.keep_f32, !s.options.no_fuse),
+        recipe: super::recipe(&given, p, !s.options.no_fuse),
     };
     let (start, scaler, made_on) = match &run.resume {
         Some(dir) => load_checkpoint(dir, &config, &mut s.source)?,

@@ -151,7 +151,7 @@ impl Attention {
         let suffix = if out.dtype == DType::F32 { String::new() } else { format!("_{}", out.dtype) };
         // Tensor cores: one half type for q, kt and v, head dims in whole
         // fragments, the most rows per block whose tiles fit.
-        let tc_rows = (crate::conv::tensor_core_type(q.dtype) && kt.dtype == q.dtype && v.dtype == q.dtype && d % 16 == 0 && dv % 16 == 0)
+        let tc_rows = (crate::tile::tensor_core_type(q.dtype) && kt.dtype == q.dtype && v.dtype == q.dtype && d % 16 == 0 && dv % 16 == 0)
             .then(|| [64, 32, 16].into_iter().find(|&r| tc_shared(r, d, dv) <= SHARED_LIMIT))
             .flatten();
         let suffix = if tc_rows.is_some() { format!("{suffix}_tc") } else { suffix };

@@ -32,7 +32,7 @@
 //! residual and activation, as the kernel does.
 
 use crate::gemm::act_c;
-use crate::tile::{Staging, Tile};
+use crate::tile::{tensor_core_type, Staging, Tile};
 use smelt_ir::{Act, DType, KernelGraph, KernelOp, NodeId, Op, Tensor};
 
 /// Rows (output channels) of an implicit-GEMM block tile.
@@ -178,7 +178,7 @@ impl Conv {
         if tf32 {
             name += "_tf32";
         }
-        let mut conv = Conv {
+        let conv = Conv {
             name,
             input,
             output,
@@ -198,12 +198,6 @@ impl Conv {
             x_nhwc: false,
             out_nhwc: false,
         };
-        if algo == Algo::TensorCore {
-            let bytes = crate::tile::node_bytes(g, id);
-            let make = |tile| crate::kernel::Kernel::Conv(Conv { tile, ..conv.clone() });
-            conv.tile = Tile::of_kernel(g, &conv.name, make, bytes, dtype.size());
-            conv.name += &conv.tile.suffix();
-        }
         Some(conv)
     }
 
@@ -643,10 +637,4 @@ pub fn channels_last_shape(shape: &[usize]) -> Vec<usize> {
         s[1..].rotate_left(1);
     }
     s
-}
-
-/// Whether tensor cores multiply operands of type `d` (f16 and bf16, with
-/// f32 accumulation).
-pub fn tensor_core_type(d: DType) -> bool {
-    matches!(d, DType::F16 | DType::BF16)
 }

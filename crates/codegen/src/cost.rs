@@ -155,11 +155,6 @@ pub fn gpu(name: &str) -> Option<Gpu> {
     GPUS.iter().copied().find(|g| g.name.eq_ignore_ascii_case(name))
 }
 
-/// The GPU graph `g` is compiled for (its target's, else the default).
-pub fn target<O: smelt_ir::OpSet>(g: &smelt_ir::Graph<O>) -> Gpu {
-    g.target().gpu.as_deref().and_then(gpu).unwrap_or_default()
-}
-
 impl Default for Gpu {
     fn default() -> Self {
         GPUS[0]

@@ -88,12 +88,6 @@ impl Gemm {
             gemm.tf32 = true;
             gemm.name += "_tf32";
         }
-        if gemm.tensor_cores {
-            let bytes = crate::tile::node_bytes(g, id);
-            let make = |tile| crate::kernel::Kernel::Gemm(Gemm { tile, ..gemm.clone() });
-            gemm.tile = Tile::of_kernel(g, &gemm.name, make, bytes, gemm.dtype.size());
-            gemm.name += &gemm.tile.suffix();
-        }
         Some(gemm)
     }
 
@@ -159,7 +153,7 @@ impl Gemm {
             batch_strides: (Vec::new(), Vec::new()),
             output: vec![m, n],
             epilogue: None,
-            tensor_cores: crate::conv::tensor_core_type(out.dtype) && a.dtype == out.dtype,
+            tensor_cores: crate::tile::tensor_core_type(out.dtype) && a.dtype == out.dtype,
             tf32: false,
             tile: Tile::SQUARE,
         })
@@ -203,7 +197,7 @@ impl Gemm {
             batch_strides,
             output: out.shape.clone(),
             epilogue: None,
-            tensor_cores: crate::conv::tensor_core_type(out.dtype),
+            tensor_cores: crate::tile::tensor_core_type(out.dtype),
             tf32: false,
             tile: Tile::SQUARE,
         })

@@ -212,7 +212,7 @@ impl Grad {
             Tiling::Registers
         } else if !matches!(self.kind, GradKind::ConvWeight(_)) {
             Tiling::Split { t: TILE }
-        } else if (crate::conv::tensor_core_type(self.dtype) || self.tf32) && blocks(TC_SPLIT_TILE) >= SPREAD / 4 {
+        } else if (crate::tile::tensor_core_type(self.dtype) || self.tf32) && blocks(TC_SPLIT_TILE) >= SPREAD / 4 {
             // A 32x32 tile a block on tensor cores where there are enough
             // of them for a block on most multiprocessors; fewer would
             // leave the GPU's bandwidth idle (the CUDA-core split spreads
@@ -226,7 +226,7 @@ impl Grad {
     /// Launch geometry: a tile of a convolution gradient per block of
     /// `TILE * TILE` threads (see [`Grad::gemm`]), else one thread per
     /// output element.
-    pub fn launch(&self) -> crate::kernel::Launch {
+    pub fn launch(&self) -> crate::launch::Launch {
         match self.gemm() {
             Some((m, n, _)) => {
                 let t = match self.tiling(m, n) {
@@ -234,11 +234,11 @@ impl Grad {
                     Tiling::Split { t } => t,
                     Tiling::TensorSplit => TC_SPLIT_TILE,
                 };
-                crate::kernel::Launch { grid: [n.div_ceil(t), m.div_ceil(t), 1], block: [TILE * TILE, 1, 1], count: Some(self.numel()) }
+                crate::launch::Launch { grid: [n.div_ceil(t), m.div_ceil(t), 1], block: [TILE * TILE, 1, 1], count: Some(self.numel()) }
             }
             None => {
-                let b = crate::kernel::BLOCK;
-                crate::kernel::Launch { grid: [self.numel().div_ceil(b).max(1), 1, 1], block: [b, 1, 1], count: Some(self.numel()) }
+                let b = crate::launch::BLOCK;
+                crate::launch::Launch { grid: [self.numel().div_ceil(b).max(1), 1, 1], block: [b, 1, 1], count: Some(self.numel()) }
             }
         }
     }
@@ -383,7 +383,7 @@ impl Grad {
     /// bf16, or in f32 where TF32 is allowed, on 64x64 tiles or a weight
     /// gradient's split 32x32 tiles (see [`Grad::tiling`]).
     pub fn tensor_cores(&self) -> bool {
-        (crate::conv::tensor_core_type(self.dtype) || self.tf32)
+        (crate::tile::tensor_core_type(self.dtype) || self.tf32)
             && self.gemm().is_some_and(|(m, n, _)| matches!(self.tiling(m, n), Tiling::Registers | Tiling::TensorSplit))
     }
 

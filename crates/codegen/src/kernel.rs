@@ -6,6 +6,8 @@ use crate::conv::Conv;
 use crate::elementwise::Elementwise;
 use crate::gemm::Gemm;
 use crate::grad::Grad;
+use crate::launch::linear;
+pub use crate::launch::{Launch, BLOCK};
 use crate::layout::Layout;
 use crate::pool::Pool;
 use crate::reduce::Reduction;
@@ -13,9 +15,6 @@ use crate::select::Select;
 use crate::update::Update;
 use crate::CodegenError;
 use smelt_ir::{BinaryOp, KernelGraph, KernelOp, NodeId, Op, OpSet, Tensor};
-
-/// Threads per block of the one-thread-per-element kernels.
-pub const BLOCK: usize = 256;
 
 /// A kernel description.
 #[derive(Clone, Debug, PartialEq)]
@@ -42,18 +41,6 @@ pub enum Kernel {
     Update(Update),
 }
 
-/// Launch geometry, and the trailing scalar argument (an element or row
-/// count) that some kernels take after their pointers.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct Launch {
-    /// Blocks (x, y, z).
-    pub grid: [usize; 3],
-    /// Threads per block (x, y, z).
-    pub block: [usize; 3],
-    /// The `unsigned long long` passed after the pointers, if any.
-    pub count: Option<usize>,
-}
-
 /// What a node lowers to.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Lowered {
@@ -63,10 +50,6 @@ pub enum Lowered {
     /// their input's bytes) and in-place concatenations (their inputs were
     /// written into place).
     Nothing,
-}
-
-fn linear(n: usize) -> Launch {
-    Launch { grid: [n.div_ceil(BLOCK).max(1), 1, 1], block: [BLOCK, 1, 1], count: Some(n) }
 }
 
 /// The describer that lowers a kernel op: each kind of [`Kernel`].

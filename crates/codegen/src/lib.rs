@@ -14,6 +14,7 @@ mod error;
 pub mod gemm;
 pub mod grad;
 pub mod kernel;
+pub mod launch;
 pub mod layout;
 pub mod nvrtc;
 pub mod pool;
@@ -22,12 +23,14 @@ pub mod ptxas;
 pub mod reduce;
 pub mod select;
 pub mod tile;
+pub mod tiling;
 pub mod update;
 
 pub use cache::Cache;
 pub use error::CodegenError;
 pub use kernel::{Family, Kernel, Launch, Lowered, Route};
 pub use program::Program;
+pub use tiling::{Target, TileChoice};
 
 /// The CUDA C type of a dtype, and the functions that load it to and store
 /// it from f32 (empty where no conversion is needed).

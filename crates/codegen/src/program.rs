@@ -6,6 +6,7 @@
 
 use crate::kernel::{Kernel, Launch, Lowered};
 use crate::nvrtc::{Compiled, Compiler};
+use crate::tiling::Target;
 use crate::CodegenError;
 use smelt_ir::{KernelGraph, NodeId, OpSet, Tensor, TensorType, ValueId};
 use smelt_passes::memory::{Plan, ALIGN};
@@ -181,9 +182,11 @@ fn params(k: &Kernel, n: usize) -> Vec<String> {
 }
 
 impl Program {
-    /// Lowers every node of `g` in `plan`'s schedule. Kernel names are made
-    /// unique by a numeric suffix where two different kernels would share one.
-    pub fn build(g: &KernelGraph, plan: &Plan) -> Result<Program, CodegenError> {
+    /// Lowers every node of `g` in `plan`'s schedule, chooses the
+    /// tensor-core kernels' tiles for `target` ([`crate::tiling`]) and their
+    /// layouts. Kernel names are made unique by a numeric suffix where two
+    /// different kernels would share one.
+    pub fn build(g: &KernelGraph, plan: &Plan, target: &Target) -> Result<Program, CodegenError> {
         let mut weights = Vec::new();
         let mut weight_at: HashMap<NodeId, usize> = HashMap::new();
         let mut weights_bytes = 0;
@@ -193,7 +196,10 @@ impl Program {
         for &id in &plan.schedule {
             match Kernel::lower(g, id, plan.copied_concats.contains(&id))? {
                 Lowered::Nothing => {}
-                Lowered::Kernel(k) => kernels.push((id, *k)),
+                Lowered::Kernel(mut k) => {
+                    crate::tiling::choose(&mut k, crate::tiling::node_bytes(g, id), target);
+                    kernels.push((id, *k))
+                }
             }
         }
         let (nhwc, permuted) = choose_layouts(g, &mut kernels);

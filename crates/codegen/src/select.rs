@@ -128,11 +128,7 @@ impl Select {
     fn sources(&self, i: usize, indices: Option<&[i64]>) -> Vec<Option<usize>> {
         let coords = {
             let mut c = vec![0; self.output.len()];
-            let mut r = i;
-            for d in (0..self.output.len()).rev() {
-                c[d] = r % self.output[d];
-                r /= self.output[d];
-            }
+            smelt_ir::index::unravel(i, &self.output, &mut c);
             c
         };
         let broadcast = |shape: &[usize]| {

@@ -10,13 +10,12 @@
 //! operands, a 64x64 tile of 32x32 warp tiles reads a shared byte per 10.7
 //! FLOPs, a 128x128 one of 64x32 warp tiles one per 16), but gives fewer
 //! blocks: which wins depends on the problem's shape and the GPU, so each
-//! kernel takes the candidate the model estimates fastest on the graph's
-//! target GPU (`--device`, the H100 by default), the square 64x64 tile on a
-//! tie.
+//! kernel takes the candidate the model estimates fastest on the target GPU
+//! (`--device`, the H100 by default), the square 64x64 tile on a tie: a
+//! choice made after lowering, by [`crate::tiling`]. This module is the
+//! tiles' geometry only, below every describer.
 
-use crate::cost;
-use crate::kernel::Kernel;
-use smelt_ir::{KernelGraph, NodeId, TileChoice};
+use smelt_ir::DType;
 
 /// Depth of a shared-memory tile of the operands.
 pub const DEPTH: usize = 16;
@@ -67,25 +66,6 @@ impl Tile {
     /// The candidate of `m x n` outputs.
     pub fn candidate([m, n]: [usize; 2]) -> Option<Tile> {
         Tile::CANDIDATES.into_iter().find(|t| t.m == m && t.n == n)
-    }
-
-    /// The tile of the kernel named `base` (without a tile suffix), which
-    /// `make` builds, moving `bytes` with operands of `elt` bytes: as graph
-    /// `g`'s target says (one tile for all, or a measured table), else the
-    /// model's choice on its GPU.
-    pub fn of_kernel<O: smelt_ir::OpSet>(
-        g: &smelt_ir::Graph<O>,
-        base: &str,
-        make: impl Fn(Tile) -> Kernel,
-        bytes: usize,
-        elt: usize,
-    ) -> Tile {
-        let pinned = match &g.target().tiles {
-            TileChoice::Model => None,
-            TileChoice::Every(mn) => Some(*mn),
-            TileChoice::Tuned(table) => table.get(base).copied(),
-        };
-        pinned.and_then(Tile::candidate).unwrap_or_else(|| Tile::choose(make, bytes, elt, &cost::target(g)))
     }
 
     /// Threads per block.
@@ -236,31 +216,15 @@ impl Tile {
         let per_step = self.warps_m * self.warps_n * (fm + fn_) * 16 * DEPTH * elt + (self.m + self.n) * DEPTH * elt;
         steps * per_step + 2 * self.m * self.n * 4
     }
-    /// The candidate whose kernel (`make` builds it) the model estimates
-    /// fastest on `gpu`, moving `bytes`; the first on a tie.
-    pub fn choose(make: impl Fn(Tile) -> Kernel, bytes: usize, elt: usize, gpu: &cost::Gpu) -> Tile {
-        let time = |t: Tile| {
-            let res = cost::Resources { registers: t.registers(elt), shared: t.shared_bytes(elt, Staging::default()) };
-            cost::estimate(&make(t), bytes, gpu, Some(res)).seconds
-        };
-        let mut best = (Tile::SQUARE, time(Tile::SQUARE));
-        for t in &Tile::CANDIDATES[1..] {
-            let s = time(*t);
-            // A candidate must be clearly faster: the model is coarse.
-            if s < best.1 * 0.97 {
-                best = (*t, s);
-            }
-        }
-        best.0
-    }
-}
-
-/// Bytes node `id`'s kernel reads and writes, each operand and output once.
-pub(crate) fn node_bytes(g: &KernelGraph, id: NodeId) -> usize {
-    g.inputs_of(id).iter().map(|v| g.ty(*v).bytes()).sum::<usize>() + g.node(id).outputs.iter().map(|t| t.bytes()).sum::<usize>()
 }
 
 /// Each line of `s` indented by `ind`.
 pub(crate) fn indent(s: &str, ind: &str) -> String {
     s.lines().map(|l| if l.is_empty() { "\n".to_string() } else { format!("{ind}{l}\n") }).collect()
+}
+
+/// Whether tensor cores multiply operands of type `d` (f16 and bf16, with
+/// f32 accumulation).
+pub fn tensor_core_type(d: DType) -> bool {
+    matches!(d, DType::F16 | DType::BF16)
 }

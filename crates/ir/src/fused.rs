@@ -4,7 +4,7 @@
 //! `relu(add($0,mul($1,$2)))`).
 
 use crate::dtype::DType;
-use crate::op::{BinaryOp, Op, UnaryOp};
+use crate::op::{BinaryOp, Named, Op, UnaryOp};
 use std::fmt;
 
 /// An activation applied in a kernel's epilogue, in registers.

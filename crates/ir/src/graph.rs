@@ -86,40 +86,15 @@ pub struct Graph<O = Op> {
     inputs: Vec<NodeId>,
     outputs: Vec<(String, ValueId)>,
     weights: BTreeMap<String, Arc<Tensor>>,
-    /// What its kernels are compiled for (the pipeline sets it; a new
-    /// graph has exact f32 on the default GPU).
-    target: Target,
-}
-
-/// What a graph's kernels are compiled for.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Target {
-    /// Which f32 products run in TF32.
-    pub tf32: crate::Tf32,
-    /// The GPU whose roofline chooses the kernels' tiles (`h100`, `a100`,
-    /// as `--device` names it); `None`: the default GPU.
-    pub gpu: Option<String>,
-    /// How the tensor-core kernels' tiles are chosen.
-    pub tiles: TileChoice,
-}
-
-/// How a tensor-core conv's or GEMM's block tile (`m x n` outputs) is
-/// chosen.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub enum TileChoice {
-    /// The candidate the roofline model estimates fastest on the target GPU.
-    #[default]
-    Model,
-    /// This tile for every kernel (`smelt tune` measures each candidate).
-    Every([usize; 2]),
-    /// The tile measured fastest per kernel, by its name without the tile
-    /// suffix (`smelt tune`'s table); the model's choice for the others.
-    Tuned(std::sync::Arc<BTreeMap<String, [usize; 2]>>),
+    /// Which f32 products run in TF32 (a fact of its numbers, which the
+    /// reference executor honours; the pipeline sets it, a new graph has
+    /// exact f32).
+    tf32: crate::Tf32,
 }
 
 impl<O> Default for Graph<O> {
     fn default() -> Self {
-        Graph { g: StableGraph::default(), inputs: Vec::new(), outputs: Vec::new(), weights: BTreeMap::new(), target: Target::default() }
+        Graph { g: StableGraph::default(), inputs: Vec::new(), outputs: Vec::new(), weights: BTreeMap::new(), tf32: crate::Tf32::default() }
     }
 }
 
@@ -150,27 +125,17 @@ impl<O: OpSet> Graph<O> {
             },
             |_, e| *e,
         );
-        Graph { g, inputs: self.inputs.clone(), outputs: self.outputs.clone(), weights: self.weights.clone(), target: self.target.clone() }
+        Graph { g, inputs: self.inputs.clone(), outputs: self.outputs.clone(), weights: self.weights.clone(), tf32: self.tf32 }
     }
 
     /// Which f32 products run in TF32.
     pub fn tf32(&self) -> crate::Tf32 {
-        self.target.tf32
+        self.tf32
     }
 
     /// Sets which f32 products run in TF32.
     pub fn set_tf32(&mut self, tf32: crate::Tf32) {
-        self.target.tf32 = tf32;
-    }
-
-    /// What its kernels are compiled for.
-    pub fn target(&self) -> &Target {
-        &self.target
-    }
-
-    /// Sets what its kernels are compiled for.
-    pub fn set_target(&mut self, target: Target) {
-        self.target = target;
+        self.tf32 = tf32;
     }
 
     /// Adds a node with given output types, unchecked (the verifier checks).

@@ -426,14 +426,7 @@ pub fn broadcast_strides(shape: &[usize], full: &[usize]) -> Vec<usize> {
 
 /// The flat index in `shape` (broadcast to `full`) of flat index `i` of `full`.
 pub fn broadcast_index(i: usize, full: &[usize], shape: &[usize]) -> usize {
-    let st = broadcast_strides(shape, full);
-    let mut rem = i;
-    let mut off = 0;
-    for d in (0..full.len()).rev() {
-        off += (rem % full[d]) * st[d];
-        rem /= full[d];
-    }
-    off
+    crate::index::offset(i, full, &broadcast_strides(shape, full))
 }
 
 fn broadcast_all(ins: &[&TensorType]) -> Result<Shape, String> {

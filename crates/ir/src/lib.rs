@@ -15,6 +15,7 @@ mod dtype;
 mod error;
 mod fused;
 mod graph;
+pub mod index;
 mod infer;
 pub mod kernel_op;
 pub mod npy;
@@ -31,12 +32,12 @@ pub mod zoo;
 pub use dtype::{round_tf32, DType, Shape, TensorType, Tf32, MAX_TENSOR_BYTES};
 pub use error::IrError;
 pub use fused::{round_to, Act, Expr, ExprNode};
-pub use graph::{Graph, Node, NodeId, Target, TileChoice, ValueId};
+pub use graph::{Graph, Node, NodeId, ValueId};
 pub use infer::{attention_types, broadcast, broadcast_index, broadcast_strides, infer, infer_kernel, slice_len};
 pub use kernel_op::{KernelGraph, KernelOp, OpSet, Product, Reducer};
 pub use op::{
-    apply_binary, apply_unary, erf, max_nan, min_nan, BinaryOp, CompareOp, Conv, LogicOp, Lrn, Op, Optimizer, PadMode, Pool, ReduceOp,
-    Schedule, UnaryOp,
+    apply_binary, apply_unary, erf, max_nan, min_nan, BinaryOp, CompareOp, Conv, LogicOp, Lrn, Named, Op, Optimizer, PadMode, Pool,
+    ReduceOp, Schedule, UnaryOp,
 };
 pub use rng::Rng;
 pub use tensor::{Tensor, TensorData};

@@ -205,15 +205,56 @@ impl UnaryOp {
             (u, _) => u,
         }
     }
+}
 
-    /// The function named `name` in the text format, default parameters.
-    pub fn by_name(name: &str) -> Option<UnaryOp> {
-        UnaryOp::ALL.into_iter().find(|u| u.name() == name)
+/// The lookups by name of the function enums ([`UnaryOp`], [`CompareOp`],
+/// [`LogicOp`]): each says its names once (`names`), and these find it.
+pub trait Named: Copy + 'static {
+    /// Every variant.
+    const VARIANTS: &'static [Self];
+    /// Its name in the text format.
+    fn text_name(self) -> &'static str;
+    /// The ONNX op type that imports as it (default parameters), if any.
+    fn onnx_name(self) -> Option<&'static str>;
+
+    /// The variant named `name` in the text format.
+    fn by_name(name: &str) -> Option<Self> {
+        Self::VARIANTS.iter().copied().find(|v| v.text_name() == name)
     }
 
-    /// The function ONNX op type `op_type` imports as, default parameters.
-    pub fn by_onnx_name(op_type: &str) -> Option<UnaryOp> {
-        UnaryOp::ALL.into_iter().find(|u| u.names().1 == Some(op_type))
+    /// The variant ONNX op type `op_type` imports as.
+    fn by_onnx_name(op_type: &str) -> Option<Self> {
+        Self::VARIANTS.iter().copied().find(|v| v.onnx_name() == Some(op_type))
+    }
+}
+
+impl Named for UnaryOp {
+    const VARIANTS: &'static [UnaryOp] = &UnaryOp::ALL;
+    fn text_name(self) -> &'static str {
+        self.names().0
+    }
+    fn onnx_name(self) -> Option<&'static str> {
+        self.names().1
+    }
+}
+
+impl Named for CompareOp {
+    const VARIANTS: &'static [CompareOp] = &CompareOp::ALL;
+    fn text_name(self) -> &'static str {
+        self.names().0
+    }
+    fn onnx_name(self) -> Option<&'static str> {
+        Some(self.names().1)
+    }
+}
+
+impl Named for LogicOp {
+    const VARIANTS: &'static [LogicOp] = &LogicOp::ALL;
+    fn text_name(self) -> &'static str {
+        self.names().0
+    }
+    fn onnx_name(self) -> Option<&'static str> {
+        Some(self.names().1)
     }
 }
 
@@ -269,16 +310,6 @@ impl CompareOp {
         }
     }
 
-    /// The comparison named `name` in the text format.
-    pub fn by_name(name: &str) -> Option<CompareOp> {
-        CompareOp::ALL.into_iter().find(|c| c.names().0 == name)
-    }
-
-    /// The comparison ONNX op type `op_type` imports as.
-    pub fn by_onnx_name(op_type: &str) -> Option<CompareOp> {
-        CompareOp::ALL.into_iter().find(|c| c.names().1 == op_type)
-    }
-
     /// The comparison of `a` and `b` (integers compare exactly, floats as IEEE does: NaN is unequal to all).
     pub fn apply<T: PartialOrd>(self, a: T, b: T) -> bool {
         match self {
@@ -313,16 +344,6 @@ impl LogicOp {
             LogicOp::Or => ("or", "Or"),
             LogicOp::Xor => ("xor", "Xor"),
         }
-    }
-
-    /// The function named `name` in the text format.
-    pub fn by_name(name: &str) -> Option<LogicOp> {
-        LogicOp::ALL.into_iter().find(|l| l.names().0 == name)
-    }
-
-    /// The function ONNX op type `op_type` imports as.
-    pub fn by_onnx_name(op_type: &str) -> Option<LogicOp> {
-        LogicOp::ALL.into_iter().find(|l| l.names().1 == op_type)
     }
 
     /// The function of `a` and `b`.

@@ -52,7 +52,7 @@ pub fn run(g: &mut KernelGraph) -> Result<Stats, IrError> {
         })
         .collect();
     let mut out = KernelGraph::new();
-    out.set_target(g.target().clone());
+    out.set_tf32(g.tf32());
     let mut map: HashMap<ValueId, ValueId> = HashMap::new();
     let mut stats = Stats::default();
     for &id in &order {

@@ -63,7 +63,7 @@ pub(crate) fn rebuild<O: smelt_ir::OpSet>(
 ) -> Result<smelt_ir::Graph<O>, smelt_ir::IrError> {
     use smelt_ir::ValueId;
     let mut out = smelt_ir::Graph::new();
-    out.set_target(g.target().clone());
+    out.set_tf32(g.tf32());
     let mut map = std::collections::HashMap::new();
     for id in g.topo_order()? {
         if skip.contains(&id) {

@@ -9,7 +9,7 @@
 //! op and `precision` runs on it.
 
 use crate::{attention, concat, dce, ew_cluster, fusion, gemm_epilogue, layer_norm, precision, reduce_fuse, views, PassError};
-use smelt_ir::{Graph, KernelGraph, OpSet, Target};
+use smelt_ir::{Graph, KernelGraph, OpSet};
 
 /// The names of the passes, in order (for `--dump-ir`).
 pub const PASSES: [&str; 11] =
@@ -22,16 +22,13 @@ pub struct Options {
     pub fuse: bool,
     /// Limits of the e-graph run.
     pub limits: fusion::Limits,
-    /// The precision policy.
+    /// The precision policy (its `tf32` becomes the graph's).
     pub precision: precision::Options,
-    /// The GPU the kernels are for (`--device`; `None`: the default) and how
-    /// their tiles are chosen; its `tf32` is `precision`'s.
-    pub target: Target,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { fuse: true, limits: fusion::Limits::default(), precision: precision::Options::default(), target: Target::default() }
+        Options { fuse: true, limits: fusion::Limits::default(), precision: precision::Options::default() }
     }
 }
 
@@ -102,7 +99,7 @@ pub fn run_with(graph: &Graph, opts: &Options, after: &mut dyn FnMut(&str, &Kern
             verify_if(&graph, "precision")?;
             after("precision", &graph, &stats.precision);
         }
-        graph.set_target(Target { tf32: opts.precision.tf32, ..opts.target.clone() });
+        graph.set_tf32(opts.precision.tf32);
         return Ok((graph, stats));
     }
     after("dce", &source.lift(), &stats.dce_removed);
@@ -122,7 +119,7 @@ pub fn run_with(graph: &Graph, opts: &Options, after: &mut dyn FnMut(&str, &Kern
     stats.dce_removed += dce::run(&mut graph).removed;
     verify_if(&graph, "final-dce")?;
     after("final-dce", &graph, &stats.dce_removed);
-    graph.set_target(Target { tf32: opts.precision.tf32, ..opts.target.clone() });
+    graph.set_tf32(opts.precision.tf32);
     Ok((graph, stats))
 }
 

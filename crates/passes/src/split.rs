@@ -367,7 +367,7 @@ pub fn apply(g: &KernelGraph, segs: &[Segment], how: How, parts: usize, schedule
     let exit_of: HashMap<NodeId, usize> = segs.iter().enumerate().map(|(i, s)| (s.exit.node, i)).collect();
     let skip: HashSet<NodeId> = plans.iter().flat_map(|p| p.0.iter().copied()).collect();
     let mut out = KernelGraph::new();
-    out.set_target(g.target().clone());
+    out.set_tf32(g.tf32());
     let mut map: HashMap<ValueId, ValueId> = HashMap::new();
     let mut node_map: HashMap<NodeId, NodeId> = HashMap::new();
     let mut made = vec![Vec::new(); segs.len()];

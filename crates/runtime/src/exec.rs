@@ -40,6 +40,23 @@ pub trait Device {
     fn finish(&mut self) -> Result<(), RuntimeError>;
 }
 
+/// The clock of a device that runs on the host (the CPU runs and the
+/// emulator): wall time between marks, each launch having finished when it
+/// returns.
+pub(crate) struct HostClock;
+
+impl HostClock {
+    /// Now.
+    pub(crate) fn mark() -> std::time::Instant {
+        std::time::Instant::now()
+    }
+
+    /// Milliseconds from `from` to `to`.
+    pub(crate) fn elapsed_ms(from: &std::time::Instant, to: &std::time::Instant) -> f64 {
+        to.duration_since(*from).as_secs_f64() * 1e3
+    }
+}
+
 /// The alignment every device address of the arena and the weights has (the
 /// planner's offsets are multiples of the plan's alignment, so every
 /// argument is aligned for vector access).

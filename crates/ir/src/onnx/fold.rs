@@ -124,13 +124,7 @@ fn strided(src: &[usize], out: &[usize], at: impl Fn(usize, usize) -> usize) -> 
             flat = flat * src[d] + at(d, idx[d]);
         }
         order.push(flat);
-        for d in (0..out.len()).rev() {
-            idx[d] += 1;
-            if idx[d] < out[d] {
-                break;
-            }
-            idx[d] = 0;
-        }
+        crate::index::next_index(&mut idx, out);
     }
     order
 }
@@ -186,17 +180,7 @@ pub fn op(op: &Op, args: &[&Tensor], out: &TensorType) -> Option<Result<Tensor, 
                 src_stride[d] = src_stride[d + 1] * shape[d + 1];
             }
             let st: Vec<usize> = perm.iter().map(|&p| src_stride[p]).collect();
-            let n = out.shape.len();
-            let order = (0..out.numel())
-                .map(|flat| {
-                    let (mut rem, mut off) = (flat, 0);
-                    for d in (0..n).rev() {
-                        off += (rem % out.shape[d]) * st[d];
-                        rem /= out.shape[d];
-                    }
-                    off
-                })
-                .collect::<Vec<_>>();
+            let order = (0..out.numel()).map(|flat| crate::index::offset(flat, &out.shape, &st)).collect::<Vec<_>>();
             Ok(Tensor::take(args[0], &order, out.shape.clone()))
         }
         Op::Expand { .. } => {
@@ -269,11 +253,7 @@ pub fn gather_elements(data: &Tensor, indices: &Tensor, axis: usize) -> Result<T
     let mut order = Vec::with_capacity(idx.len());
     let mut coord = vec![0usize; is.len()];
     for (k, &raw) in idx.iter().enumerate() {
-        let mut rem = k;
-        for d in (0..is.len()).rev() {
-            coord[d] = rem % is[d];
-            rem /= is[d];
-        }
+        crate::index::unravel(k, is, &mut coord);
         let e = ds[axis] as i64;
         let v = if raw < 0 { raw + e } else { raw };
         if !(0..e).contains(&v) {

@@ -4,7 +4,7 @@ use super::{fold, Entry, Importer};
 use crate::dtype::{DType, TensorType};
 use crate::error::IrError;
 use crate::graph::ValueId;
-use crate::op::{BinaryOp, CompareOp, Conv, LogicOp, Op, PadMode, Pool, ReduceOp, UnaryOp};
+use crate::op::{BinaryOp, CompareOp, Conv, LogicOp, Named, Op, PadMode, Pool, ReduceOp, UnaryOp};
 use crate::tensor::{Tensor, TensorData};
 use smelt_onnx_proto::{attribute_proto::AttributeType, AttributeProto, NodeProto};
 use std::collections::HashMap;
@@ -88,7 +88,13 @@ pub(super) fn convert(im: &mut Importer, node: &NodeProto) -> Result<(), IrError
     if node.output.iter().all(|o| o.is_empty()) {
         return Err(cx.bad("the node has no outputs"));
     }
-    if let Some((min_in, max_in, max_out)) = arity(node.op_type(), im.opset) {
+    // An op is imported only with its arity and its attributes known: one
+    // that `lower` handles but either table forgot is refused as
+    // unsupported, never imported unchecked.
+    let (Some((min_in, max_in, max_out)), Some(known)) = (arity(node.op_type(), im.opset), attributes(node.op_type())) else {
+        return Err(IrError::UnsupportedOp { op_type: node.op_type().to_string(), node: cx.name.clone(), opset: im.opset });
+    };
+    {
         let (n_in, n_out) = (node.input.len(), node.output.len());
         if n_in < min_in || n_in > max_in {
             let want = match (min_in, max_in) {
@@ -106,7 +112,7 @@ pub(super) fn convert(im: &mut Importer, node: &NodeProto) -> Result<(), IrError
             )));
         }
     }
-    if let Some(known) = attributes(node.op_type()) {
+    {
         // An attribute the op does not have is invalid ONNX; ignoring it
         // (a `stride` for `strides`) would compute something else.
         if let Some(a) = node.attribute.iter().find(|a| a.name() != "consumed_inputs" && !known.contains(&a.name())) {
@@ -207,7 +213,8 @@ fn list(names: &[&str]) -> String {
 
 /// The attributes an op smelt imports may carry, at any opset (the legacy
 /// `consumed_inputs` of opset 1 is allowed everywhere); `None` for ops it
-/// does not import.
+/// does not import (an op without an entry here is refused before it is
+/// lowered).
 fn attributes(op_type: &str) -> Option<&'static [&'static str]> {
     const WINDOW: &[&str] =
         &["auto_pad", "ceil_mode", "count_include_pad", "dilations", "kernel_shape", "pads", "storage_order", "strides"];
@@ -286,6 +293,8 @@ fn attributes(op_type: &str) -> Option<&'static [&'static str]> {
         "Split" => &["axis", "split", "num_outputs"],
         "Slice" => &["starts", "ends", "axes"],
         "Pad" => &["mode", "pads", "value", "paddings"],
+        "SplitToSequence" => &["axis", "keepdims"],
+        "SequenceAt" => &[],
         _ => return None,
     })
 }
@@ -375,6 +384,8 @@ fn arity(op_type: &str, opset: i64) -> Option<(usize, usize, usize)> {
         "Pad" => (2, 4, 1),
         "Tile" if opset < 6 => (3, 3, 1),
         "Tile" => (2, 2, 1),
+        "SplitToSequence" => (1, 2, 1),
+        "SequenceAt" => (2, 2, 1),
         _ => return None,
     })
 }

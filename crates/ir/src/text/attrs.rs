@@ -3,7 +3,7 @@
 
 use crate::dtype::DType;
 use crate::kernel_op::KernelOp;
-use crate::op::{BinaryOp, CompareOp, Conv, LogicOp, Op, Optimizer, PadMode, Pool, ReduceOp, Schedule, UnaryOp};
+use crate::op::{BinaryOp, CompareOp, Conv, LogicOp, Named, Op, Optimizer, PadMode, Pool, ReduceOp, Schedule, UnaryOp};
 use std::collections::BTreeMap;
 use std::fmt;
 

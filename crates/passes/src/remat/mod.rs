@@ -112,7 +112,7 @@ pub fn apply(g: &KernelGraph, set: &BTreeSet<NodeId>) -> Result<(KernelGraph, Ha
         }
     }
     let mut out = KernelGraph::new();
-    out.set_target(g.target().clone());
+    out.set_tf32(g.tf32());
     let saved_set: HashSet<NodeId> = saved(g).into_iter().collect();
     // Recomputed and read by the backward pass itself (or a view of such).
     let saved_again = |n: NodeId| again.contains(&n) && (saved_set.contains(&n) || g.node(n).op.is_view());

@@ -61,11 +61,7 @@ impl Window {
     pub fn for_tap(&self, tap: usize, mut f: impl FnMut(usize, Option<usize>)) {
         let n = self.input.len();
         let mut k = vec![0; n];
-        let mut rem = tap;
-        for d in (0..n).rev() {
-            k[d] = rem % self.kernel[d];
-            rem /= self.kernel[d];
-        }
+        smelt_ir::index::unravel(tap, &self.kernel, &mut k);
         let mut in_stride = vec![1; n];
         for d in (0..n.saturating_sub(1)).rev() {
             in_stride[d] = in_stride[d + 1] * self.input[d + 1];

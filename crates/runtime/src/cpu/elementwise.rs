@@ -85,13 +85,7 @@ pub(crate) fn fused(expr: &Expr, args: &[Arc<Tensor>], full: &[usize]) -> Vec<f3
             ins[k] = vals[k][coord.iter().zip(st).map(|(c, s)| c * s).sum::<usize>()];
         }
         out.push(expr.eval(&ins, &mut scratch));
-        for d in (0..full.len()).rev() {
-            coord[d] += 1;
-            if coord[d] < full[d] {
-                break;
-            }
-            coord[d] = 0;
-        }
+        smelt_ir::index::next_index(&mut coord, full);
     }
     out
 }

@@ -107,13 +107,7 @@ pub(crate) fn reduce(op: ReduceOp, x: &Tensor, axes: &[usize]) -> Vec<f32> {
         } else {
             v as f64
         };
-        for d in (0..xs.len()).rev() {
-            coord[d] += 1;
-            if coord[d] < xs[d] {
-                break;
-            }
-            coord[d] = 0;
-        }
+        smelt_ir::index::next_index(&mut coord, xs);
     }
     acc.into_iter().map(|a| if op == ReduceOp::Mean { (a / count as f64) as f32 } else { a as f32 }).collect()
 }

@@ -312,11 +312,11 @@ impl Device for Emulator {
     }
 
     fn mark(&mut self) -> Result<Instant, RuntimeError> {
-        Ok(Instant::now())
+        Ok(crate::exec::HostClock::mark())
     }
 
     fn elapsed_ms(&mut self, from: &Instant, to: &Instant) -> Result<f64, RuntimeError> {
-        Ok(to.duration_since(*from).as_secs_f64() * 1e3)
+        Ok(crate::exec::HostClock::elapsed_ms(from, to))
     }
 
     fn finish(&mut self) -> Result<(), RuntimeError> {
