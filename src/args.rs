@@ -476,6 +476,62 @@ pub struct FitArgs {
     pub json: bool,
 }
 
+impl FitArgs {
+    /// Checks `smelt fit`'s flags: the search's request and the step's
+    /// optimizer.
+    pub fn request(&self) -> Result<(crate::fit::Request, String), Error> {
+        use smelt_passes::precision::Policy;
+        let a = self;
+        let mut m = ModelArgs {
+            model: a.model.clone(),
+            batch: Some(a.batch),
+            dims: a.dims.clone(),
+            set: a.set.clone(),
+            no_fuse: false,
+            precision: Policy::F32,
+            keep_f32: a.keep_f32.clone(),
+            tf32: a.tf32,
+            min_memory: false,
+            split_limit: None,
+            tuning: a.tuning.clone(),
+            tiles: None,
+            train: a.train.clone(),
+        };
+        let gpu = crate::cost::gpu(&m.train.device).ok_or_else(|| Error::Usage(format!("unknown --device {}", m.train.device)))?;
+        if !gpu.has_tf32() {
+            m.no_tf32_by_default();
+        }
+        let Some(optimizer) = m.train.train.clone() else {
+            return Err(Error::Usage("smelt fit needs the training step's optimizer: --train sgd, adam or adamw".into()));
+        };
+        if m.train.accumulate != 1 || m.train.remat_budget.is_some() || m.train.recipe.is_some() {
+            return Err(Error::Usage(
+                "smelt fit chooses the accumulation and the recomputation itself: leave out --accumulate, --remat-budget and --recipe"
+                    .into(),
+            ));
+        }
+        let precisions: Vec<Policy> = match a.precision.as_str() {
+            "auto" => vec![Policy::F32, Policy::MixedBf16, Policy::MixedF16],
+            p => vec![p.parse().map_err(Error::Usage)?],
+        };
+        let mut options = m.options()?;
+        options.remat = None;
+        let request = crate::fit::Request {
+            spec: m.model.clone(),
+            options,
+            batch: a.batch,
+            limit: a.memory_limit,
+            precisions,
+            gpu,
+            loss_scale: m.train.loss_scale == "dynamic",
+            gpus: a.gpus as usize,
+            shard: crate::fit::Shard::parse(&a.shard).ok_or_else(|| Error::Usage(format!("unknown --shard {}", a.shard)))?,
+            solver: crate::RematSolver::parse(&m.train.remat_solver).unwrap_or_default(),
+        };
+        Ok((request, optimizer))
+    }
+}
+
 /// `smelt fit`'s flags alone, as a command line.
 #[derive(Parser)]
 #[command(name = "smelt fit", no_binary_name = true)]

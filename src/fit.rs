@@ -619,59 +619,12 @@ pub struct Fitting {
 }
 
 impl Fitting {
-    /// Checks `smelt fit`'s flags, then searches, calling `progress` after
-    /// each candidate.
-    pub fn run(a: &crate::args::FitArgs, progress: &mut dyn FnMut(&Candidate)) -> Result<Fitting, Error> {
-        let mut m = crate::args::ModelArgs {
-            model: a.model.clone(),
-            batch: Some(a.batch),
-            dims: a.dims.clone(),
-            set: a.set.clone(),
-            no_fuse: false,
-            precision: Policy::F32,
-            keep_f32: a.keep_f32.clone(),
-            tf32: a.tf32,
-            min_memory: false,
-            split_limit: None,
-            tuning: a.tuning.clone(),
-            tiles: None,
-            train: a.train.clone(),
-        };
-        // A V100 has no TF32.
-        if m.train.device == "v100" {
-            m.no_tf32_by_default();
-        }
-        let Some(optimizer) = m.train.train.clone() else {
-            return Err(Error::Usage("smelt fit needs the training step's optimizer: --train sgd, adam or adamw".into()));
-        };
-        if m.train.accumulate != 1 || m.train.remat_budget.is_some() || m.train.recipe.is_some() {
-            return Err(Error::Usage(
-                "smelt fit chooses the accumulation and the recomputation itself: leave out --accumulate, --remat-budget and --recipe"
-                    .into(),
-            ));
-        }
-        let precisions: Vec<Policy> = match a.precision.as_str() {
-            "auto" => vec![Policy::F32, Policy::MixedBf16, Policy::MixedF16],
-            p => vec![p.parse().map_err(Error::Usage)?],
-        };
-        let gpu = crate::cost::gpu(&m.train.device).ok_or_else(|| Error::Usage(format!("unknown --device {}", m.train.device)))?;
-        let mut options = m.options()?;
-        options.remat = None;
-        let request = Request {
-            spec: m.model.clone(),
-            options,
-            batch: a.batch,
-            limit: a.memory_limit,
-            precisions,
-            gpu,
-            loss_scale: m.train.loss_scale == "dynamic",
-            gpus: a.gpus as usize,
-            shard: Shard::parse(&a.shard).ok_or_else(|| Error::Usage(format!("unknown --shard {}", a.shard)))?,
-            solver: crate::RematSolver::parse(&m.train.remat_solver).unwrap_or_default(),
-        };
+    /// Searches the recipes of `request` (for a step with `optimizer`,
+    /// `sgd`, `adam` or `adamw`), calling `progress` after each candidate.
+    pub fn run(request: Request, optimizer: String, progress: &mut dyn FnMut(&Candidate)) -> Result<Fitting, Error> {
         let outcome = search(&request, progress)?;
         let recipe = outcome.chosen.map(|i| outcome.candidates[i].recipe(&request, &optimizer));
-        Ok(Fitting { model: a.model.clone(), request, optimizer, outcome, recipe })
+        Ok(Fitting { model: request.spec.clone(), request, optimizer, outcome, recipe })
     }
 
     /// The chosen candidate.

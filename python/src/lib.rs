@@ -96,7 +96,8 @@ fn plan(py: Python<'_>, argv: Vec<String>, title: String, memory_limit: Option<u
 #[pyfunction]
 fn fit(py: Python<'_>, argv: Vec<String>) -> PyResult<(String, Option<String>)> {
     detached(py, || {
-        let f = smelt::fit::Fitting::run(&FitArgs::parse_from(argv)?, &mut |_| {})?;
+        let (request, optimizer) = FitArgs::parse_from(argv)?.request()?;
+        let f = smelt::fit::Fitting::run(request, optimizer, &mut |_| {})?;
         let why = f.recipe.is_none().then(|| f.nothing_fits());
         Ok((f.json().to_string(), why))
     })

@@ -40,7 +40,7 @@ fn codegen(o: &CompileArgs) -> Result<bool> {
     // No TF32 by default where the target has none.
     let arch: usize = o.arch.trim_start_matches("compute_").trim_start_matches("sm_").parse().unwrap_or(usize::MAX);
     let mut model = o.model.clone();
-    if arch < 80 || model.train.device == "v100" {
+    if arch < 80 || smelt::cost::gpu(&model.train.device).is_some_and(|g| !g.has_tf32()) {
         model.no_tf32_by_default();
     }
     let model = &model;

@@ -12,7 +12,8 @@ pub fn run(a: &FitArgs) -> Result<bool> {
     bar.enable_steady_tick(std::time::Duration::from_millis(120));
     bar.set_message(format!("compiling and planning {} at micro-batch {}", a.model, a.batch));
     let mut tried = 0;
-    let f = smelt::fit::Fitting::run(a, &mut |c: &Candidate| {
+    let (request, optimizer) = a.request()?;
+    let f = smelt::fit::Fitting::run(request, optimizer, &mut |c: &Candidate| {
         tried += 1;
         bar.set_message(format!("{tried} recipes tried; last: {} {}x{}: {}", c.precision, c.micro_batch, c.accumulate, verdict(c)));
     })

@@ -29,6 +29,8 @@ pub struct Gpu {
     pub name: &'static str,
     /// What it is.
     pub model: &'static str,
+    /// Its compute capability (`90` for sm_90): TF32 needs 80.
+    pub compute: u32,
     /// FP32 rate of the CUDA cores, FLOP/s.
     pub flops: f64,
     /// Dense f16/bf16 rate of the tensor cores with f32 accumulation,
@@ -63,11 +65,19 @@ pub struct Gpu {
 
 const GIB: usize = 1 << 30;
 
+impl Gpu {
+    /// Whether its tensor cores take TF32 (compute capability 8.0 on).
+    pub fn has_tf32(&self) -> bool {
+        self.compute >= 80
+    }
+}
+
 /// The GPUs `--device` knows.
 pub const GPUS: [Gpu; 5] = [
     Gpu {
         name: "h100",
         model: "H100 SXM 80GB",
+        compute: 90,
         flops: 67e12,
         tensor_flops: 989e12,
         bandwidth: 3.35e12,
@@ -84,6 +94,7 @@ pub const GPUS: [Gpu; 5] = [
     Gpu {
         name: "h200",
         model: "H200 SXM 141GB",
+        compute: 90,
         flops: 67e12,
         tensor_flops: 989e12,
         bandwidth: 4.8e12,
@@ -100,6 +111,7 @@ pub const GPUS: [Gpu; 5] = [
     Gpu {
         name: "a100",
         model: "A100 SXM 80GB",
+        compute: 80,
         flops: 19.5e12,
         tensor_flops: 312e12,
         bandwidth: 2.04e12,
@@ -116,6 +128,7 @@ pub const GPUS: [Gpu; 5] = [
     Gpu {
         name: "v100",
         model: "V100 SXM2 32GB",
+        compute: 70,
         flops: 15.7e12,
         tensor_flops: 125e12,
         bandwidth: 0.9e12,
@@ -132,6 +145,7 @@ pub const GPUS: [Gpu; 5] = [
     Gpu {
         name: "l4",
         model: "L4 24GB",
+        compute: 89,
         flops: 30.3e12,
         tensor_flops: 121e12,
         bandwidth: 0.3e12,
