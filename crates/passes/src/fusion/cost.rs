@@ -10,6 +10,14 @@
 //! scale-and-shift that merges with its neighbours, and a fused epilogue
 //! (reading a residual once) still beats a separate Add.
 //!
+//! Why bytes and launches, not codegen's roofline (`smelt_codegen::cost`):
+//! every choice within an e-class does the same products (the rules fuse
+//! elementwise work into layers and reductions, fold constants and
+//! reassociate), and what differs between choices, elementwise work, reads,
+//! writes and launches, is memory-bound, which this counts; and an
+//! e-node is not a kernel yet (no tile, layout or dtype after precision), so
+//! the roofline has nothing to price (`passes` is below `codegen` too).
+//!
 //! The algorithm is the greedy DAG extraction of the extraction gym: each
 //! class keeps its cheapest node together with the set (a bit set) of
 //! classes that node transitively needs, priced by the current choice of
