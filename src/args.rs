@@ -353,6 +353,11 @@ impl ModelArgs {
 
     /// The driver's options.
     pub fn options(&self) -> Result<crate::Options, Error> {
+        let train = self.train.config()?.map(|mut t| {
+            use smelt_passes::precision::Policy;
+            t.loss_scale = matches!(self.precision, Policy::F16 | Policy::MixedF16) && self.train.loss_scale == "dynamic";
+            t
+        });
         let target = self.target()?;
         Ok(crate::Options {
             batch: self.batch,
@@ -364,11 +369,7 @@ impl ModelArgs {
                 keep_f32: self.keep_f32.clone(),
                 tf32: self.tf32.unwrap_or(smelt_ir::Tf32::Conv),
             },
-            train: self.train.config()?.map(|mut t| {
-                use smelt_passes::precision::Policy;
-                t.loss_scale = matches!(self.precision, Policy::F16 | Policy::MixedF16) && self.train.loss_scale == "dynamic";
-                t
-            }),
+            train,
             remat: self.train.remat_budget.map(|budget| crate::Remat {
                 budget,
                 target: target.clone(),
@@ -497,8 +498,8 @@ impl FitArgs {
             tiles: None,
             train: a.train.clone(),
         };
-        let gpu = crate::cost::gpu(&m.train.device).ok_or_else(|| Error::Usage(format!("unknown --device {}", m.train.device)))?;
-        if !gpu.has_tf32() {
+        let gpu = crate::cost::gpu(&m.train.device);
+        if gpu.is_some_and(|g| !g.has_tf32()) {
             m.no_tf32_by_default();
         }
         let Some(optimizer) = m.train.train.clone() else {
@@ -514,6 +515,9 @@ impl FitArgs {
             "auto" => vec![Policy::F32, Policy::MixedBf16, Policy::MixedF16],
             p => vec![p.parse().map_err(Error::Usage)?],
         };
+        if gpu.is_none() {
+            return Err(Error::Usage(format!("unknown --device {}", m.train.device)));
+        }
         let mut options = m.options()?;
         options.remat = None;
         let request = crate::fit::Request {
@@ -522,7 +526,6 @@ impl FitArgs {
             batch: a.batch,
             limit: a.memory_limit,
             precisions,
-            gpu,
             loss_scale: m.train.loss_scale == "dynamic",
             gpus: a.gpus as usize,
             shard: crate::fit::Shard::parse(&a.shard).ok_or_else(|| Error::Usage(format!("unknown --shard {}", a.shard)))?,

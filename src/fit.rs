@@ -38,8 +38,6 @@ pub struct Request {
     pub limit: usize,
     /// The precisions to try, in order of preference.
     pub precisions: Vec<Policy>,
-    /// The GPU whose roofline times the step.
-    pub gpu: Gpu,
     /// Dynamic loss scaling under f16 (as `smelt train`).
     pub loss_scale: bool,
     /// Data parallelism: GPUs, each running `batch / gpus` samples per
@@ -49,6 +47,13 @@ pub struct Request {
     pub shard: Shard,
     /// Which solver chooses the recomputation.
     pub solver: crate::RematSolver,
+}
+
+impl Request {
+    /// The GPU whose roofline times the step (its options' target's).
+    pub fn gpu(&self) -> Gpu {
+        self.options.target.gpu
+    }
 }
 
 /// What data-parallel GPUs shard among themselves, as ZeRO's stages 1 to 3.
@@ -208,7 +213,7 @@ impl Candidate {
             precision: self.precision.clone(),
             remat_budget: self.remat.as_ref().map(|r| r.budget),
             remat_solver: self.remat.as_ref().map_or(req.solver, |r| r.solver),
-            device: req.gpu.name.to_string(),
+            device: req.gpu().name.to_string(),
             gpus: req.gpus,
             shard: req.shard,
             predicted: Prediction {
@@ -237,6 +242,31 @@ pub struct Outcome {
     pub gpu: Gpu,
     /// Seconds the search took.
     pub decision_seconds: f64,
+    /// How the search went.
+    pub search: Search,
+}
+
+/// How a search went: what it planned, what it ruled out without planning
+/// (and why), and where its time went.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Search {
+    /// Recipes compiled and planned as they are (a precision and a
+    /// micro-batch each).
+    pub planned: usize,
+    /// Micro-batches never compiled: smaller than one that fits as it is
+    /// (slower), or refused for the same reason as a larger one.
+    pub bounded_smaller: usize,
+    /// Recipes over the limit not recomputed: their step without
+    /// recomputation is no faster than the best that fits.
+    pub bounded_slower: usize,
+    /// Recipes recomputed under the limit (compiled and planned again).
+    pub recomputed: usize,
+    /// Seconds compiling and planning recipes as they are.
+    pub plan_seconds: f64,
+    /// Seconds recomputing.
+    pub recompute_seconds: f64,
+    /// Seconds finding the smallest footprint, when nothing fits.
+    pub floor_seconds: f64,
 }
 
 /// A recipe, as `smelt fit --save-recipe` writes it and `--recipe` reads it.
@@ -351,11 +381,15 @@ pub fn search(req: &Request, progress: &mut dyn FnMut(&Candidate)) -> Result<Out
     // First every recipe as it is, then recomputation where it could win.
     let mut candidates = Vec::new();
     let mut over = Vec::new();
+    let mut search = Search::default();
+    let phase = std::time::Instant::now();
     for &p in &req.precisions {
-        for m in divisors(req.batch / req.gpus) {
+        let sizes = divisors(req.batch / req.gpus);
+        for (k, &m) in sizes.iter().enumerate() {
             // The step is not kept (a session holds the model's weights):
             // the few worth recomputing are compiled again below.
             let (c, _) = prepare(req, p, m, Some(req.limit))?;
+            search.planned += 1;
             // Smaller micro-batches are slower where this one fits as it
             // is, and refused for the same reason where it is refused.
             let done = c.fits() || matches!(c.verdict, Verdict::Refused { .. });
@@ -365,10 +399,13 @@ pub fn search(req: &Request, progress: &mut dyn FnMut(&Candidate)) -> Result<Out
             progress(&c);
             candidates.push(c);
             if done {
+                search.bounded_smaller += sizes.len() - k - 1;
                 break;
             }
         }
     }
+    search.plan_seconds = phase.elapsed().as_secs_f64();
+    let phase = std::time::Instant::now();
     // Recomputation only adds time: a recipe whose step without it is no
     // faster than the best that fits is not worth it. Most promising first.
     over.sort_by(|a, b| candidates[a.0].step_seconds.total_cmp(&candidates[b.0].step_seconds));
@@ -377,14 +414,18 @@ pub fn search(req: &Request, progress: &mut dyn FnMut(&Candidate)) -> Result<Out
         let c = &mut candidates[i];
         if c.step_seconds >= best {
             c.verdict = Verdict::Slower { without_remat: c.step_seconds };
+            search.bounded_slower += 1;
         } else if let (again, Some(step)) = prepare(req, precision, c.micro_batch, None)? {
             let before = c.seconds;
             *c = again;
             c.seconds += before;
             recompute(req, c, step, req.limit.saturating_sub(c.persistent_bytes))?;
+            search.recomputed += 1;
         }
         progress(c);
     }
+    search.recompute_seconds = phase.elapsed().as_secs_f64();
+    let phase = std::time::Instant::now();
     let chosen = candidates
         .iter()
         .enumerate()
@@ -407,7 +448,8 @@ pub fn search(req: &Request, progress: &mut dyn FnMut(&Candidate)) -> Result<Out
             best
         }
     };
-    Ok(Outcome { candidates, chosen, smallest, gpu: req.gpu, decision_seconds: t.elapsed().as_secs_f64() })
+    search.floor_seconds = phase.elapsed().as_secs_f64();
+    Ok(Outcome { candidates, chosen, smallest, gpu: req.gpu(), decision_seconds: t.elapsed().as_secs_f64(), search })
 }
 
 /// A compiled training step, kept for recomputation.
@@ -570,7 +612,7 @@ fn data_parallel(b: &TrainBreakdown, blob: usize, k: usize, req: &Request) -> Da
     let grads = b.parameters.bytes; // f32 gradients, one per parameter
     let ring = |bytes: usize, factor: f64, times: usize| {
         let buckets = bytes.div_ceil(BUCKET).max(1);
-        times as f64 * (factor * (n - 1) as f64 / n as f64 * bytes as f64 / req.gpu.link + buckets as f64 * BUCKET_LATENCY)
+        times as f64 * (factor * (n - 1) as f64 / n as f64 * bytes as f64 / req.gpu().link + buckets as f64 * BUCKET_LATENCY)
     };
     let mut cs = Vec::new();
     let mut add = |op: &'static str, what: &'static str, bytes: usize, factor: f64, times: usize| {
@@ -642,6 +684,7 @@ impl Fitting {
             "memory_limit": self.request.limit,
             "device": out.gpu,
             "decision_seconds": out.decision_seconds,
+            "search": out.search,
             "recipe": self.recipe,
             "chosen": self.chosen(),
             "candidates": out.candidates,

@@ -185,3 +185,33 @@ fn garbled_text_never_panics() {
     }
     assert!(errors > 100, "only {errors} of 300 garbled texts were rejected");
 }
+
+/// Sequences as the dynamo exporter writes `torch.split`: a SplitToSequence
+/// whose parts a SequenceAt picks. Their arity and attributes are checked
+/// like every op's: an attribute they do not have is invalid ONNX, an extra
+/// input too.
+#[test]
+fn sequences_import_and_are_checked_like_any_op() {
+    use smelt_onnx_proto::attribute_proto::AttributeType;
+    let int = |name: &str, v: i64| AttributeProto {
+        name: Some(name.into()),
+        i: Some(v),
+        r#type: Some(AttributeType::Int as i32),
+        ..Default::default()
+    };
+    let nodes = |split: Vec<AttributeProto>, at: &[&str]| {
+        vec![
+            node("Constant", "pos", &[], &["p"], vec![int("value_int", 1)]),
+            node("SplitToSequence", "split", &["x"], &["s"], split),
+            node("SequenceAt", "at", at, &["y"], vec![]),
+        ]
+    };
+    let g = import(&model(vec![tensor_input("x", &[3, 2])], nodes(vec![int("axis", 0)], &["s", "p"]), "y"), &ImportOptions::default())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let y = g.outputs()[0].1;
+    assert_eq!(g.ty(y).shape, vec![1, 2], "the second row of x");
+    let e = import_err(&model(vec![tensor_input("x", &[3, 2])], nodes(vec![int("axes", 0)], &["s", "p"]), "y"));
+    assert!(e.contains("SplitToSequence has no attribute \"axes\""), "{e}");
+    let e = import_err(&model(vec![tensor_input("x", &[3, 2])], nodes(vec![], &["s", "p", "p"]), "y"));
+    assert!(e.contains("SequenceAt (opset 17) takes 2 inputs, got 3"), "{e}");
+}

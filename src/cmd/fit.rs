@@ -59,7 +59,18 @@ fn print_text(a: &FitArgs, req: &Request, out: &Outcome, batch: usize, optimizer
         g.flops / 1e12,
         g.bandwidth / 1e12
     );
-    outln!("decided in {:.1} s with no device run: {} recipes compiled and planned\n", out.decision_seconds, out.candidates.len());
+    let n = &out.search;
+    outln!(
+        "decided in {:.1} s with no device run: {} recipes compiled and planned ({:.1} s), {} recomputed ({:.1} s), {} ruled out unplanned (smaller micro-batches {}, slower than a fit {})\n",
+        out.decision_seconds,
+        n.planned,
+        n.plan_seconds,
+        n.recomputed,
+        n.recompute_seconds,
+        n.bounded_smaller + n.bounded_slower,
+        n.bounded_smaller,
+        n.bounded_slower
+    );
     if req.gpus > 1 {
         outln!(
             "data parallel over {} GPUs, sharding {} (ZeRO-style): A PLAN, NOT RUN (smelt trains on one GPU). Memory and time below are per GPU, {} samples each per optimizer step.\n",

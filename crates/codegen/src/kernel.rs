@@ -168,7 +168,9 @@ impl Kernel {
         Err(CodegenError::NoKernel { node: node.name.clone(), op: node.op.name().to_string(), detail: why, origin: g.origin(id).to_vec() })
     }
 
-    /// The kernel of node `id`, if there is one.
+    /// The kernel of node `id`, if there is one, as lowered: a tensor-core
+    /// kernel with the square tile ([`crate::tiling::kernel_of`] gives the
+    /// tile a target chooses, as a program has it).
     pub fn of(g: &KernelGraph, id: NodeId) -> Option<Kernel> {
         match Route::of(g, id) {
             Route::Kernel(family) | Route::Alias(family) => Kernel::describe(family, g, id),
@@ -351,7 +353,7 @@ impl Kernel {
 
     /// The name a tensor-core conv or GEMM had when its tile was chosen
     /// (without the tile's and the layout's suffixes): the key of a tuning
-    /// table ([`smelt_ir::TileChoice::Tuned`]).
+    /// table ([`crate::TileChoice::Tuned`]).
     pub fn tile_key(&self) -> Option<String> {
         let t = self.tile()?;
         let mut name = self.name();

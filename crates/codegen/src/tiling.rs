@@ -39,12 +39,7 @@ pub enum TileChoice {
 /// table by the kernel's name), else the model's choice on its GPU; a
 /// kernel without tensor-core tiles is left as it is.
 pub fn choose(k: &mut Kernel, bytes: usize, target: &Target) {
-    let tiled = match k {
-        Kernel::Gemm(g) => g.tensor_cores,
-        Kernel::Conv(c) => c.algo == crate::conv::Algo::TensorCore,
-        _ => false,
-    };
-    if !tiled {
+    if k.tile().is_none() {
         return;
     }
     let base = k.name().to_string();

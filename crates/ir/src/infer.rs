@@ -274,23 +274,24 @@ pub fn infer(op: &Op, ins: &[&TensorType]) -> Result<Vec<TensorType>, String> {
 }
 
 /// Output types of a kernel-level op: a semantic op's own, or those of the
-/// form fusion made (a kernel whose traits say it widens its first operand
-/// converts one of another float dtype on load: conv and GEMM forms).
+/// form fusion made (a kernel that widens its first operand,
+/// [`KernelOp::widens_first_operand`], converts one of another float dtype
+/// on load: conv and GEMM forms).
 pub fn infer_kernel(op: &KernelOp, ins: &[&TensorType]) -> Result<Vec<TensorType>, String> {
     Ok(vec![match op {
-        KernelOp::Op(Op::Conv(c)) => conv(c, ins, op.traits().widens_first_operand)?,
-        KernelOp::Op(Op::Gemm { trans_a, trans_b, .. }) => gemm(*trans_a, *trans_b, ins, op.traits().widens_first_operand)?,
+        KernelOp::Op(Op::Conv(c)) => conv(c, ins, op.widens_first_operand())?,
+        KernelOp::Op(Op::Gemm { trans_a, trans_b, .. }) => gemm(*trans_a, *trans_b, ins, op.widens_first_operand())?,
         KernelOp::Op(op) => return infer(op, ins),
         KernelOp::FusedConv { conv: c, bias, residual, .. } => {
             let n = 2 + *bias as usize + *residual as usize;
             arity(ins, n, n)?;
-            let out = conv(c, &ins[..2 + *bias as usize], op.traits().widens_first_operand)?;
+            let out = conv(c, &ins[..2 + *bias as usize], op.widens_first_operand())?;
             if *residual && *ins[n - 1] != out {
                 return Err(format!("residual {} must equal the output {out}", ins[n - 1]));
             }
             out
         }
-        KernelOp::FusedGemm { trans_a, trans_b, .. } => gemm(*trans_a, *trans_b, ins, op.traits().widens_first_operand)?,
+        KernelOp::FusedGemm { trans_a, trans_b, .. } => gemm(*trans_a, *trans_b, ins, op.widens_first_operand())?,
         KernelOp::Elementwise { expr } => elementwise(expr, ins)?,
         KernelOp::ConcatInPlace { axis } => concat(*axis, ins)?,
         KernelOp::SliceView { axis, start, end } => {
@@ -314,7 +315,7 @@ pub fn infer_kernel(op: &KernelOp, ins: &[&TensorType]) -> Result<Vec<TensorType
             }
             let p = match *product {
                 crate::Product::MatMul => infer(&Op::MatMul, &ins[..2])?.remove(0),
-                crate::Product::Gemm { trans_a, trans_b, .. } => gemm(trans_a, trans_b, &ins[..2], op.traits().widens_first_operand)?,
+                crate::Product::Gemm { trans_a, trans_b, .. } => gemm(trans_a, trans_b, &ins[..2], op.widens_first_operand())?,
             };
             if Ok(p.numel()) != checked_numel(shape) {
                 return Err(format!("gemm_epilogue's product {p} cannot be read as shape {shape:?}"));

@@ -73,14 +73,10 @@ pub struct Traits {
     pub precision: Precision,
     /// Which operand its output may overwrite.
     pub in_place: InPlace,
-    /// Whether its kernel converts a first operand of another float dtype as
-    /// it loads it (a kernel capability: the precision pass inserts no cast
-    /// before a widening load).
-    pub widens_first_operand: bool,
 }
 
 const fn t(kind: Kind, precision: Precision, in_place: InPlace) -> Traits {
-    Traits { kind, precision, in_place, widens_first_operand: false }
+    Traits { kind, precision, in_place }
 }
 
 impl Op {
@@ -90,14 +86,14 @@ impl Op {
         use InPlace as I;
         use Kind as K;
         use Precision as P;
-        let layer = Traits { widens_first_operand: true, ..t(K::Layer, P::Half, I::No) };
+        let layer = t(K::Layer, P::Half, I::No);
         match self {
             Op::Input | Op::Constant | Op::Parameter | Op::State => t(K::Source, P::Fixed, I::No),
             Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze { .. } | Op::Unsqueeze { .. } | Op::Dropout | Op::Identity => {
                 t(K::View, P::Follows, I::No)
             }
             Op::Conv(_) | Op::Gemm { .. } => layer,
-            Op::MatMul => Traits { widens_first_operand: false, ..layer },
+            Op::MatMul => layer,
             Op::BatchNorm { .. } => t(K::Normalization, P::Sensitive, I::Any),
             // Its kernel reads the residual add before it as a prologue.
             Op::LayerNorm { .. } => t(K::Normalization, P::Sensitive, I::No),
@@ -136,16 +132,34 @@ impl KernelOp {
         match self {
             KernelOp::Op(op) => op.traits(),
             KernelOp::FusedConv { residual, .. } => {
-                Traits { in_place: if *residual { I::Last } else { I::No }, widens_first_operand: true, ..t(K::Layer, P::Half, I::No) }
+                Traits { in_place: if *residual { I::Last } else { I::No }, ..t(K::Layer, P::Half, I::No) }
             }
-            KernelOp::FusedGemm { .. } => Traits { widens_first_operand: true, ..t(K::Layer, P::Half, I::No) },
+            KernelOp::FusedGemm { .. } => t(K::Layer, P::Half, I::No),
             KernelOp::Elementwise { .. } => t(K::Elementwise, P::Half, I::Any),
             KernelOp::FusedReduction { .. } => t(K::Reduction, P::Sensitive, I::No),
             KernelOp::ConcatInPlace { .. } => t(K::Movement, P::Follows, I::No),
             KernelOp::SliceView { .. } => t(K::View, P::Follows, I::No),
             // Products in the inputs' precision, the softmax in f32 registers.
             KernelOp::Attention { .. } => t(K::Layer, P::Half, I::No),
-            KernelOp::GemmEpilogue { .. } => Traits { widens_first_operand: true, ..t(K::Layer, P::Half, I::No) },
+            KernelOp::GemmEpilogue { .. } => t(K::Layer, P::Half, I::No),
+        }
+    }
+
+    /// Whether its kernel converts a first operand of another float dtype
+    /// as it loads it: a kernel capability, so a kernel-level fact (the
+    /// precision pass inserts no cast before a widening load, and
+    /// kernel-level type inference accepts the other dtype there). A
+    /// semantic conv takes operands of one dtype.
+    pub fn widens_first_operand(&self) -> bool {
+        match self {
+            KernelOp::Op(op) => matches!(op, Op::Conv(_) | Op::Gemm { .. }),
+            KernelOp::FusedConv { .. } | KernelOp::FusedGemm { .. } => true,
+            KernelOp::GemmEpilogue { product, .. } => matches!(product, crate::Product::Gemm { .. }),
+            KernelOp::Elementwise { .. }
+            | KernelOp::FusedReduction { .. }
+            | KernelOp::ConcatInPlace { .. }
+            | KernelOp::SliceView { .. }
+            | KernelOp::Attention { .. } => false,
         }
     }
 }

@@ -242,7 +242,7 @@ pub fn run(g: &mut KernelGraph, opts: &Options) -> Result<Stats, IrError> {
             // copy at all); a narrowing keeps its cast, whose half copy lets
             // the wide value die before the layer runs (the graph input
             // before the first conv: a lower peak for one small launch).
-            let absorbs = k == 0 && have.size() <= target.map_or(0, |d| d.size()) && traits.widens_first_operand;
+            let absorbs = k == 0 && have.size() <= target.map_or(0, |d| d.size()) && node.op.widens_first_operand();
             let new = match target {
                 Some(d) if have.is_float() && have != d && !absorbs => match converted.get(&(v, d)) {
                     Some(&c) => c,
