@@ -4,8 +4,12 @@
 //! real computation. `batch` overrides the batch dimension of every input and
 //! of Reshape targets that hard-code the exported batch.
 
+mod elementwise;
 mod fold;
+mod movement;
+mod nn;
 mod nodes;
+mod reduce;
 mod shape_ops;
 mod tensor;
 

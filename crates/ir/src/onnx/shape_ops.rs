@@ -2,7 +2,7 @@
 //! arithmetic folded at import (`Shape`, `Gather`, `Cast`, `Concat`,
 //! `Slice`... on constants), reshapes, and padding, expansion, tiling.
 
-use super::nodes::{axes, axis, const_input, const_int_vec, const_ints, emit, konst, reshaping, Cx};
+use super::nodes::{axes, axis, const_input, const_int_vec, const_ints, emit, konst, reshaping, Arity, Cx, Spec, ANY};
 use super::{fold, tensor, Entry, Importer};
 use crate::dtype::{DType, TensorType};
 use crate::error::IrError;
@@ -14,30 +14,33 @@ use std::sync::Arc;
 /// taken to be corrupt rather than allocating.
 const FOLD_LIMIT_BYTES: usize = 2 << 30;
 
-/// Whether [`lower`] handles `op_type`.
-pub(super) fn handles(op_type: &str) -> bool {
-    matches!(
-        op_type,
-        "Constant"
-            | "Size"
-            | "ConstantOfShape"
-            | "Shape"
-            | "Gather"
-            | "Cast"
-            | "CastLike"
-            | "Identity"
-            | "Dropout"
-            | "Reshape"
-            | "Flatten"
-            | "Squeeze"
-            | "Unsqueeze"
-            | "Concat"
-            | "Split"
-            | "Slice"
-            | "Pad"
-            | "Expand"
-            | "Tile"
-    )
+/// The shape ops: each with its attributes, its arity at `opset` and its
+/// lowering (one `match`, [`lower`]).
+pub(super) fn spec(op_type: &str, opset: i64) -> Option<Spec> {
+    let (attributes, arity): (&'static [&'static str], Arity) = match op_type {
+        "Constant" => (
+            &["value", "value_float", "value_floats", "value_int", "value_ints", "value_string", "value_strings", "sparse_value"],
+            (0, 0, 1),
+        ),
+        "Size" | "Identity" => (&[], (1, 1, 1)),
+        "ConstantOfShape" => (&["value"], (1, 1, 1)),
+        "Shape" => (&["start", "end"], (1, 1, 1)),
+        "Gather" => (&["axis"], (2, 2, 1)),
+        "Cast" => (&["to", "saturate", "round_mode"], (1, 1, 1)),
+        "CastLike" => (&["saturate", "round_mode"], (2, 2, 1)),
+        "Dropout" => (&["ratio", "is_test", "seed"], if opset < 12 { (1, 1, 2) } else { (1, 3, 2) }),
+        "Reshape" => (&["shape", "allowzero"], if opset < 5 { (1, 1, 1) } else { (2, 2, 1) }),
+        "Flatten" => (&["axis"], (1, 1, 1)),
+        "Squeeze" | "Unsqueeze" => (&["axes"], if opset < 13 { (1, 1, 1) } else { (1, 2, 1) }),
+        "Concat" => (&["axis"], (1, ANY, 1)),
+        "Split" => (&["axis", "split", "num_outputs"], (1, 2, ANY)),
+        "Slice" => (&["starts", "ends", "axes"], if opset < 10 { (1, 1, 1) } else { (3, 5, 1) }),
+        "Pad" => (&["mode", "pads", "value", "paddings"], if opset < 11 { (1, 1, 1) } else { (2, 4, 1) }),
+        "Expand" => (&[], (2, 2, 1)),
+        "Tile" => (&[], if opset < 6 { (3, 3, 1) } else { (2, 2, 1) }),
+        _ => return None,
+    };
+    Some(Spec { attributes, arity, lower })
 }
 
 /// Resolves a Reshape target against the input shape (ONNX 0 and -1), after
