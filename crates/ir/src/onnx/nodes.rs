@@ -96,38 +96,30 @@ pub(super) fn convert(im: &mut Importer, node: &NodeProto) -> Result<(), IrError
     let Some(Spec { attributes: known, arity: (min_in, max_in, max_out), lower }) = spec(node.op_type(), im.opset) else {
         return Err(IrError::UnsupportedOp { op_type: node.op_type().to_string(), node: cx.name.clone(), opset: im.opset });
     };
-    {
-        let (n_in, n_out) = (node.input.len(), node.output.len());
-        if n_in < min_in || n_in > max_in {
-            let want = match (min_in, max_in) {
-                (a, b) if a == b => format!("{a}"),
-                (a, usize::MAX) => format!("at least {a}"),
-                (a, b) => format!("{a} to {b}"),
-            };
-            return Err(cx.bad(format!("invalid ONNX: {} (opset {}) takes {want} inputs, got {n_in}", node.op_type(), im.opset)));
-        }
-        if n_out > max_out {
-            return Err(cx.bad(format!(
-                "invalid ONNX: {} (opset {}) has at most {max_out} outputs, got {n_out}",
-                node.op_type(),
-                im.opset
-            )));
-        }
+    let (n_in, n_out) = (node.input.len(), node.output.len());
+    if n_in < min_in || n_in > max_in {
+        let want = match (min_in, max_in) {
+            (a, b) if a == b => format!("{a}"),
+            (a, usize::MAX) => format!("at least {a}"),
+            (a, b) => format!("{a} to {b}"),
+        };
+        return Err(cx.bad(format!("invalid ONNX: {} (opset {}) takes {want} inputs, got {n_in}", node.op_type(), im.opset)));
     }
-    {
-        // An attribute the op does not have is invalid ONNX; ignoring it
-        // (a `stride` for `strides`) would compute something else.
-        if let Some(a) = node.attribute.iter().find(|a| a.name() != "consumed_inputs" && !known.contains(&a.name())) {
-            return Err(cx.bad(format!("invalid ONNX: {} has no attribute \"{}\" (it has {})", node.op_type(), a.name(), list(known))));
-        }
-        if let Some(a) = node.attribute.iter().find(|a| now_an_input(node.op_type(), im.opset).contains(&a.name())) {
-            return Err(cx.bad(format!(
-                "invalid ONNX: at opset {} {} of {} is an input, not an attribute",
-                im.opset,
-                a.name(),
-                node.op_type()
-            )));
-        }
+    if n_out > max_out {
+        return Err(cx.bad(format!("invalid ONNX: {} (opset {}) has at most {max_out} outputs, got {n_out}", node.op_type(), im.opset)));
+    }
+    // An attribute the op does not have is invalid ONNX; ignoring it
+    // (a `stride` for `strides`) would compute something else.
+    if let Some(a) = node.attribute.iter().find(|a| a.name() != "consumed_inputs" && !known.contains(&a.name())) {
+        return Err(cx.bad(format!("invalid ONNX: {} has no attribute \"{}\" (it has {})", node.op_type(), a.name(), list(known))));
+    }
+    if let Some(a) = node.attribute.iter().find(|a| now_an_input(node.op_type(), im.opset).contains(&a.name())) {
+        return Err(cx.bad(format!(
+            "invalid ONNX: at opset {} {} of {} is an input, not an attribute",
+            im.opset,
+            a.name(),
+            node.op_type()
+        )));
     }
     let outs = lower(im, &cx)?;
     for (name, entry) in node.output.iter().zip(outs) {
