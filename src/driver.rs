@@ -196,23 +196,6 @@ pub enum RematSolver {
 impl RematSolver {
     /// The exact solver's time limit.
     pub const TIME_LIMIT: std::time::Duration = std::time::Duration::from_secs(20);
-
-    /// `greedy` or `exact`.
-    pub fn parse(s: &str) -> Option<RematSolver> {
-        match s {
-            "greedy" => Some(RematSolver::Greedy),
-            "exact" => Some(RematSolver::Exact),
-            _ => None,
-        }
-    }
-
-    /// Its name, as parsed.
-    pub fn name(self) -> &'static str {
-        match self {
-            RematSolver::Greedy => "greedy",
-            RematSolver::Exact => "exact",
-        }
-    }
 }
 
 /// One recomputation: a kernel run again in the backward pass.

@@ -71,22 +71,6 @@ pub enum Shard {
     Parameters,
 }
 
-impl Shard {
-    /// `--shard`'s names.
-    pub const NAMES: [&'static str; 4] = ["none", "optimizer", "gradients", "parameters"];
-
-    /// The value named `s`.
-    pub fn parse(s: &str) -> Option<Shard> {
-        Some(match s {
-            "none" => Shard::None,
-            "optimizer" => Shard::Optimizer,
-            "gradients" => Shard::Gradients,
-            "parameters" => Shard::Parameters,
-            _ => return None,
-        })
-    }
-}
-
 /// One collective of a data-parallel step (planned, not run).
 #[derive(Clone, Debug, Serialize)]
 pub struct Collective {

@@ -149,7 +149,7 @@ pub enum TrainFile {
 /// (whose other half each checkpoint case keeps), a good data set, and a
 /// folder for the cases' files.
 pub struct TrainTarget {
-    args: crate::args::ModelArgs,
+    args: crate::spec::ModelSpec,
     session: Session,
     config: crate::train::Config,
     inputs: Vec<(String, smelt_ir::TensorType)>,
@@ -165,7 +165,7 @@ impl TrainTarget {
     /// set `data` and the checkpoint in `checkpoint` that `smelt train`
     /// made with them; the cases' files go into `dir`.
     pub fn new(
-        args: crate::args::ModelArgs,
+        args: crate::spec::ModelSpec,
         data: &std::path::Path,
         checkpoint: &std::path::Path,
         dir: &std::path::Path,
@@ -274,7 +274,7 @@ impl TrainTarget {
 
 /// Opens, compiles and plans the step of `args` (a recipe's, a tuning
 /// table's), as `smelt plan --train` does.
-fn plan_only(args: &crate::args::ModelArgs) -> Result<(), Error> {
+fn plan_only(args: &crate::spec::ModelSpec) -> Result<(), Error> {
     let mut s = args.open(false)?;
     let compiled = s.compile()?;
     s.plan(&compiled)?;

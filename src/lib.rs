@@ -2,7 +2,6 @@
 //! and run fast. This crate is the facade over the workspace crates: the
 //! compile [`driver`] ([`Session`]), reports, and the `smelt` command line.
 
-pub mod args;
 pub mod cost;
 pub mod device;
 pub mod driver;
@@ -12,6 +11,7 @@ pub mod fuzz;
 pub mod plan;
 pub mod report;
 pub mod roofline;
+pub mod spec;
 pub mod train;
 pub mod tune;
 

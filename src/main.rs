@@ -28,6 +28,7 @@ macro_rules! outln {
     }};
 }
 
+mod cli;
 mod cmd;
 
 /// A tolerance: a finite number, zero or more (NaN would make every
@@ -49,7 +50,7 @@ use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 
-pub(crate) use smelt::args::{FitArgs, ModelArgs};
+pub(crate) use cli::{FitArgs, ModelArgs};
 
 /// smelt compiles deep-learning models ahead of time so they fit in GPU
 /// memory and run fast, and tells you where every byte goes.
@@ -418,7 +419,7 @@ pub(crate) trait Open {
     fn session_with_values(&self) -> Result<smelt::Session>;
 }
 
-impl Open for ModelArgs {
+impl Open for smelt::spec::ModelSpec {
     fn session(&self) -> Result<smelt::Session> {
         let s = self.open(false).with_context(|| format!("cannot load {}", self.model))?;
         cmd::log_time("load", s.timings.import);
@@ -463,10 +464,10 @@ fn main() {
         None => cmd::inspect::default(&ModelArgs::default_model()),
         Some(Command::Inspect(a)) => cmd::inspect::run(&a),
         Some(Command::Compile(a)) => cmd::compile::run(&a),
-        Some(Command::Plan(mut a)) => a.model.apply_recipe().map_err(Into::into).and_then(|()| cmd::plan::run(&a)),
+        Some(Command::Plan(a)) => cmd::plan::run(&a),
         Some(Command::Run(a)) => cmd::run::run(&a),
         Some(Command::Print(a)) => cmd::print(&a),
-        Some(Command::Train(mut a)) => a.model.apply_recipe().map_err(Into::into).and_then(|()| cmd::train::run(&a)),
+        Some(Command::Train(a)) => cmd::train::run(&a),
         Some(Command::Fit(a)) => cmd::fit::run(&a),
         Some(Command::Tune(a)) => cmd::tune::run(&a),
     };

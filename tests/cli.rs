@@ -574,3 +574,40 @@ fn an_f16_overflow_names_its_kernel_and_the_ways_out() {
     assert!(j["non_finite"].is_null(), "{j}");
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// The command line is the binary's: the library and the Python bindings
+/// take typed options (`smelt::spec`), never clap's types or an argument
+/// list, so a library caller states what it wants in types the compiler
+/// checks.
+#[test]
+fn the_library_and_python_take_typed_options_not_a_command_line() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = vec![root.join("python/src/lib.rs")];
+    let mut dirs = vec![root.join("src")];
+    while let Some(dir) = dirs.pop() {
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            // The binary: main.rs, its flags (cli.rs) and its commands (cmd/).
+            let binary = p.ends_with("src/main.rs") || p.ends_with("src/cli.rs") || p.ends_with("src/cmd");
+            match () {
+                _ if binary => {}
+                _ if p.is_dir() => dirs.push(p),
+                _ if p.extension().is_some_and(|x| x == "rs") => files.push(p),
+                _ => {}
+            }
+        }
+    }
+    assert!(files.len() > 10, "the library's files are found: {files:?}");
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap();
+        for word in ["clap", "argv", "parse_from", "ArgMatches"] {
+            assert!(
+                !text.contains(word),
+                "{} mentions {word}: the command line belongs to src/main.rs, src/cli.rs and src/cmd/",
+                f.display()
+            );
+        }
+    }
+    let lib = std::fs::read_to_string(root.join("src/lib.rs")).unwrap();
+    assert!(!lib.contains("mod cli") && !lib.contains("mod cmd"), "the library does not include the binary's modules");
+}

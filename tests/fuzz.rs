@@ -977,7 +977,9 @@ fn mutated_training_files_never_fail() {
         tiles: [("gemm_n8k10m16".to_string(), "128x64".to_string()), ("conv3x3_n8c64".to_string(), "64x128".to_string())].into(),
         kernels: Vec::new(),
     };
-    let args = smelt::args::ModelArgs::parse_from([m, "--train", "adam", "--batch", "8"].map(String::from)).unwrap();
+    let mut args = smelt::spec::ModelSpec::new(m);
+    args.batch = Some(8);
+    args.train.optimizer = Some(smelt::spec::OptimizerKind::Adam);
     let target = std::sync::Arc::new(smelt::fuzz::TrainTarget::new(args, &data, &ck, &dir.join("cases")).expect("the good files are read"));
     let (json, archive) = target.checkpoint();
     let seeds = TrainSeeds {

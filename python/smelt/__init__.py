@@ -273,8 +273,8 @@ def _no_train_mode_ops(module):
 
 # ---------------------------------------------------------------- the model
 
-# Flags of the training step, as keyword arguments of plan() (the CLI's
-# names with '_' for '-').
+# Options of the training step, as keyword arguments of plan(), fit() and
+# train() (the CLI's flags with '_' for '-').
 _TRAIN_FLAGS = (
     "loss",
     "loss_on",
@@ -292,29 +292,6 @@ _TRAIN_FLAGS = (
     "trainable",
     "train_only",
 )
-
-
-def _flags(**kw: Any) -> List[str]:
-    """Keyword arguments as the CLI's flags: ``x_y=v`` is ``--x-y v``,
-    ``True`` a bare flag, a list a repeated flag, ``None``/``False`` nothing."""
-    out: List[str] = []
-    for k, v in kw.items():
-        flag = "--" + k.replace("_", "-")
-        if v is None or v is False:
-            continue
-        if v is True:
-            out.append(flag)
-        # `--flag=value`: a value that starts with '-' (a negative number)
-        # is the flag's, not another flag.
-        elif isinstance(v, (list, tuple)):
-            for x in v:
-                out.append(f"{flag}={x}")
-        elif isinstance(v, Mapping):
-            for name, n in v.items():
-                out.append(f"{flag}={name}={n}")
-        else:
-            out.append(f"{flag}={v}")
-    return out
 
 
 def _check_training(training: Mapping[str, Any], where: str) -> None:
@@ -339,36 +316,40 @@ class Model:
         self.dims = dict(dims or {})
         """Sizes of named symbolic dimensions."""
         self._onnx: Optional[bytes] = None
-        self._runners: Dict[Tuple[Tuple[str, ...], str], Any] = {}
+        self._runners: Dict[Tuple[str, str], Any] = {}
         self._ports: Optional[Dict[str, Any]] = None
         # PyTorch's trained parameters (from_torch(train=True)): the step's
-        # --trainable unless the caller chooses.
+        # trainable names unless the caller chooses.
         self._trainable: Optional[List[str]] = None
-        self._trainable_file: Optional[str] = None
 
     def __repr__(self) -> str:
         b = f", batch={self.batch}" if self.batch is not None else ""
         d = f", dims={self.dims}" if self.dims else ""
         return f"smelt.Model({self.name!r}{b}{d})"
 
-    def _argv(self, batch: Optional[int] = None, dims: Optional[Mapping[str, int]] = None, sized: bool = True, **flags: Any) -> List[str]:
-        """The command line for the model with `flags`; `sized=False` leaves
-        out the batch and the dimensions (a recipe fixes them)."""
+    def _options(self, batch: Optional[int] = None, dims: Optional[Mapping[str, int]] = None, sized: bool = True, **options: Any) -> Dict[str, Any]:
+        """The library's options for the model (its ``smelt::spec``):
+        ``options`` by their names there (``train`` is the optimizer,
+        ``trainable`` names or a file of them); ``sized=False`` leaves out
+        the batch and the dimensions (a recipe fixes them)."""
         batch = (self.batch if batch is None else batch) if sized else None
         sizes = dict(self.dims) if sized else {}
         sizes.update(dims or {})
-        if flags.get("train") and self._trainable is not None and not (flags.get("trainable") or flags.get("train_only")):
-            if self._trainable_file is None:
-                fd, path = tempfile.mkstemp(prefix="smelt-", suffix=".trainable.txt")
-                with os.fdopen(fd, "w") as f:
-                    f.write("".join(n + "\n" for n in self._trainable))
-                weakref.finalize(self, _remove, path)
-                self._trainable_file = path
-            flags["trainable"] = self._trainable_file
-        return [self._spec] + _flags(batch=batch, dim=sizes, **flags)
+        if "train" in options:
+            options["optimizer"] = options.pop("train")
+        trainable = options.pop("trainable", None)
+        if isinstance(trainable, (str, os.PathLike)):
+            options["trainable_file"] = os.fspath(trainable)
+        elif trainable is not None:
+            options["trainable"] = list(trainable)
+        elif options.get("optimizer") and self._trainable is not None and not options.get("train_only"):
+            options["trainable"] = list(self._trainable)
+        out = {"model": self._spec, "batch": batch, "dims": sizes}
+        out.update({k: v for k, v in options.items() if v is not None})
+        return out
 
     def _check(self) -> None:
-        ins, outs = _smelt.ports(self._argv())
+        ins, outs = _smelt.ports(self._options())
         self._ports = {
             "inputs": [{"name": n, "dtype": d, "shape": s} for n, d, s in ins],
             "outputs": [{"name": n, "dtype": d, "shape": s} for n, d, s in outs],
@@ -404,7 +385,7 @@ class Model:
 
     def text(self, batch: Optional[int] = None) -> str:
         """The model in smelt's text IR, as imported (``smelt print``)."""
-        return _smelt.text(self._argv(batch))
+        return _smelt.text(self._options(batch))
 
     def inspect(
         self,
@@ -415,8 +396,8 @@ class Model:
     ) -> "Inspection":
         """Ops before and kernels after fusion, parameter bytes, naive
         activation bytes, inputs and outputs (``smelt inspect``)."""
-        argv = self._argv(batch, dims, precision=precision, no_fuse=not fuse)
-        doc = json.loads(_smelt.inspect(argv))
+        options = self._options(batch, dims, precision=precision, no_fuse=not fuse)
+        doc = json.loads(_smelt.inspect(options))
         doc["model"] = self.name
         return Inspection(doc)
 
@@ -465,10 +446,10 @@ class Model:
                 device=device if device != "h100" else None,
                 **training,
             )
-        argv = self._argv(batch, dims, precision=precision, keep_f32=list(keep_f32), no_fuse=not fuse, min_memory=min_memory, **step)
+        options = self._options(batch, dims, precision=precision, keep_f32=list(keep_f32), no_fuse=not fuse, min_memory=min_memory, **step)
         extra = f" --train {train}" if train else ""
         try:
-            doc, svg, notes = _smelt.plan(argv, self._title("plan", batch, extra), limit)
+            doc, svg, notes = _smelt.plan(options, self._title("plan", batch, extra), limit)
         except MemoryLimitError as e:
             if getattr(e, "plan_json", None) is not None:
                 e.plan = Plan(self._rename(json.loads(e.plan_json)), e.svg)
@@ -504,7 +485,7 @@ class Model:
         b = self.batch if batch is None else batch
         if b is None:
             raise UsageError("fit needs batch=: the whole batch of an optimizer step")
-        argv = self._argv(
+        options = self._options(
             b,
             dims,
             memory_limit=parse_size(memory_limit),
@@ -517,7 +498,7 @@ class Model:
             device=device if device != "h100" else None,
             **training,
         )
-        doc, nothing = _smelt.fit(argv)
+        doc, nothing = _smelt.fit(options)
         result = Fit(self._rename(json.loads(doc)))
         if nothing is not None:
             smallest = (result.to_dict().get("smallest") or {}).get("total_bytes")
@@ -550,11 +531,11 @@ class Model:
         is released while it works; ``progress`` shows a bar on standard
         error (tqdm's, in a notebook too, when tqdm is installed).
         """
-        argv = self._argv(batch, dims, precision=precision, no_fuse=not fuse)
+        options = self._options(batch, dims, precision=precision, no_fuse=not fuse)
         bar = _Progress("compiling kernels") if progress else None
         try:
             out = None if out_dir is None else os.fspath(out_dir)
-            doc = _smelt.compile(argv, out, self._title("compile", batch), arch, weights, jobs, bar)
+            doc = _smelt.compile(options, out, self._title("compile", batch), arch, weights, jobs, bar)
         finally:
             if bar is not None:
                 bar.close()
@@ -633,11 +614,11 @@ class Model:
             flags.pop("precision")
         if recipe is not None and (batch is not None or dims):
             raise UsageError("the recipe fixes the batch and the dimensions: leave out batch= and dims=")
-        argv = self._argv(batch, dims, sized=recipe is None, **flags)
+        options = self._options(batch, dims, sized=recipe is None, **flags)
         bar = _Progress("training") if progress else None
         try:
             doc, notes = _smelt.train(
-                argv,
+                options,
                 path(data, "data"),
                 backend,
                 path(val, "val"),
@@ -704,10 +685,11 @@ class Model:
         return {name: np.frombuffer(buf, dtype=_NUMPY[dtype]).reshape(shape) for name, dtype, shape, buf in outs}
 
     def _runner(self, batch: Optional[int], dims: Optional[Mapping[str, int]], precision: str, fuse: bool, backend: str = "cpu") -> Any:
-        argv = tuple(self._argv(batch, dims, precision=precision, no_fuse=not fuse))
-        if (argv, backend) not in self._runners:
-            self._runners[(argv, backend)] = _smelt.Runner(list(argv), backend)
-        return self._runners[(argv, backend)]
+        options = self._options(batch, dims, precision=precision, no_fuse=not fuse)
+        key = (json.dumps(options, sort_keys=True), backend)
+        if key not in self._runners:
+            self._runners[key] = _smelt.Runner(options, backend)
+        return self._runners[key]
 
     @staticmethod
     def _arrange(ports: List[Tuple[str, str, List[int]]], inputs: Any) -> List[Any]:

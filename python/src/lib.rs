@@ -1,16 +1,18 @@
 //! `smelt._smelt`: the native half of smelt's Python package.
 //!
-//! A thin layer over the library: each function takes the command line's
-//! flags (`[MODEL, --batch, 8, ...]`, built by `smelt/__init__.py` from
-//! keyword arguments), so Python and the CLI accept and refuse exactly the
-//! same things, and returns what the CLI's `--json` prints. Work runs with
-//! the GIL released; errors become the exceptions of `smelt.errors`.
+//! A thin layer over the library: each function takes the model's options
+//! as a dict (`{"model": ..., "batch": 8, "optimizer": "adam", ...}`, built
+//! by `smelt/__init__.py` from keyword arguments) and reads it into the
+//! library's typed options ([`smelt::spec`]), which the CLI's flags become
+//! too, so both accept and refuse the same things; it returns what the
+//! CLI's `--json` prints. Work runs with the GIL released; errors become
+//! the exceptions of `smelt.errors`.
 
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyDict};
-use smelt::args::{FitArgs, ModelArgs};
 use smelt::ir::{IrError, KernelGraph, Tensor, TensorType};
 use smelt::passes::train::TrainError;
+use smelt::spec::{Choice, FitSpec, ModelSpec, StepSpec};
 use smelt::Error;
 
 /// The exception of `smelt.errors` for `e`, with its fields as attributes.
@@ -50,29 +52,181 @@ fn exception(py: Python<'_>, e: &Error) -> PyResult<PyErr> {
     Ok(PyErr::from_value(cls.call((e.to_string(),), Some(&kw))?))
 }
 
+/// An options dict read key by key: each key is taken once, `None` is the
+/// default, and a key left over or of the wrong type is a usage error
+/// naming it.
+struct Options<'a, 'py>(&'a Bound<'py, PyDict>, std::collections::HashSet<String>);
+
+impl<'a, 'py> Options<'a, 'py> {
+    fn new(d: &'a Bound<'py, PyDict>) -> Options<'a, 'py> {
+        Options(d, Default::default())
+    }
+
+    /// The value of `key` (not `None`), marked as read.
+    fn get(&mut self, key: &str) -> Result<Option<Bound<'py, PyAny>>, Error> {
+        self.1.insert(key.to_string());
+        let v = self.0.get_item(key).map_err(|e| Error::Usage(format!("option {key}: {e}")))?;
+        Ok(v.filter(|v| !v.is_none()))
+    }
+
+    /// `key`'s value as `what`, by `f`.
+    fn read<T, E>(&mut self, key: &str, what: &str, f: impl FnOnce(&Bound<'py, PyAny>) -> Result<T, E>) -> Result<Option<T>, Error> {
+        match self.get(key)? {
+            None => Ok(None),
+            Some(v) => f(&v).map(Some).map_err(|_| {
+                let ty = v.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into());
+                Error::Usage(format!("option {key} must be {what}, not {ty}"))
+            }),
+        }
+    }
+
+    fn usize(&mut self, key: &str) -> Result<Option<usize>, Error> {
+        self.read(key, "a whole number, 0 or more", |v| v.extract::<usize>())
+    }
+
+    fn f32(&mut self, key: &str) -> Result<Option<f32>, Error> {
+        self.read(key, "a number", |v| v.extract::<f64>().map(|x| x as f32))
+    }
+
+    fn bool(&mut self, key: &str) -> Result<bool, Error> {
+        Ok(self.read(key, "True or False", |v| v.extract::<bool>())?.unwrap_or(false))
+    }
+
+    fn string(&mut self, key: &str) -> Result<Option<String>, Error> {
+        self.read(key, "a string", |v| v.extract::<String>())
+    }
+
+    fn path(&mut self, key: &str) -> Result<Option<std::path::PathBuf>, Error> {
+        self.read(key, "a path", |v| v.extract::<std::path::PathBuf>())
+    }
+
+    /// A list of strings (one string is a list of one).
+    fn strings(&mut self, key: &str) -> Result<Vec<String>, Error> {
+        let read = |v: &Bound<'py, PyAny>| match v.extract::<String>() {
+            Ok(s) => Ok(vec![s]),
+            Err(_) => v.extract::<Vec<String>>(),
+        };
+        Ok(self.read(key, "a list of strings", read)?.unwrap_or_default())
+    }
+
+    /// `key`'s name among `C`'s choices.
+    fn choice<C: Choice>(&mut self, key: &str) -> Result<Option<C>, Error> {
+        self.string(key)?.map(|s| C::parse(&s).map_err(Error::Usage)).transpose()
+    }
+
+    /// Fails naming the keys nothing read.
+    fn done(self) -> Result<(), Error> {
+        let mut left: Vec<String> =
+            self.0.keys().iter().filter_map(|k| k.extract::<String>().ok()).filter(|k| !self.1.contains(k)).collect();
+        left.sort();
+        match left.is_empty() {
+            true => Ok(()),
+            false => Err(Error::Usage(format!("unknown options: {}", left.join(", ")))),
+        }
+    }
+
+    /// The model and its training step (every key but those `fit` reads).
+    fn model(&mut self) -> Result<ModelSpec, Error> {
+        let model = self.string("model")?.ok_or_else(|| Error::Usage("no model given".into()))?;
+        let mut m = ModelSpec::new(model);
+        m.batch = self.usize("batch")?;
+        let dims = self.read("dims", "a dict of sizes by name", |v| v.extract::<std::collections::BTreeMap<String, usize>>())?;
+        m.dims = dims.unwrap_or_default().into_iter().collect();
+        for (name, n) in &m.dims {
+            smelt::spec::check_dim(name, *n).map_err(Error::Usage)?;
+        }
+        let set =
+            self.read("set", "a dict of lists of numbers by input name", |v| v.extract::<std::collections::BTreeMap<String, Vec<f64>>>())?;
+        m.set = set.unwrap_or_default().into_iter().collect();
+        m.no_fuse = self.bool("no_fuse")?;
+        if let Some(p) = self.string("precision")? {
+            m.precision = p.parse().map_err(Error::Usage)?;
+        }
+        m.keep_f32 = self.strings("keep_f32")?;
+        m.tf32 = self.string("tf32")?.map(|t| t.parse().map_err(Error::Usage)).transpose()?;
+        m.min_memory = self.bool("min_memory")?;
+        m.tuning = self.path("tuning")?;
+        m.train = self.step()?;
+        Ok(m)
+    }
+
+    fn step(&mut self) -> Result<StepSpec, Error> {
+        let d = StepSpec::default();
+        // Trained names: a list, or a file of them (the CLI's --trainable).
+        let mut trainable = self.strings("trainable")?;
+        if let Some(file) = self.path("trainable_file")? {
+            trainable.extend(smelt::spec::read_names(&file)?);
+        }
+        Ok(StepSpec {
+            optimizer: self.choice("optimizer")?,
+            loss: self.choice("loss")?.unwrap_or(d.loss),
+            loss_on: self.string("loss_on")?,
+            label_smoothing: self.f32("label_smoothing")?,
+            lr: self.f32("lr")?,
+            momentum: self.f32("momentum")?,
+            nesterov: self.bool("nesterov")?,
+            weight_decay: self.f32("weight_decay")?,
+            accumulate: match self.usize("accumulate")? {
+                None => 1,
+                Some(k) => u32::try_from(k)
+                    .ok()
+                    .filter(|&k| k >= 1)
+                    .ok_or_else(|| Error::Usage(format!("accumulate {k}: give 1 to {}", u32::MAX)))?,
+            },
+            cosine: self.usize("cosine")?,
+            warmup: self.usize("warmup")?.unwrap_or(0),
+            clip_norm: self.f32("clip_norm")?,
+            batch_norm: self.choice("batch_norm")?.unwrap_or(d.batch_norm),
+            loss_scale: self.choice("loss_scale")?.unwrap_or(d.loss_scale),
+            freeze: self.strings("freeze")?,
+            trainable,
+            train_only: self.strings("train_only")?,
+            remat_budget: self.usize("remat_budget")?,
+            remat_solver: self.choice("remat_solver")?.unwrap_or(d.remat_solver),
+            device: self.string("device")?.map(|g| smelt::spec::gpu_named(&g).map_err(Error::Usage)).transpose()?,
+            recipe: self.path("recipe")?,
+        })
+    }
+}
+
+/// The model and its step as `options` say.
+fn model_spec(options: &Bound<'_, PyDict>) -> Result<ModelSpec, Error> {
+    let mut o = Options::new(options);
+    let m = o.model()?;
+    o.done()?;
+    Ok(m)
+}
+
 /// Runs `f` with the GIL released, its error as a Python exception.
 fn detached<T: Send>(py: Python<'_>, f: impl FnOnce() -> Result<T, Error> + Send) -> PyResult<T> {
     py.detach(f).map_err(to_py)
 }
 
-/// `smelt inspect --json` of the model the flags name.
+/// `smelt inspect --json` of the model `options` name.
 #[pyfunction]
-fn inspect(py: Python<'_>, argv: Vec<String>) -> PyResult<String> {
+fn inspect(py: Python<'_>, options: &Bound<'_, PyDict>) -> PyResult<String> {
+    let m = model_spec(options).map_err(to_py)?;
     detached(py, || {
-        let mut s = ModelArgs::parse_from(argv)?.open(false)?;
+        let mut s = m.open(false)?;
         let compiled = s.compile()?;
         Ok(smelt::report::inspect_json(&s.source, &compiled).to_string())
     })
 }
 
-/// `smelt plan --json` and `--svg` (titled `title`) of the model the flags
+/// `smelt plan --json` and `--svg` (titled `title`) of the model `options`
 /// name, and the notes the training step's construction made. Over `memory_limit` bytes, raises `MemoryLimitError` carrying both
 /// (`plan_json`, `svg`).
 #[pyfunction]
-#[pyo3(signature = (argv, title, memory_limit=None))]
-fn plan(py: Python<'_>, argv: Vec<String>, title: String, memory_limit: Option<usize>) -> PyResult<(String, String, Vec<String>)> {
+#[pyo3(signature = (options, title, memory_limit=None))]
+fn plan(
+    py: Python<'_>,
+    options: &Bound<'_, PyDict>,
+    title: String,
+    memory_limit: Option<usize>,
+) -> PyResult<(String, String, Vec<String>)> {
+    let mut m = model_spec(options).map_err(to_py)?;
     let (json, svg, notes, over) = detached(py, || {
-        let mut m = ModelArgs::parse_from(argv)?;
+        m.apply_recipe()?;
         m.split_limit = memory_limit; // over the whole-op plan: split until it fits
         let p = smelt::plan::Planning::new(m.open(false)?)?;
         let json = p.json(&m.model, m.batch).to_string();
@@ -92,11 +246,25 @@ fn plan(py: Python<'_>, argv: Vec<String>, title: String, memory_limit: Option<u
     }
 }
 
-/// `smelt fit --json` of the flags, and when nothing fits, why.
+/// `smelt fit --json` of `options` (the model's, `memory_limit`,
+/// `precision` (a policy or `auto`), `gpus`, `shard`), and when nothing
+/// fits, why.
 #[pyfunction]
-fn fit(py: Python<'_>, argv: Vec<String>) -> PyResult<(String, Option<String>)> {
+fn fit(py: Python<'_>, options: &Bound<'_, PyDict>) -> PyResult<(String, Option<String>)> {
+    let read = || -> Result<FitSpec, Error> {
+        let mut o = Options::new(options);
+        let memory_limit = o.usize("memory_limit")?.ok_or_else(|| Error::Usage("fit needs memory_limit".into()))?;
+        let precisions = FitSpec::precisions_named(&o.string("precision")?.unwrap_or_else(|| "f32".into()))?;
+        let gpus = o.usize("gpus")?.unwrap_or(1);
+        let shard = o.choice("shard")?.unwrap_or_default();
+        let model = o.model()?;
+        o.done()?;
+        let batch = model.batch.ok_or_else(|| Error::Usage("fit needs batch: the whole batch of an optimizer step".into()))?;
+        Ok(FitSpec { model, batch, memory_limit, precisions, gpus, shard })
+    };
+    let spec = read().map_err(to_py)?;
     detached(py, || {
-        let (request, optimizer) = FitArgs::parse_from(argv)?.request()?;
+        let (request, optimizer) = spec.request()?;
         let f = smelt::fit::Fitting::run(request, optimizer, &mut |_| {})?;
         let why = f.recipe.is_none().then(|| f.nothing_fits());
         Ok((f.json().to_string(), why))
@@ -107,11 +275,11 @@ fn fit(py: Python<'_>, argv: Vec<String>) -> PyResult<(String, Option<String>)> 
 /// with NVRTC for `arch` (cached on disk), and writes DIR. `progress(done,
 /// total, name)` is called after each kernel.
 #[pyfunction]
-#[pyo3(signature = (argv, out_dir, title, arch=None, weights=false, jobs=None, progress=None))]
+#[pyo3(signature = (options, out_dir, title, arch=None, weights=false, jobs=None, progress=None))]
 #[allow(clippy::too_many_arguments)]
 fn compile(
     py: Python<'_>,
-    argv: Vec<String>,
+    options: &Bound<'_, PyDict>,
     out_dir: Option<std::path::PathBuf>,
     title: String,
     arch: Option<String>,
@@ -119,8 +287,8 @@ fn compile(
     jobs: Option<usize>,
     progress: Option<Py<PyAny>>,
 ) -> PyResult<String> {
+    let m = model_spec(options).map_err(to_py)?;
     detached(py, move || {
-        let m = ModelArgs::parse_from(argv)?;
         let s = m.open(out_dir.is_some())?;
         let done = std::sync::atomic::AtomicUsize::new(0);
         let report = |name: &str, total: usize| {
@@ -175,15 +343,15 @@ impl smelt::train::Progress for PyProgress {
     }
 }
 
-/// `smelt train --json`: the model the flags name (with its training
-/// step's flags) trained as the keyword arguments say, on `backend`. Returns
+/// `smelt train --json`: the model `options` name (with its training
+/// step) trained as the keyword arguments say, on `backend`. Returns
 /// the summary and the notes (the step's, the data's).
 #[pyfunction]
-#[pyo3(signature = (argv, data, backend="cpu", val=None, steps=None, epochs=None, memory_limit=None, save=None, checkpoint=None, every=None, resume=None, seed=0, shuffle=true, log_json=None, progress=None))]
+#[pyo3(signature = (options, data, backend="cpu", val=None, steps=None, epochs=None, memory_limit=None, save=None, checkpoint=None, every=None, resume=None, seed=0, shuffle=true, log_json=None, progress=None))]
 #[allow(clippy::too_many_arguments)]
 fn train(
     py: Python<'_>,
-    argv: Vec<String>,
+    options: &Bound<'_, PyDict>,
     data: std::path::PathBuf,
     backend: &str,
     val: Option<std::path::PathBuf>,
@@ -204,14 +372,14 @@ fn train(
     if steps.is_some() && epochs.is_some() {
         return Err(to_py(Error::Usage("give steps or epochs, not both".into())));
     }
+    let mut m = model_spec(options).map_err(to_py)?;
     detached(py, move || {
-        let mut m = ModelArgs::parse_from(argv)?;
         m.apply_recipe()?;
         // TF32 is the GPU's (as PyTorch): the CPU computes in f32 unless asked.
         if backend == Backend::Cpu {
             m.no_tf32_by_default();
         }
-        if m.train.train.is_none() {
+        if m.train.optimizer.is_none() {
             return Err(Error::Usage("train needs an optimizer: optimizer='sgd', 'adam' or 'adamw'".into()));
         }
         let run = Run {
@@ -244,19 +412,21 @@ fn train(
 
 /// The model in smelt's text IR, as imported.
 #[pyfunction]
-fn text(py: Python<'_>, argv: Vec<String>) -> PyResult<String> {
-    detached(py, || Ok(smelt::ir::text::print(&ModelArgs::parse_from(argv)?.open(false)?.source)))
+fn text(py: Python<'_>, options: &Bound<'_, PyDict>) -> PyResult<String> {
+    let m = model_spec(options).map_err(to_py)?;
+    detached(py, || Ok(smelt::ir::text::print(&m.open(false)?.source)))
 }
 
 /// A graph input or output: name, dtype (`f32`, `i64`...), shape.
 type Port = (String, String, Vec<usize>);
 
-/// The inputs and outputs of the model the flags name, as imported (no
+/// The inputs and outputs of the model `options` name, as imported (no
 /// pass runs).
 #[pyfunction]
-fn ports(py: Python<'_>, argv: Vec<String>) -> PyResult<(Vec<Port>, Vec<Port>)> {
+fn ports(py: Python<'_>, options: &Bound<'_, PyDict>) -> PyResult<(Vec<Port>, Vec<Port>)> {
+    let m = model_spec(options).map_err(to_py)?;
     detached(py, || {
-        let s = ModelArgs::parse_from(argv)?.open(false)?;
+        let s = m.open(false)?;
         let g = &s.source;
         let port = |name: &str, ty: &TensorType| (name.to_string(), ty.dtype.name().to_string(), ty.shape.clone());
         let ins = g.inputs().iter().map(|&n| port(&g.node(n).name, &g.node(n).outputs[0])).collect();
@@ -277,14 +447,14 @@ struct Runner {
 #[pymethods]
 impl Runner {
     /// Opens (weights' values filled for a text file) and compiles the
-    /// model the flags name: for the CPU reference executor (`cpu`), or
+    /// model `options` name: for the CPU reference executor (`cpu`), or
     /// as a program loaded on the `emulator` or `cuda`.
     #[new]
-    #[pyo3(signature = (argv, backend="cpu"))]
-    fn new(py: Python<'_>, argv: Vec<String>, backend: &str) -> PyResult<Runner> {
+    #[pyo3(signature = (options, backend="cpu"))]
+    fn new(py: Python<'_>, options: &Bound<'_, PyDict>, backend: &str) -> PyResult<Runner> {
         let backend: smelt::train::Backend = backend.parse().map_err(|e| to_py(Error::Usage(e)))?;
+        let mut m = model_spec(options).map_err(to_py)?;
         detached(py, || {
-            let mut m = ModelArgs::parse_from(argv)?;
             if backend == smelt::train::Backend::Cpu {
                 // The CPU reference executor: exact f32 (it ignores TF32 anyway).
                 m.no_tf32_by_default();

@@ -179,7 +179,7 @@ def test_from_torch_resnet18_plans_as_the_cli_and_runs_as_onnxruntime(tmp_path):
     np.testing.assert_allclose(m.run(x3.astype(np.float64))["output"], got, rtol=0, atol=0)
 
 
-def test_from_torch_for_training_trains_what_pytorch_trains():
+def test_from_torch_for_training_trains_what_pytorch_trains(tmp_path):
     # An embedding, a frozen layer (smelt's own rule would train it: its
     # names are a parameter's) and a trained head: from_torch(train=True)
     # passes PyTorch's list.
@@ -209,6 +209,13 @@ def test_from_torch_for_training_trains_what_pytorch_trains():
     assert trained == pytorch and set(frozen) == {"body.weight", "body.bias"}, (trained, frozen)
     trained, frozen = table(train_only=["head.*"])
     assert trained == {"head.weight", "head.bias"} and frozen["emb.weight"] == "not named by --trainable or --train-only"
+    # Names as a list, or a file of them as the CLI's --trainable.
+    assert table(trainable=["head.bias", "emb.weight"])[0] == {"head.bias", "emb.weight"}
+    (tmp_path / "names.txt").write_text("# trained\nhead.weight\n")
+    assert table(trainable=tmp_path / "names.txt")[0] == {"head.weight"}
+    (tmp_path / "empty.txt").write_text("")
+    with pytest.raises(smelt.UsageError, match="no names in it"):
+        table(trainable=tmp_path / "empty.txt")
 
 
 def test_from_torch_for_training_keeps_equal_parameters_apart():
@@ -354,9 +361,23 @@ def test_errors_raise_their_types():
         smelt.load(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
     assert not e.value.is_bug and isinstance(e.value, smelt.Error)
     m = smelt.load("zoo:mobilenet_v2")
-    with pytest.raises(smelt.UsageError, match="possible values") as e:
+    with pytest.raises(smelt.UsageError, match="unknown precision .*one of f32") as e:
         m.plan(precision="f64")
     assert isinstance(e.value, ValueError)
+    # Options go to the library typed, not as a command line: a value of
+    # the wrong type, an unknown name or an option the native layer does not
+    # know is refused by name.
+    with pytest.raises(smelt.UsageError, match="option lr must be a number, not str"):
+        m.plan(train="sgd", lr="fast")
+    with pytest.raises(smelt.UsageError, match='unknown optimizer "lion": one of sgd, adam, adamw'):
+        m.plan(train="lion")
+    with pytest.raises(smelt.UsageError, match="unknown options: frobnicate"):
+        smelt._smelt.inspect({"model": "zoo:mobilenet_v2", "frobnicate": 1})
+    with pytest.raises(smelt.UsageError, match="lr configure a training step"):
+        smelt._smelt.inspect({"model": "zoo:mobilenet_v2", "lr": 0.1})
+    # A value that starts with '-' is a value (it was a flag's hazard).
+    with pytest.raises(smelt.UsageError, match="--clip-norm must be a positive number"):
+        m.plan(train="sgd", clip_norm=-1.0)
     with pytest.raises(TypeError, match="training options"):
         m.plan(train="adam", learning_rate=0.1)
     with pytest.raises(smelt.UsageError, match="need train="):

@@ -13,14 +13,15 @@ pub fn run(a: &CompileArgs) -> Result<bool> {
     }
     let want = a.dump_ir.clone().unwrap_or_else(|| "final".into());
     let mut dumped = None;
-    let mut s = a.model.session()?;
+    let model = a.model.spec()?;
+    let mut s = model.session()?;
     let compiled = s
         .compile_with(&mut |pass, g| {
             if pass == want {
                 dumped = Some(smelt_ir::text::print(g));
             }
         })
-        .with_context(|| format!("cannot compile {}", a.model.model))?;
+        .with_context(|| format!("cannot compile {}", model.model))?;
     super::log_time("compile", s.timings.passes);
     if a.json {
         outln!("{}", serde_json::to_string_pretty(&compiled.stats)?);
@@ -39,8 +40,8 @@ pub fn run(a: &CompileArgs) -> Result<bool> {
 fn codegen(o: &CompileArgs) -> Result<bool> {
     // No TF32 by default where the target has none.
     let arch: usize = o.arch.trim_start_matches("compute_").trim_start_matches("sm_").parse().unwrap_or(usize::MAX);
-    let mut model = o.model.clone();
-    if arch < 80 || smelt::cost::gpu(&model.train.device).is_some_and(|g| !g.has_tf32()) {
+    let mut model = o.model.spec()?;
+    if arch < 80 || !model.train.gpu().has_tf32() {
         model.no_tf32_by_default();
     }
     let model = &model;
@@ -86,10 +87,10 @@ fn codegen(o: &CompileArgs) -> Result<bool> {
         }
     }
     let spilling = ptxas.iter().filter(|s| s.spill_stores + s.spill_loads > 0).count();
-    let gpu = smelt::cost::gpu(&o.model.train.device).context("unknown --device")?;
+    let gpu = model.train.gpu();
     let report = o.report.then(|| smelt::roofline::report(program, &gpu, &ptxas));
     if let (Some(r), Some(path)) = (&report, &o.svg) {
-        let title = format!("{}: every launch on the {} roofline (estimate)", o.model.model, gpu.model);
+        let title = format!("{}: every launch on the {} roofline (estimate)", model.model, gpu.model);
         std::fs::write(path, smelt::roofline::svg(&title, r)).with_context(|| format!("cannot write {}", path.display()))?;
     }
     if o.json {

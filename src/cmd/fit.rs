@@ -5,6 +5,7 @@ use crate::FitArgs;
 use anyhow::{bail, Context, Result};
 use smelt::fit::{Candidate, Outcome, Request, Verdict};
 use smelt::report::human_bytes;
+use smelt::spec::Choice as _;
 
 /// `smelt fit`.
 pub fn run(a: &FitArgs) -> Result<bool> {
@@ -12,7 +13,7 @@ pub fn run(a: &FitArgs) -> Result<bool> {
     bar.enable_steady_tick(std::time::Duration::from_millis(120));
     bar.set_message(format!("compiling and planning {} at micro-batch {}", a.model, a.batch));
     let mut tried = 0;
-    let (request, optimizer) = a.request()?;
+    let (request, optimizer) = a.spec()?.request()?;
     let f = smelt::fit::Fitting::run(request, optimizer, &mut |c: &Candidate| {
         tried += 1;
         bar.set_message(format!("{tried} recipes tried; last: {} {}x{}: {}", c.precision, c.micro_batch, c.accumulate, verdict(c)));
@@ -75,7 +76,7 @@ fn print_text(a: &FitArgs, req: &Request, out: &Outcome, batch: usize, optimizer
         outln!(
             "data parallel over {} GPUs, sharding {} (ZeRO-style): A PLAN, NOT RUN (smelt trains on one GPU). Memory and time below are per GPU, {} samples each per optimizer step.\n",
             req.gpus,
-            a.shard,
+            a.shard.name(),
             batch / req.gpus
         );
     }

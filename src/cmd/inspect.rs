@@ -7,6 +7,7 @@ use smelt::report::{human_bytes, inspect, Inspect};
 
 /// `smelt` alone: inspect, plan and run the default model.
 pub fn default(model: &ModelArgs) -> Result<bool> {
+    let model = model.spec()?;
     let mut s = model.session_with_values()?;
     let compiled = s.compile()?;
     outln!("smelt: {} (built-in, deterministic random weights)\n", model.model);
@@ -27,7 +28,7 @@ pub fn default(model: &ModelArgs) -> Result<bool> {
 
 /// `smelt inspect`.
 pub fn run(a: &InspectArgs) -> Result<bool> {
-    let mut s = a.model.session()?;
+    let mut s = a.model.spec()?.session()?;
     let compiled = s.compile()?;
     if a.json {
         outln!("{}", serde_json::to_string_pretty(&smelt::report::inspect_json(&s.source, &compiled))?);

@@ -32,7 +32,7 @@ pub fn bar(len: usize, template: &str, hidden: bool) -> ProgressBar {
 
 /// `smelt print`: the model in the text IR, as imported.
 pub fn print(a: &PrintArgs) -> Result<bool> {
-    let s = smelt_ir::text::print(&a.model.session()?.source);
+    let s = smelt_ir::text::print(&a.model.spec()?.session()?.source);
     match &a.output {
         Some(p) => std::fs::write(p, s).with_context(|| format!("cannot write {}", p.display()))?,
         None => out!("{s}"),

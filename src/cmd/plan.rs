@@ -6,15 +6,17 @@ use crate::PlanArgs;
 use anyhow::{Context, Result};
 use smelt::plan::MemoryReport;
 use smelt::report::human_bytes;
+use smelt::spec::{Choice as _, ModelSpec};
 
 /// `smelt plan`.
 pub fn run(a: &PlanArgs) -> Result<bool> {
-    let mut model = a.model.clone();
+    let mut model = a.model.spec()?;
+    model.apply_recipe()?;
     model.split_limit = a.memory_limit;
     let model = &model;
     let p = smelt::plan::Planning::new(model.session()?)?;
     if let Some(path) = &a.svg {
-        let train = model.train.train.as_ref().map_or(String::new(), |o| format!(" --train {o}"));
+        let train = model.train.optimizer.map_or(String::new(), |o| format!(" --train {}", o.name()));
         let title = format!("smelt plan {}{}{train}", model.model, model.batch.map_or(String::new(), |b| format!(" --batch {b}")));
         std::fs::write(path, p.svg(&title)).with_context(|| format!("cannot write {}", path.display()))?;
     }
@@ -22,9 +24,9 @@ pub fn run(a: &PlanArgs) -> Result<bool> {
     if a.json {
         outln!("{}", serde_json::to_string_pretty(&p.json(&model.model, model.batch))?);
     } else {
-        print_text(a, &p.report, &p.without_fusion, &p.compiled.stats)?;
+        print_text(a, model, &p.report, &p.without_fusion, &p.compiled.stats)?;
         if let (Some(t), Some(tr)) = (&p.training, &p.session.train) {
-            print_training(a, t, tr, p.compiled.remat.as_ref())?;
+            print_training(model, t, tr, p.compiled.remat.as_ref())?;
         }
         if let Some(s) = &p.compiled.split {
             print_split(s)?;
@@ -45,8 +47,13 @@ pub fn run(a: &PlanArgs) -> Result<bool> {
     Ok(true)
 }
 
-fn print_text(a: &PlanArgs, report: &MemoryReport, plain_report: &MemoryReport, stats: &smelt_passes::pipeline::Stats) -> Result<()> {
-    let model = &a.model;
+fn print_text(
+    a: &PlanArgs,
+    model: &ModelSpec,
+    report: &MemoryReport,
+    plain_report: &MemoryReport,
+    stats: &smelt_passes::pipeline::Stats,
+) -> Result<()> {
     outln!("model: {}{}\n", model.model, model.batch.map_or(String::new(), |b| format!(" (batch {b})")));
     let cols: Vec<&MemoryReport> = if model.no_fuse { vec![plain_report] } else { vec![report, plain_report] };
     let head: Vec<&str> = if model.no_fuse { vec!["without fusion"] } else { vec!["with fusion", "without fusion"] };
@@ -144,10 +151,15 @@ fn print_split(s: &smelt::SplitReport) -> Result<()> {
     Ok(())
 }
 
-fn print_training(a: &PlanArgs, t: &smelt::plan::TrainBreakdown, tr: &smelt::Training, remat: Option<&smelt::RematReport>) -> Result<()> {
+fn print_training(
+    model: &ModelSpec,
+    t: &smelt::plan::TrainBreakdown,
+    tr: &smelt::Training,
+    remat: Option<&smelt::RematReport>,
+) -> Result<()> {
     use smelt::plan::Bytes;
-    let opt = a.model.train.train.as_deref().unwrap_or("?");
-    let k = a.model.train.accumulate.max(1);
+    let opt = model.train.optimizer.map_or("?", |o| o.name());
+    let k = model.train.accumulate.max(1);
     let micro = if k > 1 { format!(", micro-steps of 1/{k} of the batch") } else { String::new() };
     outln!("\ntraining step ({opt}, {} parameters trained{micro})", tr.step.params.len());
     outln!("{}", smelt::train::initializers_summary(&tr.step.initializers));
@@ -191,7 +203,7 @@ fn print_training(a: &PlanArgs, t: &smelt::plan::TrainBreakdown, tr: &smelt::Tra
             human_bytes(r.arena_after),
             r.flops as f64 / 1e9,
             r.cost_seconds * 1e3,
-            a.model.train.device,
+            model.train.gpu().name,
             r.solver.name(),
             remat_bound(r)
         );

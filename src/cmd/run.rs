@@ -37,22 +37,22 @@ struct Ran {
 /// `smelt run`.
 pub fn run(a: &RunArgs) -> Result<bool> {
     // A memory limit splits what runs above it (as `smelt plan --memory-limit`).
-    let mut model = a.model.clone();
+    let mut model = a.model.spec()?;
     model.split_limit = a.memory_limit;
     // TF32 is the GPU's (as PyTorch): the CPU computes in f32 unless asked.
     if a.backend == "cpu" {
         model.no_tf32_by_default();
     }
     let mut s = model.session_with_values()?;
-    let compiled = s.compile().with_context(|| format!("cannot compile {}", a.model.model))?;
+    let compiled = s.compile().with_context(|| format!("cannot compile {}", model.model))?;
     super::log_time("compile", s.timings.passes);
     // Under a reduced precision, also run in f32 and report the error.
     // The f32 CPU reference run is slow at large batches: on a device it
     // runs only when asked.
     let against = a.backend == "cpu" || a.against_f32;
-    let reference = if a.model.precision != Policy::F32 && against { Some(s.compile_f32()?) } else { None };
+    let reference = if model.precision != Policy::F32 && against { Some(s.compile_f32()?) } else { None };
     let out = Outputs { inputs: &a.inputs, expects: &a.expects, rtol: a.rtol, atol: a.atol, save: a.save_outputs.clone(), json: a.json };
-    let reference = reference.as_ref().map(|r| (r, a.model.precision));
+    let reference = reference.as_ref().map(|r| (r, model.precision));
     if a.backend != "cpu" {
         return on_device(&mut s, &compiled, &out, reference, a);
     }

@@ -12,11 +12,12 @@ use std::sync::Mutex;
 /// `smelt train`.
 pub fn run(a: &TrainCmdArgs) -> Result<bool> {
     // TF32 is the GPU's (as PyTorch): the CPU computes in f32 unless asked.
-    let mut m = a.model.clone();
+    let mut m = a.model.spec()?;
+    m.apply_recipe()?;
     if a.backend == smelt::train::Backend::Cpu {
         m.no_tf32_by_default();
     }
-    if m.train.train.is_none() {
+    if m.train.optimizer.is_none() {
         anyhow::bail!("smelt train needs an optimizer: --optimizer sgd, adam or adamw");
     }
     let run = Run {

@@ -27,7 +27,7 @@ pub fn run(a: &TuneArgs) -> Result<bool> {
         bail!("--runs must be at least 1");
     }
     let program = |tiles: TileChoice| -> Result<(Program, Vec<u8>, Vec<Tensor>)> {
-        let mut m = a.model.clone();
+        let mut m = a.model.spec()?;
         m.tiles = Some(tiles);
         let mut s = m.session_with_values()?;
         let compiled = s.compile().with_context(|| format!("cannot compile {}", m.model))?;
