@@ -163,3 +163,176 @@ impl KernelOp {
         }
     }
 }
+
+/// How split execution may cut an op's output along one axis (the batch,
+/// or the rows of a 4-D image) and still compute each part from the same
+/// part of its data operands. The split pass checks shapes and window
+/// geometry; which ops may be cut, and how, is this fact.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cut {
+    /// Each part reads the same part of its data operands.
+    Same,
+    /// As `Same`, unless the axis cut is this one, the op's own (a
+    /// concatenation along it, a softmax over it).
+    Unless(usize),
+    /// Each band of rows reads a band of its input widened by a 2-D window
+    /// (convolutions and pools: the halo).
+    Window,
+    /// As `Same` when its output keeps its operand's extent along the axis
+    /// (a reshape: decided by the shapes).
+    IfKept,
+    /// Not cut along this axis: it mixes parts, or splitting it is not
+    /// supported.
+    No,
+}
+
+/// Which operands of an op are data (cut with its output when it is split)
+/// and which are its weights (read whole by every part, and trained by
+/// place when they are initializers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Operands {
+    /// Every operand is data.
+    Data,
+    /// The first operand is data; every other is a weight (a conv's or a
+    /// GEMM's weight and bias).
+    WeightsAfterFirst,
+    /// The first and the last are data (a fused convolution's residual);
+    /// those between them weights.
+    WeightsBetween,
+    /// The first is data; the next two a learned scale and bias; any after
+    /// them running statistics (read whole, not trained by place).
+    ScaleBias,
+    /// The second is a weight (a GEMM's B); the others data.
+    Second,
+    /// A product's two factors: either may be a weight (a linear layer
+    /// exported as MatMul) and either may be data.
+    Factors,
+}
+
+impl Operands {
+    /// Whether operand `port` of `arity` is data.
+    pub fn is_data(self, port: usize, arity: usize) -> bool {
+        match self {
+            Operands::Data | Operands::Factors => true,
+            Operands::WeightsAfterFirst | Operands::ScaleBias => port == 0,
+            Operands::WeightsBetween => port == 0 || port + 1 == arity,
+            Operands::Second => port != 1,
+        }
+    }
+
+    /// Whether operand `port` of `arity` is a weight the op learns through
+    /// (a trained parameter when it is an initializer).
+    pub fn is_weight(self, port: usize, arity: usize) -> bool {
+        match self {
+            Operands::Data => false,
+            Operands::WeightsAfterFirst => port >= 1,
+            Operands::WeightsBetween => port >= 1 && port + 1 < arity,
+            Operands::ScaleBias => port == 1 || port == 2,
+            Operands::Second => port == 1,
+            Operands::Factors => port < 2,
+        }
+    }
+}
+
+/// How split execution may cut an op, by samples and by rows, and its
+/// operands' roles. See [`Op::cuts`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cuts {
+    /// Cut along the first axis (samples).
+    pub batch: Cut,
+    /// Cut along the second-to-last axis (rows of an image).
+    pub rows: Cut,
+    /// Which operands are data and which weights.
+    pub operands: Operands,
+}
+
+const fn cut(batch: Cut, rows: Cut, operands: Operands) -> Cuts {
+    Cuts { batch, rows, operands }
+}
+
+impl Op {
+    /// How split execution may cut this op and which operands are its
+    /// weights: one arm per variant, no wildcard.
+    pub fn cuts(&self) -> Cuts {
+        use Cut as C;
+        use Operands as O;
+        let pointwise = cut(C::Same, C::Same, O::Data);
+        let whole = cut(C::No, C::No, O::Data);
+        let unless = |axis: &Vec<usize>, op: Operands| cut(if axis.contains(&0) { C::No } else { C::Same }, C::No, op);
+        match self {
+            Op::Input | Op::Constant | Op::Parameter | Op::State => whole,
+            Op::Conv(_) => cut(C::Same, C::Window, O::WeightsAfterFirst),
+            Op::BatchNorm { .. } => cut(C::Same, C::Same, O::ScaleBias),
+            Op::LayerNorm { axis, .. } => cut(C::Unless(*axis), C::No, O::ScaleBias),
+            Op::Lrn(_) => pointwise,
+            Op::Unary(_) | Op::Clip { .. } | Op::Binary(_) | Op::Sum => pointwise,
+            Op::Compare(_) | Op::Logic(_) | Op::Not | Op::IsNaN | Op::Where => pointwise,
+            Op::Identity | Op::Dropout => pointwise,
+            // A precision boundary: not cut (yet).
+            Op::Cast { .. } => whole,
+            Op::MaxPool(_) => cut(C::Same, C::Window, O::Data),
+            // A ceil-mode window past the padding is not counted; a band's
+            // bottom pad would be.
+            Op::AveragePool { pool, count_include_pad } => {
+                cut(C::Same, if *count_include_pad && pool.ceil_mode { C::No } else { C::Window }, O::Data)
+            }
+            Op::GlobalAveragePool => cut(C::Same, C::No, O::Data),
+            Op::Reduce { .. } => whole,
+            Op::Gemm { trans_a, .. } => cut(if *trans_a { C::No } else { C::Same }, C::No, O::WeightsAfterFirst),
+            Op::MatMul => cut(C::Same, C::No, O::Factors),
+            Op::Concat { axis } => cut(C::Unless(*axis), C::Unless(*axis), O::Data),
+            Op::Softmax { axis } | Op::LogSoftmax { axis } | Op::Flatten { axis } => cut(C::Unless(*axis), C::No, O::Data),
+            Op::Reshape { .. } => cut(C::IfKept, C::IfKept, O::Data),
+            // A channel shuffle keeps samples first and rows as rows.
+            Op::Transpose { perm } => {
+                let r = perm.len();
+                let rows = r >= 2 && perm[r - 2] == r - 2 && perm[r - 1] == r - 1;
+                cut(if perm.first() == Some(&0) { C::Same } else { C::No }, if rows { C::Same } else { C::No }, O::Data)
+            }
+            Op::Squeeze { axes } | Op::Unsqueeze { axes } => unless(axes, O::Data),
+            Op::Slice { axes, .. } => unless(axes, O::Data),
+            // An embedding table is trained by its name, not its place: a
+            // Gather's table may be a constant the exporter computed.
+            Op::Gather { .. } => whole,
+            Op::Split { .. } | Op::Pad { .. } | Op::Expand { .. } | Op::Tile { .. } => whole,
+            Op::ConvGradData { .. } | Op::ConvGradWeight { .. } | Op::MaxPoolGrad(_) | Op::AvgPoolGrad { .. } => whole,
+            Op::LrnGrad(_) | Op::GatherGrad { .. } | Op::Update(_) => whole,
+        }
+    }
+}
+
+impl KernelOp {
+    /// How split execution may cut this kernel: a semantic op's own, or
+    /// that of the form fusion made.
+    pub fn cuts(&self) -> Cuts {
+        use crate::kernel_op::{Product, Reducer};
+        use Cut as C;
+        use Operands as O;
+        match self {
+            KernelOp::Op(op) => op.cuts(),
+            KernelOp::FusedConv { residual, .. } => {
+                cut(C::Same, C::Window, if *residual { O::WeightsBetween } else { O::WeightsAfterFirst })
+            }
+            KernelOp::FusedGemm { trans_a, .. } => cut(if *trans_a { C::No } else { C::Same }, C::No, O::WeightsAfterFirst),
+            KernelOp::Elementwise { .. } => cut(C::Same, C::Same, O::Data),
+            KernelOp::FusedReduction { reduction, .. } => match reduction {
+                Reducer::GlobalAveragePool => cut(C::Same, C::No, O::Data),
+                Reducer::Softmax { axis } | Reducer::LogSoftmax { axis } | Reducer::LayerNorm { axis, .. } => {
+                    cut(C::Unless(*axis), C::No, O::Data)
+                }
+                Reducer::Reduce { .. } => cut(C::No, C::No, O::Data),
+            },
+            // Rows of a product (tokens of a flattened batch too: a
+            // transformer's feed-forward block) and its epilogue.
+            KernelOp::GemmEpilogue { product, .. } => match product {
+                Product::Gemm { trans_a, .. } => cut(if *trans_a { C::No } else { C::Same }, C::No, O::Second),
+                Product::MatMul => cut(C::Same, C::No, O::Factors),
+            },
+            KernelOp::ConcatInPlace { axis } => cut(C::Unless(*axis), C::Unless(*axis), O::Data),
+            KernelOp::SliceView { axis, .. } => cut(C::Unless(*axis), C::No, O::Data),
+            KernelOp::Attention { perms, .. } => {
+                cut(if perms.iter().all(|p| p.first().is_none_or(|&d| d == 0)) { C::Same } else { C::No }, C::No, O::Data)
+            }
+        }
+    }
+}

@@ -25,7 +25,8 @@
 //! keeping the cheapest that fits a limit (or the smallest arena).
 
 use crate::memory::{self, Plan};
-use smelt_ir::{IrError, KernelGraph, KernelOp, NodeId, Op, OpSet, Product, Reducer, ValueId};
+use smelt_ir::traits::{Cut, Kind, Operands};
+use smelt_ir::{IrError, KernelGraph, KernelOp, NodeId, Op, OpSet, ValueId};
 use std::collections::{HashMap, HashSet};
 
 /// How a segment is split.
@@ -82,98 +83,60 @@ struct Window {
 /// pointwise (the output's rows), `Some` through a window.
 type Reads = Option<Window>;
 
-/// How node `n` can be split, or `None` when it cannot.
+/// How node `n` can be split, or `None` when it cannot: its cut along the
+/// axis (the fact table's, [`smelt_ir::traits::Cuts`]) checked against
+/// the shapes, and a window's geometry.
 fn reads(g: &KernelGraph, n: NodeId, how: How) -> Option<Reads> {
     let node = g.node(n);
     let out = &node.outputs[0];
     let ins = g.inputs_of(n);
     let rank = out.shape.len();
-    let conv_window = |c: &smelt_ir::Conv| -> Option<Reads> {
-        let w = g.ty(ins[1]);
-        (c.strides.len() == 2 && w.shape.len() == 4)
-            .then(|| Some(Window { kernel: w.shape[2], stride: c.strides[0], pad: c.pads[0], dilation: c.dilations[0] }))
-    };
-    let pool_window = |p: &smelt_ir::Pool| {
-        (p.kernel.len() == 2).then(|| Some(Window { kernel: p.kernel[0], stride: p.strides[0], pad: p.pads[0], dilation: 1 }))
-    };
-    let pointwise = |op: &Op| {
-        matches!(
-            op,
-            Op::BatchNorm { .. }
-                | Op::Unary(_)
-                | Op::Clip { .. }
-                | Op::Binary(_)
-                | Op::Sum
-                | Op::Compare(_)
-                | Op::Logic(_)
-                | Op::Not
-                | Op::IsNaN
-                | Op::Where
-                | Op::Lrn(_)
-                | Op::Identity
-                | Op::Dropout
-        )
-    };
+    let first = &g.ty(ins[0]).shape;
+    let cuts = node.op.cuts();
     match how {
         How::Rows => {
             if rank < 3 {
                 return None;
             }
-            let first = &g.ty(ins[0]).shape;
-            let same_rows = first.len() >= 3 && first[first.len() - 2..] == out.shape[rank - 2..];
-            match &node.op {
-                KernelOp::FusedConv { conv, .. } | KernelOp::Op(Op::Conv(conv)) if rank == 4 => conv_window(conv),
-                KernelOp::Op(Op::MaxPool(p)) if rank == 4 => pool_window(p),
-                // A ceil-mode window past the padding is not counted; a band's
-                // bottom pad would be.
-                KernelOp::Op(Op::AveragePool { pool, count_include_pad }) if rank == 4 && !(*count_include_pad && pool.ceil_mode) => {
-                    pool_window(pool)
-                }
-                KernelOp::Elementwise { .. } => Some(None),
-                KernelOp::ConcatInPlace { axis } | KernelOp::Op(Op::Concat { axis }) if *axis != rank - 2 => Some(None),
-                // A channel shuffle: rows stay rows.
-                KernelOp::Op(Op::Transpose { perm }) if perm[rank - 2] == rank - 2 && perm[rank - 1] == rank - 1 => Some(None),
-                KernelOp::Op(Op::Reshape { .. }) if same_rows => Some(None),
-                KernelOp::Op(op) if pointwise(op) => Some(None),
-                _ => None,
+            match cuts.rows {
+                Cut::Same => Some(None),
+                Cut::Unless(axis) => (axis != rank - 2).then_some(None),
+                Cut::IfKept => (first.len() >= 3 && first[first.len() - 2..] == out.shape[rank - 2..]).then_some(None),
+                Cut::Window if rank == 4 => window(g, n).map(Some),
+                Cut::Window | Cut::No => None,
             }
         }
         How::Batch => {
-            let first = g.ty(ins[0]);
-            let ok = match &node.op {
-                KernelOp::FusedConv { .. } | KernelOp::Elementwise { .. } => true,
-                KernelOp::ConcatInPlace { axis } | KernelOp::SliceView { axis, .. } => *axis != 0,
-                KernelOp::FusedGemm { trans_a, .. } => !trans_a,
-                // Rows of a product (tokens of a flattened batch too: a
-                // transformer's feed-forward block) and its epilogue.
-                KernelOp::GemmEpilogue { product, .. } => match product {
-                    Product::Gemm { trans_a, .. } => !trans_a,
-                    Product::MatMul => true,
-                },
-                KernelOp::Attention { perms, .. } => perms.iter().all(|p| p.first().is_none_or(|&d| d == 0)),
-                KernelOp::FusedReduction { reduction, .. } => match reduction {
-                    Reducer::GlobalAveragePool => true,
-                    Reducer::Softmax { axis } | Reducer::LogSoftmax { axis } | Reducer::LayerNorm { axis, .. } => *axis != 0,
-                    Reducer::Reduce { .. } => false,
-                },
-                KernelOp::Op(op) => match op {
-                    Op::Conv(_) | Op::MaxPool(_) | Op::AveragePool { .. } | Op::GlobalAveragePool => true,
-                    Op::Concat { axis }
-                    | Op::Softmax { axis }
-                    | Op::LogSoftmax { axis }
-                    | Op::Flatten { axis }
-                    | Op::LayerNorm { axis, .. } => *axis != 0,
-                    Op::Reshape { shape } => shape.first() == first.shape.first() && rank >= 1,
-                    Op::Gemm { trans_a, .. } => !trans_a,
-                    Op::MatMul => true,
-                    Op::Transpose { perm } => perm.first() == Some(&0),
-                    Op::Squeeze { axes } | Op::Unsqueeze { axes } => !axes.contains(&0),
-                    Op::Slice { axes, .. } => !axes.contains(&0),
-                    op => pointwise(op),
-                },
+            let ok = match cuts.batch {
+                Cut::Same | Cut::Window => true,
+                Cut::Unless(axis) => axis != 0,
+                Cut::IfKept => out.shape.first() == first.first(),
+                Cut::No => false,
             };
-            (ok && rank >= 1 && !first.shape.is_empty()).then_some(None)
+            (ok && rank >= 1 && !first.is_empty()).then_some(None)
         }
+    }
+}
+
+/// The 2-D window through which windowed node `n` reads its first operand's
+/// rows (a convolution's from its weight's shape).
+fn window(g: &KernelGraph, n: NodeId) -> Option<Window> {
+    let pool = |p: &smelt_ir::Pool| {
+        (p.kernel.len() == 2).then(|| Window { kernel: p.kernel[0], stride: p.strides[0], pad: p.pads[0], dilation: 1 })
+    };
+    match &g.node(n).op {
+        KernelOp::FusedConv { conv, .. } | KernelOp::Op(Op::Conv(conv)) => {
+            let w = g.ty(g.inputs_of(n)[1]);
+            (conv.strides.len() == 2 && w.shape.len() == 4).then(|| Window {
+                kernel: w.shape[2],
+                stride: conv.strides[0],
+                pad: conv.pads[0],
+                dilation: conv.dilations[0],
+            })
+        }
+        KernelOp::Op(Op::MaxPool(p) | Op::AveragePool { pool: p, .. }) => pool(p),
+        // The fact table gives no other op a window.
+        _ => None,
     }
 }
 
@@ -183,16 +146,17 @@ fn whole_ok(g: &KernelGraph, n: NodeId, port: usize, v: ValueId, how: How) -> bo
     let node = g.node(n);
     let t = g.ty(v);
     let rank = node.outputs[0].shape.len();
-    let residual = matches!(node.op, KernelOp::FusedConv { residual: true, .. }) && port + 1 == g.inputs_of(n).len();
+    let operands = node.op.cuts().operands;
     match (&node.op, how) {
-        // Weights and biases of layers (a residual is read as the output).
-        (KernelOp::FusedConv { .. } | KernelOp::Op(Op::Conv(_)), _) if !residual => port >= 1,
-        (KernelOp::FusedGemm { .. } | KernelOp::Op(Op::Gemm { .. }), How::Batch) => port == 1 || t.shape.len() < 2 || t.shape[0] == 1,
-        (KernelOp::Op(Op::BatchNorm { .. }), _) => port >= 1,
+        // A GEMM's C may be a matrix of the output's shape.
+        (KernelOp::FusedGemm { .. } | KernelOp::Op(Op::Gemm { .. }), How::Batch) if port == 2 => t.shape.len() < 2 || t.shape[0] == 1,
         // A product's right operand: a matrix (not batched), or broadcast.
         (KernelOp::Op(Op::MatMul) | KernelOp::GemmEpilogue { .. }, How::Batch) if port == 1 => {
             t.shape.len() <= 2 || (t.shape.len() < rank || t.shape[0] == 1)
         }
+        // Weights and statistics of layers and norms (not yet a residual
+        // convolution's: its operands are checked as broadcasts).
+        _ if operands != Operands::WeightsBetween && !operands.is_data(port, g.inputs_of(n).len()) => true,
         _ => {
             // Broadcast from the right: the split axis of the output is axis
             // `axis - (rank - r)` of a rank-r operand.
@@ -200,19 +164,6 @@ fn whole_ok(g: &KernelGraph, n: NodeId, port: usize, v: ValueId, how: How) -> bo
             let r = t.shape.len();
             axis + r < rank || t.shape[axis + r - rank] == 1
         }
-    }
-}
-
-/// Whether port `port` of `op` (of `arity` operands) may read a split value:
-/// a layer's data operand (and a fused convolution's residual), not its
-/// weights; any operand of other ops.
-fn splits_port(op: &KernelOp, port: usize, arity: usize) -> bool {
-    match op {
-        KernelOp::FusedConv { residual, .. } => port == 0 || (*residual && port + 1 == arity),
-        KernelOp::FusedGemm { .. } | KernelOp::Op(Op::Conv(_) | Op::Gemm { .. } | Op::BatchNorm { .. } | Op::LayerNorm { .. }) => port == 0,
-        // A matrix product's operands and an epilogue's (not a Gemm's B).
-        KernelOp::GemmEpilogue { product, .. } => port != 1 || matches!(product, Product::MatMul),
-        _ => true,
     }
 }
 
@@ -321,7 +272,8 @@ pub fn apply(g: &KernelGraph, segs: &[Segment], how: How, parts: usize, schedule
             let Some(r) = reads(g, n, how) else { return Ok(None) };
             for (port, v) in g.inputs_of(n).into_iter().enumerate() {
                 let split = v == s.entry || inside.contains(&v.node);
-                if split && !splits_port(&g.node(n).op, port, g.inputs_of(n).len()) {
+                let (cuts, arity) = (g.node(n).op.cuts(), g.inputs_of(n).len());
+                if split && !cuts.operands.is_data(port, arity) {
                     return Ok(None); // a layer's weight computed in the segment
                 }
                 if split {
@@ -332,11 +284,8 @@ pub fn apply(g: &KernelGraph, segs: &[Segment], how: How, parts: usize, schedule
                         // Samples: the same leading extent and, except across
                         // ops that change the rank, the same rank.
                         How::Batch => {
-                            let reshapes = matches!(
-                                g.node(n).op,
-                                KernelOp::Op(Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze { .. } | Op::Unsqueeze { .. })
-                            );
-                            t.shape.first() == o.shape.first() && (reshapes || t.shape.len() == o.shape.len())
+                            let view = g.node(n).op.traits().kind == Kind::View;
+                            t.shape.first() == o.shape.first() && (view || t.shape.len() == o.shape.len())
                         }
                         // Rows: same rank except across a reshape that keeps them.
                         How::Rows => {
@@ -344,14 +293,14 @@ pub fn apply(g: &KernelGraph, segs: &[Segment], how: How, parts: usize, schedule
                             a >= 3 && (r.is_some() && port == 0 || t.shape[a - 2] == o.shape[b - 2])
                         }
                     };
-                    if !same || (r.is_some() && port != 0 && !matches!(g.node(n).op, KernelOp::FusedConv { residual: true, .. })) {
+                    // A windowed op's other data operand is a residual, read as the output.
+                    if !same || (r.is_some() && port != 0 && cuts.operands != Operands::WeightsBetween) {
                         return Ok(None);
                     }
                     // A product's right operand is split only as a batch of
                     // matrices beside the left one (a matrix's rows are not
                     // the output's).
-                    let product = matches!(&g.node(n).op, KernelOp::Op(Op::MatMul) | KernelOp::GemmEpilogue { .. });
-                    if product && port == 1 && !(t.shape.len() == o.shape.len() && o.shape.len() >= 3) {
+                    if cuts.operands == Operands::Factors && port == 1 && !(t.shape.len() == o.shape.len() && o.shape.len() >= 3) {
                         return Ok(None);
                     }
                 } else if !whole_ok(g, n, port, v, how) {

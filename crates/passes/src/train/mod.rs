@@ -313,21 +313,19 @@ fn trainable(g: &Graph) -> HashSet<NodeId> {
     for n in g.node_ids() {
         let ins = g.inputs_of(n);
         let picked: Vec<usize> = match &g.node(n).op {
-            Op::Conv(_) | Op::Gemm { .. } => (1..ins.len()).collect(),
-            Op::MatMul => (0..2).collect(),
-            Op::BatchNorm { .. } | Op::LayerNorm { .. } => (1..ins.len().min(3)).collect(),
             Op::Binary(smelt_ir::BinaryOp::Add) | Op::Sum => {
-                let layer = ins.iter().any(|&v| {
-                    let p = through_views(g, v);
-                    matches!(g.node(p).op, Op::Conv(_) | Op::Gemm { .. } | Op::MatMul)
-                });
+                let layer = ins.iter().any(|&v| g.node(through_views(g, v)).op.traits().kind == smelt_ir::traits::Kind::Layer);
                 if layer {
                     (0..ins.len()).filter(|&i| bias_shaped(&g.ty(ins[i]).shape)).collect()
                 } else {
                     vec![]
                 }
             }
-            _ => vec![],
+            // A layer's weights, a norm's scale and bias: the fact table's.
+            op => {
+                let operands = op.cuts().operands;
+                (0..ins.len()).filter(|&i| operands.is_weight(i, ins.len())).collect()
+            }
         };
         for i in picked {
             let src = through_views(g, ins[i]);
