@@ -116,22 +116,32 @@ fn a_memory_limit_splits_as_little_as_it_needs() {
 
 /// The split programs' CUDA C on the emulator (band convolutions with
 /// their own pads, slices and concatenations of rows, in-place
-/// concatenations of samples), every kernel checked against its
-/// description, the outputs against the reference executor of the unsplit
-/// graph; and every kernel through NVRTC.
+/// concatenations of samples, residual convolutions reading their slice of
+/// the residual), every kernel checked against its description, the
+/// outputs against the reference executor of the unsplit graph; and every
+/// kernel through NVRTC.
 #[test]
 fn split_programs_run_on_the_emulator_and_compile() {
     let nvrtc = common::nvrtc_compiler("split");
-    for (name, batch) in [("shufflenet", 1), ("squeezenet", 2)] {
-        let spec = common::variant(name).join("model.onnx").display().to_string();
+    use smelt::passes::split::How;
+    let light = |name: &str| common::variant(name).join("model.onnx").display().to_string();
+    for (name, spec, batch, want) in [
+        ("shufflenet", light("shufflenet"), 1, &[How::Rows][..]),
+        ("squeezenet", light("squeezenet"), 2, &[How::Rows, How::Batch][..]),
+        ("resnet8", "zoo:resnet8".to_string(), 2, &[How::Batch][..]),
+    ] {
         let g = common::load(&spec, Some(batch));
         let x = common::random_inputs(&g, 11);
-        let mut s = Session::open(&spec, Options { batch: Some(batch), split: Some(Goal::Minimum), ..Default::default() }).unwrap();
+        let open = |split| {
+            let mut s = Session::open(&spec, Options { batch: Some(batch), split, ..Default::default() }).unwrap();
+            s.fill_weights().unwrap();
+            s
+        };
+        let mut s = open(Some(Goal::Minimum));
         let c = s.compile().unwrap();
         let report = c.split.as_ref().expect("split");
         let hows: std::collections::BTreeSet<_> = report.splits.iter().map(|s| s.how).collect();
-        assert!(hows.contains(&smelt::passes::split::How::Rows), "{name}: no split by rows");
-        assert!(batch == 1 || hows.contains(&smelt::passes::split::How::Batch), "{name}: no split by samples");
+        assert!(want.iter().all(|h| hows.contains(h)), "{name}: split {hows:?}, not {want:?}");
         let planned = s.plan(&c).unwrap();
         let program = s.program(&c, &planned).unwrap();
         if let Some(nv) = &nvrtc {
@@ -147,7 +157,7 @@ fn split_programs_run_on_the_emulator_and_compile() {
             .map(|c| format!("{} (node {}) against its {:?}: {:.3e} of range", c.kernel, c.node, c.against, c.of_range))
             .collect();
         assert!(bad.is_empty(), "{name}: kernels disagree with their descriptions or the reference:\n{}", bad.join("\n"));
-        let unsplit = Session::open(&spec, Options { batch: Some(batch), ..Default::default() }).unwrap().compile().unwrap();
+        let unsplit = open(None).compile().unwrap();
         let want = smelt_runtime::cpu::run(&unsplit.graph, &x).unwrap();
         let r = smelt::compare(&outputs[0], &want[0], 1e-4, 1e-5);
         assert!(r.ok, "{name}: the split program on the emulator differs from the reference: {r:?}");
@@ -232,6 +242,42 @@ fn zoo_models_split_and_match() {
             assert!(c.ok, "{spec}: {c:?}");
         }
     }
+}
+
+/// Residual blocks split by samples: ResNet-50 at batch 2 under
+/// `--min-memory` cuts a run of blocks whose fused convolutions add their
+/// residual (their weights read whole by each sample, the residual split
+/// with them), and gives the whole model's outputs on the CPU.
+#[test]
+fn residual_blocks_split_by_samples() {
+    use smelt::ir::KernelOp;
+    let spec = "zoo:resnet50";
+    let g = common::load(spec, Some(2));
+    let x = common::random_inputs(&g, 5);
+    let mut outs = Vec::new();
+    let mut residual = Vec::new();
+    for goal in [None, Some(Goal::Minimum)] {
+        let mut s = Session::open(spec, Options { batch: Some(2), split: goal, ..Default::default() }).unwrap();
+        s.fill_weights().unwrap();
+        let c = s.compile().unwrap();
+        let planned = s.plan(&c).unwrap();
+        if let Some(r) = &c.split {
+            // Parts of a sample split are named NODE.sK.
+            residual = c
+                .graph
+                .node_ids()
+                .filter(|&n| matches!(c.graph.node(n).op, KernelOp::FusedConv { residual: true, .. }))
+                .filter(|&n| c.graph.node(n).name.contains(".s"))
+                .map(|n| c.graph.node(n).name.clone())
+                .collect();
+            assert!(r.splits.iter().any(|s| s.how == smelt::passes::split::How::Batch), "no split by samples: {:?}", r.splits);
+        }
+        let program = s.program(&c, &planned).unwrap();
+        outs.push(program.run_cpu(&program.weights_blob(&c.graph).unwrap(), &x).unwrap());
+    }
+    assert!(!residual.is_empty(), "no residual convolution was split by samples");
+    let c = smelt::compare(&outs[1][0], &outs[0][0], 1e-4, 1e-5);
+    assert!(c.ok, "{spec} batch 2 split by samples: {c:?}");
 }
 
 /// A transformer's feed-forward blocks split by tokens (the rows of the

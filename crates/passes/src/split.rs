@@ -154,9 +154,9 @@ fn whole_ok(g: &KernelGraph, n: NodeId, port: usize, v: ValueId, how: How) -> bo
         (KernelOp::Op(Op::MatMul) | KernelOp::GemmEpilogue { .. }, How::Batch) if port == 1 => {
             t.shape.len() <= 2 || (t.shape.len() < rank || t.shape[0] == 1)
         }
-        // Weights and statistics of layers and norms (not yet a residual
-        // convolution's: its operands are checked as broadcasts).
-        _ if operands != Operands::WeightsBetween && !operands.is_data(port, g.inputs_of(n).len()) => true,
+        // Weights and statistics of layers and norms: read whole by every
+        // part (a residual convolution's too; its residual is data).
+        _ if !operands.is_data(port, g.inputs_of(n).len()) => true,
         _ => {
             // Broadcast from the right: the split axis of the output is axis
             // `axis - (rank - r)` of a rank-r operand.
