@@ -408,6 +408,12 @@ impl Session {
     /// constants larger than the host memory available. Returns how many
     /// were filled.
     pub fn fill_weights(&mut self) -> Result<usize, Error> {
+        if self.spec.strip_prefix("zoo:").is_some_and(zoo::shapes_only) {
+            return Err(Error::Usage(format!(
+                "{} is shapes only (its weights are never filled): inspect, plan, compile and fit it; to run or train, export the model with its weights to ONNX",
+                self.spec
+            )));
+        }
         let need: usize = self
             .source
             .node_ids()

@@ -611,3 +611,29 @@ fn the_library_and_python_take_typed_options_not_a_command_line() {
     let lib = std::fs::read_to_string(root.join("src/lib.rs")).unwrap();
     assert!(!lib.contains("mod cli") && !lib.contains("mod cmd"), "the library does not include the binary's modules");
 }
+
+/// The Llama-shaped zoo models are shapes only: planned at Hugging Face's
+/// parameter counts (Llama-3-8B: 8,030,261,248 trained parameters in 291
+/// tensors, grouped-query attention and an untied head included) without
+/// allocating their weights; run and train refuse them, saying so.
+#[test]
+fn llama_zoo_models_plan_as_shapes_only() {
+    let (code, out, err) = run(&["plan", "zoo:llama3_8b", "--dim", "sequence=64", "--train", "adamw", "--loss", "causal-lm", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let p = &v["training"]["parameters"];
+    assert_eq!((p["bytes"].as_u64(), p["count"].as_u64()), (Some(8_030_261_248 * 4), Some(291)), "{p}");
+    assert_eq!(v["plan"]["checked"], true, "the plan passes the checker");
+    let (code, out, err) = run(&["inspect", "zoo:llama2_7b", "--dim", "sequence=32", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["outputs"][0]["shape"], serde_json::json!([1, 32, 32000]), "{v}");
+    for args in [
+        &["run", "zoo:llama2_7b", "--dim", "sequence=8"][..],
+        &["train", "zoo:llama3_8b", "--dim", "sequence=8", "--train", "sgd", "--data", "synthetic:8"],
+    ] {
+        let (code, _, err) = run(args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains("shapes only"), "{args:?}: {err}");
+    }
+}

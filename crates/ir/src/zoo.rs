@@ -3,6 +3,9 @@
 //! (`bert_base`, `bert_large`, `gpt2`) take a sequence length and hold
 //! their weights by reference: planning BERT-large allocates none of its
 //! 1.3 GB, and the commands that need values fill them from their names.
+//! The Llama-shaped decoders (`llama2_7b`, `llama3_8b`) are shapes only:
+//! for inspecting, planning, compiling and fitting at the scale people
+//! train; their billions of weights are never filled.
 
 use crate::builder::{Builder, Res};
 use crate::dtype::{DType, TensorType};
@@ -12,7 +15,7 @@ use crate::op::{BinaryOp, Op, UnaryOp};
 use crate::tensor::Tensor;
 
 /// The names of the built-in models.
-pub const NAMES: [&str; 6] = ["resnet50", "mobilenet_v2", "resnet8", "bert_base", "bert_large", "gpt2"];
+pub const NAMES: [&str; 8] = ["resnet50", "mobilenet_v2", "resnet8", "bert_base", "bert_large", "gpt2", "llama2_7b", "llama3_8b"];
 
 /// The sequence length of the transformers when none is given.
 pub const DEFAULT_SEQUENCE: usize = 128;
@@ -24,7 +27,13 @@ pub fn get(name: &str, batch: usize) -> Result<Graph, IrError> {
 
 /// Whether `name` takes a sequence length (`--dim sequence=N`).
 pub fn takes_sequence(name: &str) -> bool {
-    matches!(name, "bert_base" | "bert_large" | "gpt2")
+    matches!(name, "bert_base" | "bert_large" | "gpt2" | "llama2_7b" | "llama3_8b")
+}
+
+/// Whether `name` is shapes only: its weights are never filled, so it can
+/// be inspected, planned, compiled and fitted, not run or trained.
+pub fn shapes_only(name: &str) -> bool {
+    matches!(name, "llama2_7b" | "llama3_8b")
 }
 
 /// The built-in model `name` at batch size `batch` and, for the
@@ -38,6 +47,8 @@ pub fn get_sized(name: &str, batch: usize, sequence: Option<usize>) -> Result<Gr
         "bert_base" => bert(&Transformer::BERT_BASE, batch, seq),
         "bert_large" => bert(&Transformer::BERT_LARGE, batch, seq),
         "gpt2" => gpt2(&Transformer::GPT2, batch, seq),
+        "llama2_7b" => llama(&Llama::LLAMA2_7B, batch, seq),
+        "llama3_8b" => llama(&Llama::LLAMA3_8B, batch, seq),
         _ => Err(IrError::UnknownModel { name: name.to_string(), known: NAMES.join(", ") }),
     }
 }
@@ -194,6 +205,142 @@ pub fn gpt2(t: &Transformer, batch: usize, seq: usize) -> Result<Graph, IrError>
     let x = w.layer_norm("ln_f", x)?;
     let y = g.op(Op::Reshape { shape: vec![batch, seq, t.hidden] }, &[x])?;
     g.finish("last_hidden_state", y)
+}
+
+/// The sizes of a Llama-style decoder (Hugging Face's `LlamaConfig`).
+#[derive(Clone, Copy, Debug)]
+pub struct Llama {
+    /// Layers.
+    pub layers: usize,
+    /// Hidden size.
+    pub hidden: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// Key and value heads (fewer than `heads`: grouped-query attention).
+    pub kv_heads: usize,
+    /// The SwiGLU feed-forward's inner size.
+    pub ffn: usize,
+    /// Vocabulary.
+    pub vocab: usize,
+    /// Longest sequence.
+    pub positions: usize,
+    /// RMSNorm's epsilon.
+    pub eps: f32,
+}
+
+impl Llama {
+    /// Llama-2-7B: 32 layers, hidden 4096, 32 heads, feed-forward 11008.
+    pub const LLAMA2_7B: Llama =
+        Llama { layers: 32, hidden: 4096, heads: 32, kv_heads: 32, ffn: 11008, vocab: 32000, positions: 4096, eps: 1e-5 };
+    /// Llama-3-8B: as Llama-2-7B with 8 key-value heads, feed-forward
+    /// 14336 and a 128256-token vocabulary.
+    pub const LLAMA3_8B: Llama =
+        Llama { layers: 32, hidden: 4096, heads: 32, kv_heads: 8, ffn: 14336, vocab: 128256, positions: 8192, eps: 1e-5 };
+}
+
+impl Weights<'_> {
+    /// `x [n, k] @ w [out, k]ᵀ`, without bias (Llama's projections).
+    fn proj(&mut self, name: &str, x: ValueId, out: usize) -> Res {
+        let k = self.g.ty(x).shape[1];
+        let w = self.get(format!("{name}.weight"), &[out, k]);
+        self.g.op(Op::Gemm { trans_a: false, trans_b: true, alpha: 1.0, beta: 1.0 }, &[x, w])
+    }
+
+    /// RMSNorm of `x [n, h]`: `x / sqrt(mean(x²) + eps) * weight`.
+    fn rms_norm(&mut self, name: &str, x: ValueId, eps: f32) -> Res {
+        let h = self.g.ty(x).shape[1];
+        let sq = self.g.op(Op::Binary(BinaryOp::Mul), &[x, x])?;
+        let ms = self.g.op(Op::Reduce { op: crate::op::ReduceOp::Mean, axes: vec![1], keepdims: true }, &[sq])?;
+        let e = self.g.constant(format!("{name}.eps"), Tensor::from_f32(vec![], vec![eps]));
+        let ms = self.g.op(Op::Binary(BinaryOp::Add), &[ms, e])?;
+        let rms = self.g.op(Op::Unary(UnaryOp::Sqrt), &[ms])?;
+        let inv = self.g.op(Op::Unary(UnaryOp::Reciprocal), &[rms])?;
+        let y = self.g.op(Op::Binary(BinaryOp::Mul), &[x, inv])?;
+        let w = self.get(format!("{name}.weight"), &[h]);
+        self.g.op(Op::Binary(BinaryOp::Mul), &[y, w])
+    }
+
+    /// Rotary position embedding of `x [b, s, heads, hd]`:
+    /// `x * cos + rotate_half(x) * sin`, as Hugging Face's Llama.
+    fn rotary(&mut self, x: ValueId, (cos, sin): (ValueId, ValueId)) -> Res {
+        let hd = self.g.ty(x).shape[3];
+        let half = |w: &mut Self, from: usize, to: usize| {
+            w.g.op(Op::Slice { axes: vec![3], starts: vec![from as i64], ends: vec![to as i64], steps: vec![1] }, &[x])
+        };
+        let (lo, hi) = (half(self, 0, hd / 2)?, half(self, hd / 2, hd)?);
+        let hi = self.g.op(Op::Unary(UnaryOp::Neg), &[hi])?;
+        let rotated = self.g.op(Op::Concat { axis: 3 }, &[hi, lo])?;
+        let a = self.g.op(Op::Binary(BinaryOp::Mul), &[x, cos])?;
+        let b = self.g.op(Op::Binary(BinaryOp::Mul), &[rotated, sin])?;
+        self.g.op(Op::Binary(BinaryOp::Add), &[a, b])
+    }
+}
+
+/// A Llama-style decoder (pre-RMSNorm, rotary embeddings, grouped-query
+/// causal attention, SwiGLU, untied LM head), shapes only: input
+/// `input_ids` (i64 `[batch, sequence]`), output `logits` `[batch,
+/// sequence, vocab]`. Every weight, the rotary tables and the causal mask
+/// are held by reference under Hugging Face's names.
+pub fn llama(t: &Llama, batch: usize, seq: usize) -> Result<Graph, IrError> {
+    if seq == 0 || seq > t.positions {
+        return Err(IrError::Usage(format!("--dim sequence={seq}: this model takes sequences of 1 to {} tokens", t.positions)));
+    }
+    let (nh, kvh, hd) = (t.heads, t.kv_heads, t.hidden / t.heads);
+    let mut g = Builder::new(9);
+    let ids = g.input_typed("input_ids", TensorType::new(DType::I64, vec![batch, seq]))?;
+    let w = &mut Weights { g: &mut g };
+    let rope =
+        (w.get("model.rotary_emb.cos_cached".into(), &[1, seq, 1, hd]), w.get("model.rotary_emb.sin_cached".into(), &[1, seq, 1, hd]));
+    let mask = w.get("model.causal_mask".into(), &[1, 1, seq, seq]);
+    let scale = w.g.constant("model.attention_scale".into(), Tensor::from_f32(vec![], vec![1.0 / (hd as f32).sqrt()]));
+    let table = w.get("model.embed_tokens.weight".into(), &[t.vocab, t.hidden]);
+    let x = w.g.op(Op::Gather { axis: 0 }, &[table, ids])?;
+    let mut x = w.g.op(Op::Reshape { shape: vec![batch * seq, t.hidden] }, &[x])?;
+    for l in 0..t.layers {
+        let name = format!("model.layers.{l}");
+        let h = w.rms_norm(&format!("{name}.input_layernorm"), x, t.eps)?;
+        // Queries, keys and values as [b, s, heads, hd], rotated; the
+        // key-value heads repeated over their groups of query heads.
+        let heads = |w: &mut Weights, which: &str, n: usize, rotate: bool| -> Res {
+            let y = w.proj(&format!("{name}.self_attn.{which}_proj"), h, n * hd)?;
+            let y = w.g.op(Op::Reshape { shape: vec![batch, seq, n, hd] }, &[y])?;
+            let y = if rotate { w.rotary(y, rope)? } else { y };
+            if n == nh {
+                return Ok(y);
+            }
+            let y = w.g.op(Op::Reshape { shape: vec![batch, seq, n, 1, hd] }, &[y])?;
+            let y = w.g.op(Op::Expand { shape: vec![batch, seq, n, nh / n, hd] }, &[y])?;
+            w.g.op(Op::Reshape { shape: vec![batch, seq, nh, hd] }, &[y])
+        };
+        let q = heads(w, "q", nh, true)?;
+        let q = w.g.op(Op::Transpose { perm: vec![0, 2, 1, 3] }, &[q])?;
+        let k = heads(w, "k", kvh, true)?;
+        let kt = w.g.op(Op::Transpose { perm: vec![0, 2, 3, 1] }, &[k])?;
+        let v = heads(w, "v", kvh, false)?;
+        let v = w.g.op(Op::Transpose { perm: vec![0, 2, 1, 3] }, &[v])?;
+        let scores = w.g.op(Op::MatMul, &[q, kt])?;
+        let scores = w.g.op(Op::Binary(BinaryOp::Mul), &[scores, scale])?;
+        let scores = w.g.op(Op::Binary(BinaryOp::Add), &[scores, mask])?;
+        let p = w.g.softmax(scores)?;
+        let o = w.g.op(Op::MatMul, &[p, v])?;
+        let o = w.g.op(Op::Transpose { perm: vec![0, 2, 1, 3] }, &[o])?;
+        let o = w.g.op(Op::Reshape { shape: vec![batch * seq, t.hidden] }, &[o])?;
+        let o = w.proj(&format!("{name}.self_attn.o_proj"), o, t.hidden)?;
+        x = w.g.add(x, o)?;
+        // SwiGLU: down(silu(gate(h)) * up(h)).
+        let h = w.rms_norm(&format!("{name}.post_attention_layernorm"), x, t.eps)?;
+        let gate = w.proj(&format!("{name}.mlp.gate_proj"), h, t.ffn)?;
+        let sig = w.g.op(Op::Unary(UnaryOp::Sigmoid), &[gate])?;
+        let silu = w.g.op(Op::Binary(BinaryOp::Mul), &[gate, sig])?;
+        let up = w.proj(&format!("{name}.mlp.up_proj"), h, t.ffn)?;
+        let f = w.g.op(Op::Binary(BinaryOp::Mul), &[silu, up])?;
+        let f = w.proj(&format!("{name}.mlp.down_proj"), f, t.hidden)?;
+        x = w.g.add(x, f)?;
+    }
+    let x = w.rms_norm("model.norm", x, t.eps)?;
+    let logits = w.proj("lm_head", x, t.vocab)?;
+    let y = g.op(Op::Reshape { shape: vec![batch, seq, t.vocab] }, &[logits])?;
+    g.finish("logits", y)
 }
 
 /// ResNet-50 v1.5 (stride on the 3x3 conv), ImageNet shapes.
