@@ -174,7 +174,7 @@ pub struct TrainBreakdown {
 
 /// The breakdown of a training step's plan. `forward`: the step graph's
 /// forward and loss nodes (kernels whose whole provenance is there are forward).
-pub fn train_breakdown(g: &KernelGraph, plan: &Plan, forward: &std::collections::HashSet<smelt_ir::NodeId>) -> TrainBreakdown {
+pub fn train_breakdown(g: &KernelGraph, plan: &Plan, forward: &smelt_passes::HashSet<smelt_ir::NodeId>) -> TrainBreakdown {
     use smelt_ir::traits::Kind;
     let mut b = TrainBreakdown::default();
     let is_fwd = |n: smelt_ir::NodeId| !g.origin(n).is_empty() && g.origin(n).iter().all(|o| forward.contains(o));

@@ -8,7 +8,7 @@ use crate::tensor::Tensor;
 use petgraph::stable_graph::{NodeIndex, StableGraph};
 use petgraph::visit::{EdgeRef, IntoEdgeReferences};
 use petgraph::Direction;
-use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BinaryHeap};
 use std::fmt;
 use std::sync::Arc;
 
@@ -102,6 +102,11 @@ impl<O: OpSet> Graph<O> {
     /// An empty graph.
     pub fn new() -> Self {
         Graph::default()
+    }
+
+    /// An empty graph with room for `nodes` nodes and `edges` operands.
+    pub fn with_capacity(nodes: usize, edges: usize) -> Self {
+        Graph { g: StableGraph::with_capacity(nodes, edges), ..Graph::default() }
     }
 
     /// Adds a node applying `op` to `inputs`, inferring its output types.
@@ -235,7 +240,16 @@ impl<O: OpSet> Graph<O> {
                 None => self.add_persistent_ref(op, n.name.clone(), n.outputs[0].clone()).node,
             }
         } else {
-            self.add(n.op.clone(), n.name.clone(), inputs)?
+            // Operands of the original's types give the original's outputs
+            // (inference is a function of the op and those types).
+            let theirs = other.inputs_of(id);
+            let same =
+                inputs.len() == theirs.len() && inputs.iter().zip(&theirs).all(|(&a, &b)| self.try_ty(a).is_ok_and(|t| t == other.ty(b)));
+            if same {
+                self.add_typed(n.op.clone(), n.name.clone(), inputs, n.outputs.clone())
+            } else {
+                self.add(n.op.clone(), n.name.clone(), inputs)?
+            }
         };
         self.node_mut(new).origin = n.origin.clone();
         Ok(new)
@@ -349,24 +363,25 @@ impl<O: OpSet> Graph<O> {
     /// A topological order, deterministic: among ready nodes the lowest index
     /// first. Errors on a cycle.
     pub fn topo_order(&self) -> Result<Vec<NodeId>, IrError> {
-        let mut indeg: HashMap<NodeIndex<u32>, usize> = self.g.node_indices().map(|n| (n, 0)).collect();
+        // In-degrees by node index (a stable graph's indices are below its bound).
+        let mut indeg = vec![0usize; petgraph::visit::NodeIndexable::node_bound(&self.g)];
         for e in (&self.g).edge_references() {
-            *indeg.get_mut(&e.target()).expect("edge targets exist") += 1;
+            indeg[e.target().index()] += 1;
         }
         let mut ready: BinaryHeap<std::cmp::Reverse<NodeIndex<u32>>> =
-            indeg.iter().filter(|(_, &d)| d == 0).map(|(&n, _)| std::cmp::Reverse(n)).collect();
-        let mut order = Vec::with_capacity(indeg.len());
+            self.g.node_indices().filter(|n| indeg[n.index()] == 0).map(std::cmp::Reverse).collect();
+        let mut order = Vec::with_capacity(self.g.node_count());
         while let Some(std::cmp::Reverse(n)) = ready.pop() {
             order.push(NodeId(n));
             for e in self.g.edges_directed(n, Direction::Outgoing) {
-                let d = indeg.get_mut(&e.target()).expect("edge targets exist");
+                let d = &mut indeg[e.target().index()];
                 *d -= 1;
                 if *d == 0 {
                     ready.push(std::cmp::Reverse(e.target()));
                 }
             }
         }
-        if order.len() != indeg.len() {
+        if order.len() != self.g.node_count() {
             return Err(IrError::Invalid("the graph has a cycle".into()));
         }
         Ok(order)
@@ -374,15 +389,15 @@ impl<O: OpSet> Graph<O> {
 
     /// Removes nodes that no output depends on. Returns how many.
     pub fn remove_dead(&mut self) -> usize {
-        let mut live = std::collections::HashSet::new();
+        let mut live = vec![false; petgraph::visit::NodeIndexable::node_bound(&self.g)];
         let mut stack: Vec<NodeIndex<u32>> = self.outputs.iter().map(|(_, v)| v.node.0).collect();
         stack.extend(self.inputs.iter().map(|n| n.0));
         while let Some(n) = stack.pop() {
-            if live.insert(n) {
+            if !std::mem::replace(&mut live[n.index()], true) {
                 stack.extend(self.g.neighbors_directed(n, Direction::Incoming));
             }
         }
-        let dead: Vec<_> = self.g.node_indices().filter(|n| !live.contains(n)).collect();
+        let dead: Vec<_> = self.g.node_indices().filter(|n| !live[n.index()]).collect();
         for &n in &dead {
             let node = self.g.remove_node(n).expect("dead node exists");
             if node.op.is_persistent() && !self.g.node_weights().any(|m| m.op.is_persistent() && m.name == node.name) {

@@ -8,9 +8,9 @@
 //! a softmax or a product used twice, or shapes the kernel does not take:
 //! the graph is left as it is (and `smelt inspect` shows no `attention`).
 
+use crate::{HashMap, HashSet};
 use smelt_ir::kernel_op::{ATTENTION_MAX_BATCH, ATTENTION_MAX_HEAD};
 use smelt_ir::{BinaryOp, Expr, ExprNode, IrError, KernelGraph, KernelOp, NodeId, Op, OpSet, ValueId};
-use std::collections::{HashMap, HashSet};
 
 /// What the pass did.
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -41,7 +41,7 @@ struct Block {
 pub fn run(g: &mut KernelGraph) -> Result<Stats, IrError> {
     let outputs: HashSet<NodeId> = g.outputs().iter().map(|(_, v)| v.node).collect();
     let mut stats = Stats::default();
-    let mut blocks: HashMap<NodeId, Block> = HashMap::new();
+    let mut blocks: HashMap<NodeId, Block> = HashMap::default();
     for id in g.node_ids() {
         if !matches!(g.node(id).op, KernelOp::Op(Op::MatMul)) {
             continue;

@@ -3,8 +3,8 @@
 //! write straight into their slices of the output, so no copy kernel runs
 //! and the memory planner may alias the inputs into the output.
 
+use crate::HashSet;
 use smelt_ir::{KernelGraph, KernelOp, NodeId, Op, OpSet};
-use std::collections::HashSet;
 
 /// What the pass did.
 #[derive(Clone, Debug, Default, serde::Serialize)]

@@ -11,8 +11,8 @@
 //! kernel a value used twice is computed once. Broadcasting inside a tree is
 //! exact: elementwise functions commute with broadcasting.
 
+use crate::{HashMap, HashSet};
 use smelt_ir::{Expr, ExprNode, IrError, KernelGraph, KernelOp, NodeId, Op, OpSet, ValueId};
-use std::collections::{HashMap, HashSet};
 
 /// What the pass did.
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -53,7 +53,7 @@ pub fn run(g: &mut KernelGraph) -> Result<Stats, IrError> {
         .collect();
     let mut out = KernelGraph::new();
     out.set_tf32(g.tf32());
-    let mut map: HashMap<ValueId, ValueId> = HashMap::new();
+    let mut map: HashMap<ValueId, ValueId> = HashMap::default();
     let mut stats = Stats::default();
     for &id in &order {
         if absorbed.contains(&id) {
@@ -62,7 +62,8 @@ pub fn run(g: &mut KernelGraph) -> Result<Stats, IrError> {
         let node = g.node(id);
         let has_absorbed_input = g.inputs_of(id).iter().any(|v| absorbed.contains(&v.node));
         let new = if has_absorbed_input {
-            let mut b = ExprBuilder { g, absorbed: &absorbed, expr: Expr::default(), leaves: Vec::new(), count: 0, memo: HashMap::new() };
+            let mut b =
+                ExprBuilder { g, absorbed: &absorbed, expr: Expr::default(), leaves: Vec::new(), count: 0, memo: HashMap::default() };
             b.visit(id);
             stats.clusters += 1;
             stats.absorbed += b.count;
@@ -126,7 +127,7 @@ impl ExprBuilder<'_> {
     /// thousands of elementwise ops must not overflow the stack.
     fn visit(&mut self, id: smelt_ir::NodeId) -> usize {
         let mut stack: Vec<(ValueId, bool)> = self.g.inputs_of(id).into_iter().rev().map(|v| (v, false)).collect();
-        let mut seen = HashSet::new();
+        let mut seen = HashSet::default();
         while let Some((v, expanded)) = stack.pop() {
             if expanded {
                 self.operand(v);

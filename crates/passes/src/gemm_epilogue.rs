@@ -7,9 +7,9 @@
 //! one kernel, without a pattern per spelling. A Gemm's own bias (beta 1)
 //! joins the expression.
 
+use crate::{HashMap, HashSet};
 use smelt_ir::traits::Kind;
 use smelt_ir::{BinaryOp, Expr, ExprNode, IrError, KernelGraph, KernelOp, NodeId, Op, OpSet, ValueId};
-use std::collections::{HashMap, HashSet};
 
 /// What the pass did.
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -30,8 +30,8 @@ struct Fusion {
 /// Fuses elementwise consumers into the products of `g`.
 pub fn run(g: &mut KernelGraph) -> Result<Stats, IrError> {
     let outputs: HashSet<NodeId> = g.outputs().iter().map(|(_, v)| v.node).collect();
-    let mut found: HashMap<NodeId, Fusion> = HashMap::new();
-    let mut taken: HashSet<NodeId> = HashSet::new();
+    let mut found: HashMap<NodeId, Fusion> = HashMap::default();
+    let mut taken: HashSet<NodeId> = HashSet::default();
     for id in g.node_ids() {
         if let Some(f) = fusion(g, id, &outputs).filter(|f| !taken.contains(&f.product)) {
             taken.insert(f.product);

@@ -10,8 +10,8 @@
 //! per normalized element. Any intermediate used elsewhere, or a graph
 //! output: the graph is left as it is.
 
+use crate::{HashMap, HashSet};
 use smelt_ir::{BinaryOp, IrError, KernelGraph, NodeId, Op, OpSet, ReduceOp, Tensor, UnaryOp, ValueId};
-use std::collections::{HashMap, HashSet};
 
 /// What the pass did.
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -33,7 +33,7 @@ struct Match {
 /// Fuses the spelled-out layer norms of `g`.
 pub fn run(g: &mut KernelGraph) -> Result<Stats, IrError> {
     let outputs: HashSet<NodeId> = g.outputs().iter().map(|(_, v)| v.node).collect();
-    let mut found: HashMap<NodeId, Match> = HashMap::new();
+    let mut found: HashMap<NodeId, Match> = HashMap::default();
     for id in g.node_ids() {
         if let Some((last, m)) = matched(g, id, &outputs) {
             found.insert(last, m);

@@ -4,6 +4,29 @@
 //! issue lands.
 #![deny(missing_docs)]
 
+/// Hash maps and sets of the passes, keyed by node and value ids: rustc's
+/// FxHash, since SipHash's resistance to chosen keys buys nothing on
+/// compiler-made ids and was half of `smelt fit`'s time. Public functions
+/// that take or return them take or return these.
+pub type HashMap<K, V> = rustc_hash::FxHashMap<K, V>;
+/// See [`HashMap`].
+pub type HashSet<K> = rustc_hash::FxHashSet<K>;
+
+/// `f` of each item, on up to the machine's cores, in the items' order:
+/// for independent work whose answer must not depend on the threads.
+pub(crate) fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(items.len());
+    if threads <= 1 {
+        return items.iter().map(f).collect();
+    }
+    let chunk = items.len().div_ceil(threads);
+    let f = &f;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = items.chunks(chunk).map(|c| s.spawn(move || c.iter().map(f).collect::<Vec<R>>())).collect();
+        handles.into_iter().flat_map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).collect()
+    })
+}
+
 pub mod attention;
 pub mod concat;
 pub mod dce;
@@ -54,17 +77,17 @@ impl PassError {
 /// `attention`) share it.
 pub(crate) fn rebuild<O: smelt_ir::OpSet>(
     g: &smelt_ir::Graph<O>,
-    skip: &std::collections::HashSet<smelt_ir::NodeId>,
+    skip: &crate::HashSet<smelt_ir::NodeId>,
     mut make: impl FnMut(
         &mut smelt_ir::Graph<O>,
         smelt_ir::NodeId,
-        &std::collections::HashMap<smelt_ir::ValueId, smelt_ir::ValueId>,
+        &crate::HashMap<smelt_ir::ValueId, smelt_ir::ValueId>,
     ) -> Result<Option<smelt_ir::NodeId>, smelt_ir::IrError>,
 ) -> Result<smelt_ir::Graph<O>, smelt_ir::IrError> {
     use smelt_ir::ValueId;
     let mut out = smelt_ir::Graph::new();
     out.set_tf32(g.tf32());
-    let mut map = std::collections::HashMap::new();
+    let mut map = crate::HashMap::default();
     for id in g.topo_order()? {
         if skip.contains(&id) {
             continue;

@@ -25,9 +25,9 @@
 //! own. So does the graph input's narrowing before the first layer, on
 //! purpose: its half copy lets the f32 input die before the layer runs.
 
+use crate::HashMap;
 use smelt_ir::traits::{Kind, Precision};
 use smelt_ir::{DType, IrError, KernelGraph, KernelOp, NodeId, Op, OpSet, ValueId};
-use std::collections::HashMap;
 use std::sync::Arc;
 
 /// A precision policy.
@@ -156,7 +156,7 @@ fn classifiers(g: &KernelGraph) -> Vec<NodeId> {
     // A training step's updated weights are outputs too: its classifier is the loss's.
     for (_, v) in g.outputs().iter().filter(|(_, v)| g.node(v.node).op.traits().kind != Kind::Update) {
         let mut stack = vec![v.node];
-        let mut seen = std::collections::HashSet::new();
+        let mut seen = crate::HashSet::default();
         while let Some(n) = stack.pop() {
             if !seen.insert(n) {
                 continue;
@@ -190,9 +190,9 @@ pub fn run(g: &mut KernelGraph, opts: &Options) -> Result<Stats, IrError> {
     let classifier = if opts.policy.mixed() { classifiers(g) } else { Vec::new() };
     let order = g.topo_order()?;
     let mut out = KernelGraph::new();
-    let mut map: HashMap<ValueId, ValueId> = HashMap::new();
+    let mut map: HashMap<ValueId, ValueId> = HashMap::default();
     // (original value, dtype) -> the converted weight or the cast.
-    let mut converted: HashMap<(ValueId, DType), ValueId> = HashMap::new();
+    let mut converted: HashMap<(ValueId, DType), ValueId> = HashMap::default();
     for id in order {
         let node = g.node(id);
         let ins = g.inputs_of(id);

@@ -7,8 +7,8 @@
 //! the reduction stores the cast's dtype itself, its statistics still f32
 //! in registers, so the f32 copy of the hidden states never exists.
 
+use crate::{HashMap, HashSet};
 use smelt_ir::{DType, Expr, ExprNode, IrError, KernelGraph, KernelOp, NodeId, Op, OpSet, Reducer, ValueId};
-use std::collections::{HashMap, HashSet};
 
 /// What the pass did.
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -23,7 +23,7 @@ pub struct Stats {
 pub fn run(g: &mut KernelGraph) -> Result<Stats, IrError> {
     let outputs: HashSet<NodeId> = g.outputs().iter().map(|(_, v)| v.node).collect();
     // reduction -> its producer, when the producer can be absorbed.
-    let mut absorb: HashMap<NodeId, NodeId> = HashMap::new();
+    let mut absorb: HashMap<NodeId, NodeId> = HashMap::default();
     for id in g.node_ids() {
         if g.node(id).op.semantic().is_none_or(|op| Reducer::of(op).is_none()) {
             continue;
@@ -60,7 +60,7 @@ pub fn run(g: &mut KernelGraph) -> Result<Stats, IrError> {
 /// Fuses casts into the reductions before them; returns how many.
 fn fuse_casts(g: &mut KernelGraph, outputs: &HashSet<NodeId>) -> Result<usize, IrError> {
     // cast -> (reduction, its prologue without the widening).
-    let mut found: HashMap<NodeId, (NodeId, Expr)> = HashMap::new();
+    let mut found: HashMap<NodeId, (NodeId, Expr)> = HashMap::default();
     for c in g.node_ids() {
         let KernelOp::Op(Op::Cast { to }) = g.node(c).op else { continue };
         let x = g.inputs_of(c)[0];

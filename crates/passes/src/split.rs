@@ -25,9 +25,9 @@
 //! keeping the cheapest that fits a limit (or the smallest arena).
 
 use crate::memory::{self, Plan};
+use crate::{HashMap, HashSet};
 use smelt_ir::traits::{Cut, Kind, Operands};
 use smelt_ir::{IrError, KernelGraph, KernelOp, NodeId, Op, OpSet, ValueId};
-use std::collections::{HashMap, HashSet};
 
 /// How a segment is split.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
@@ -189,7 +189,7 @@ pub fn segment(g: &KernelGraph, entry: ValueId, exit: ValueId, topo: &HashMap<No
         return None;
     }
     // Ancestors of the exit after the entry.
-    let mut nodes = HashSet::new();
+    let mut nodes = HashSet::default();
     let mut stack = vec![exit.node];
     while let Some(n) = stack.pop() {
         if n == entry.node || !nodes.insert(n) {
@@ -224,7 +224,7 @@ pub fn segment(g: &KernelGraph, entry: ValueId, exit: ValueId, topo: &HashMap<No
         }
     }
     // Every node reaches the exit from the entry (not from weights alone).
-    let mut from_entry: HashSet<NodeId> = HashSet::new();
+    let mut from_entry: HashSet<NodeId> = HashSet::default();
     let mut order: Vec<NodeId> = nodes.iter().copied().collect();
     order.sort_by_key(|n| topo[n]);
     for &n in &order {
@@ -267,7 +267,7 @@ pub fn apply(g: &KernelGraph, segs: &[Segment], how: How, parts: usize, schedule
             return Ok(None);
         }
         let inside: HashSet<NodeId> = s.nodes.iter().copied().collect();
-        let mut how_read = HashMap::new();
+        let mut how_read = HashMap::default();
         for &n in &s.nodes {
             let Some(r) = reads(g, n, how) else { return Ok(None) };
             for (port, v) in g.inputs_of(n).into_iter().enumerate() {
@@ -317,8 +317,8 @@ pub fn apply(g: &KernelGraph, segs: &[Segment], how: How, parts: usize, schedule
     let skip: HashSet<NodeId> = plans.iter().flat_map(|p| p.0.iter().copied()).collect();
     let mut out = KernelGraph::new();
     out.set_tf32(g.tf32());
-    let mut map: HashMap<ValueId, ValueId> = HashMap::new();
-    let mut node_map: HashMap<NodeId, NodeId> = HashMap::new();
+    let mut map: HashMap<ValueId, ValueId> = HashMap::default();
+    let mut node_map: HashMap<NodeId, NodeId> = HashMap::default();
     let mut made = vec![Vec::new(); segs.len()];
     let topo = g.topo_order()?;
     let order = g.inputs().iter().copied().chain(topo.into_iter().filter(|n| !g.inputs().contains(n)));
@@ -391,7 +391,7 @@ fn split_one(
     let mut exits = Vec::new();
     for (k, &part) in parts.iter().enumerate() {
         // Rows each value must provide: the hull of what its readers need.
-        let mut need: HashMap<ValueId, (usize, usize)> = HashMap::new();
+        let mut need: HashMap<ValueId, (usize, usize)> = HashMap::default();
         need.insert(s.exit, part);
         let hull = |need: &mut HashMap<ValueId, (usize, usize)>, v: ValueId, r: (usize, usize)| {
             let e = need.entry(v).or_insert(r);
@@ -414,7 +414,7 @@ fn split_one(
             }
         }
         // The entry's rows, then each node's band in order.
-        let mut val: HashMap<ValueId, (ValueId, (usize, usize))> = HashMap::new();
+        let mut val: HashMap<ValueId, (ValueId, (usize, usize))> = HashMap::default();
         let e = need[&s.entry];
         let full = (0, g.ty(s.entry).shape[axis(s.entry)]);
         let ev = if e == full {

@@ -10,9 +10,9 @@
 //! (that attention folds into its indexing), or none when the permutation
 //! is the identity.
 
+use crate::{HashMap, HashSet};
 use smelt_ir::traits::Kind;
 use smelt_ir::{IrError, KernelGraph, KernelOp, NodeId, Op, OpSet, ValueId};
-use std::collections::{HashMap, HashSet};
 
 /// What the pass did.
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -44,7 +44,7 @@ fn is_link(op: &KernelOp) -> bool {
 pub fn run(g: &mut KernelGraph) -> Result<Stats, IrError> {
     let outputs: HashSet<NodeId> = g.outputs().iter().map(|(_, v)| v.node).collect();
     let private = |n: NodeId| g.users_of(n).len() == 1 && !outputs.contains(&n);
-    let mut found: HashMap<NodeId, Chain> = HashMap::new();
+    let mut found: HashMap<NodeId, Chain> = HashMap::default();
     let mut stats = Stats::default();
     for end in g.node_ids() {
         if !is_link(&g.node(end).op) {

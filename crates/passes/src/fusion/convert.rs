@@ -1,9 +1,9 @@
 //! From a [`Graph`] into the e-graph, and from the extracted choice back.
 
 use super::lang::{attr_of, symbol_of, AttrEntry, AttrRef, Fl, FusionAnalysis, Origin, ValInfo, ValRef};
+use crate::HashMap;
 use egg::{EGraph, Id, Symbol};
 use smelt_ir::{text::op_by_name, Act, Conv, Graph, IrError, KernelGraph, KernelOp, NodeId, Op, OpSet, ValueId};
-use std::collections::HashMap;
 
 /// A graph encoded in an e-graph.
 pub struct Encoded {
@@ -35,9 +35,9 @@ fn sym(eg: &mut EGraph<Fl, FusionAnalysis>, s: &str) -> Id {
 /// Encodes `g`.
 pub fn encode(g: &Graph) -> Result<Encoded, IrError> {
     let mut eg: EGraph<Fl, FusionAnalysis> = EGraph::new(FusionAnalysis::default());
-    let mut ids: HashMap<ValueId, Id> = HashMap::new();
-    let mut node_classes: HashMap<NodeId, Id> = HashMap::new();
-    let mut names = HashMap::new();
+    let mut ids: HashMap<ValueId, Id> = HashMap::default();
+    let mut node_classes: HashMap<NodeId, Id> = HashMap::default();
+    let mut names = HashMap::default();
     let mut ops_before = 0;
     for id in g.topo_order()? {
         let node = g.node(id);
@@ -127,14 +127,14 @@ pub fn decode(
     original: &Graph,
 ) -> Result<KernelGraph, IrError> {
     // Classes merged during saturation: keep the name of the earliest node.
-    let mut canon: HashMap<Id, String> = HashMap::new();
+    let mut canon: HashMap<Id, String> = HashMap::default();
     let mut sorted: Vec<_> = names.into_iter().collect();
     sorted.sort_by_key(|(id, _)| *id);
     for (id, name) in sorted {
         canon.entry(eg.find(id)).or_insert(name);
     }
     // The nodes of the input graph whose value each class holds.
-    let mut members: HashMap<Id, Vec<NodeId>> = HashMap::new();
+    let mut members: HashMap<Id, Vec<NodeId>> = HashMap::default();
     let mut nodes: Vec<_> = node_classes.iter().collect();
     nodes.sort();
     for (&n, &c) in nodes {
@@ -149,9 +149,9 @@ pub fn decode(
         members,
         reads: Vec::new(),
         g: KernelGraph::new(),
-        memo: HashMap::new(),
-        vals: HashMap::new(),
-        inputs: HashMap::new(),
+        memo: HashMap::default(),
+        vals: HashMap::default(),
+        inputs: HashMap::default(),
     };
     // Graph inputs first, in their original order.
     for &i in original.inputs() {
@@ -172,7 +172,7 @@ pub fn decode(
     d.g.remove_dead();
     // A model node whose value equals a value a kernel reads (an identity
     // of a graph input) computes nothing of its own: its readers carry it.
-    let covered: std::collections::HashSet<NodeId> = d.g.node_ids().flat_map(|n| d.g.origin(n).to_vec()).collect();
+    let covered: crate::HashSet<NodeId> = d.g.node_ids().flat_map(|n| d.g.origin(n).to_vec()).collect();
     for (&n, &c) in node_classes {
         let op = &original.node(n).op;
         if covered.contains(&n) || op.is_input() || op.is_persistent() {
@@ -248,9 +248,9 @@ impl Decoder<'_> {
     /// `ins` computes: from the input nodes whose value is in its class, back
     /// through operands until a value it reads (or a source).
     fn cone(&self, id: Id, ins: &[Id]) -> Vec<NodeId> {
-        let stop: std::collections::HashSet<Id> = ins.iter().map(|&c| self.eg.find(c)).collect();
+        let stop: crate::HashSet<Id> = ins.iter().map(|&c| self.eg.find(c)).collect();
         let mut stack = self.members.get(&self.eg.find(id)).cloned().unwrap_or_default();
-        let (mut seen, mut out) = (std::collections::HashSet::new(), Vec::new());
+        let (mut seen, mut out) = (crate::HashSet::default(), Vec::new());
         while let Some(n) = stack.pop() {
             let op = &self.original.node(n).op;
             if !seen.insert(n) || op.is_input() || op.is_persistent() {
@@ -285,7 +285,7 @@ impl Decoder<'_> {
     /// The value classes reachable from `roots` through the chosen nodes,
     /// operands before their readers; an explicit stack, no recursion.
     fn post_order(&self, roots: impl Iterator<Item = Id>) -> Result<Vec<Id>, IrError> {
-        let (mut order, mut done) = (Vec::new(), std::collections::HashSet::new());
+        let (mut order, mut done) = (Vec::new(), crate::HashSet::default());
         let mut stack: Vec<(Id, bool)> = roots.map(|r| (self.eg.find(r), false)).collect();
         stack.reverse();
         while let Some((c, expanded)) = stack.pop() {

@@ -26,9 +26,9 @@
 //! sets would form a cycle and is skipped.
 
 use super::lang::{attr_of, AttrEntry, Data, Fl, FusionAnalysis};
+use crate::{HashMap, HashSet};
 use egg::{EGraph, Id, Language};
 use smelt_ir::OpSet;
-use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 
 /// Bytes a kernel launch is worth: it keeps a tiny kernel from looking free.
@@ -51,7 +51,7 @@ pub fn node_cost(eg: &EGraph<Fl, FusionAnalysis>, class: Id, n: &Fl) -> f64 {
         },
         _ => {
             // Distinct tensor operands are read once each.
-            let mut seen = HashSet::new();
+            let mut seen = HashSet::default();
             let reads: f64 = n.children().iter().filter(|&&c| seen.insert(eg.find(c))).map(|&c| bytes(&eg[c].data)).sum();
             reads + bytes(&eg[class].data) + LAUNCH_BYTES
         }

@@ -126,7 +126,7 @@ pub struct FusionAnalysis {
     pub vals: Vec<ValInfo>,
     /// Constants already folded, by rule and inputs: a rule applied again
     /// to the same match reuses them instead of growing the tables.
-    pub folded: std::collections::HashMap<String, (ValRef, ValRef)>,
+    pub folded: crate::HashMap<String, (ValRef, ValRef)>,
     gemm: Option<AttrRef>,
 }
 

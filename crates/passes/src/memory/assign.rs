@@ -26,11 +26,15 @@ pub fn assign(bufs: &mut [Buffer], search: bool) -> (usize, String) {
         ("start", bufs.iter().map(|b| (b.start as i64, -(b.size as i64), b.id as i64)).collect()),
     ];
     let mut best: Option<(usize, String, Vec<usize>)> = None;
-    for (name, keys) in orders {
-        let mut idx: Vec<usize> = (0..bufs.len()).collect();
+    // The orders are placed on the machine's cores, then compared in order.
+    let shared: &[Buffer] = bufs;
+    let placed = crate::par_map(&orders, |(_, keys)| {
+        let mut idx: Vec<usize> = (0..shared.len()).collect();
         idx.sort_by_key(|&i| keys[i]);
-        let offsets = place(bufs, &idx);
-        let arena = bufs.iter().zip(&offsets).map(|(b, &o)| o + align(b.size)).max().unwrap_or(0);
+        let offsets = place(shared, &idx);
+        (shared.iter().zip(&offsets).map(|(b, &o)| o + align(b.size)).max().unwrap_or(0), offsets)
+    });
+    for ((name, _), (arena, offsets)) in orders.iter().zip(placed) {
         if best.as_ref().is_none_or(|b| arena < b.0) {
             best = Some((arena, name.to_string(), offsets));
         }
@@ -72,29 +76,31 @@ pub fn assign(bufs: &mut [Buffer], search: bool) -> (usize, String) {
 }
 
 /// Best fit in `order`: each buffer takes the smallest gap, among buffers
-/// already placed whose lifetimes intersect its own, that holds it.
+/// already placed whose lifetimes intersect its own, that holds it. The
+/// placed buffers are kept in order of offset, so each placement is one
+/// scan (no sort).
 fn place(bufs: &[Buffer], order: &[usize]) -> Vec<usize> {
     let mut offsets = vec![usize::MAX; bufs.len()];
-    let mut placed: Vec<usize> = Vec::with_capacity(bufs.len());
+    // (offset, end offset, first step, last step), by offset.
+    let mut placed: Vec<(usize, usize, usize, usize)> = Vec::with_capacity(bufs.len());
     for &i in order {
         let b = &bufs[i];
         let size = align(b.size);
-        let mut busy: Vec<(usize, usize)> = placed
-            .iter()
-            .filter(|&&j| bufs[j].start <= b.end && b.start <= bufs[j].end)
-            .map(|&j| (offsets[j], offsets[j] + align(bufs[j].size)))
-            .collect();
-        busy.sort();
         let (mut best, mut best_gap, mut cursor) = (None, usize::MAX, 0);
-        for &(s, e) in &busy {
+        for &(s, e, first, last) in &placed {
+            if first > b.end || b.start > last {
+                continue;
+            }
             if s >= cursor + size && s - cursor < best_gap {
                 best = Some(cursor);
                 best_gap = s - cursor;
             }
             cursor = cursor.max(e);
         }
-        offsets[i] = best.unwrap_or(cursor);
-        placed.push(i);
+        let o = best.unwrap_or(cursor);
+        offsets[i] = o;
+        let at = placed.partition_point(|p| (p.0, p.1) <= (o, o + size));
+        placed.insert(at, (o, o + size, b.start, b.end));
     }
     offsets
 }

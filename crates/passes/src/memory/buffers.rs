@@ -17,9 +17,9 @@
 //!
 //! Graph inputs are never overwritten; graph outputs live until the end.
 
+use crate::HashMap;
 use smelt_ir::traits::{InPlace, Kind};
 use smelt_ir::{KernelGraph, KernelOp, NodeId, OpSet, ValueId};
-use std::collections::HashMap;
 
 /// A buffer: bytes `[offset, offset + size)` of the arena, live from step
 /// `start` to step `end` inclusive (steps index the schedule).
@@ -73,7 +73,7 @@ struct Group {
 /// inputs, none a constant or graph input, each group holding only
 /// full-range values (not already a slice of something else).
 fn aliasable(g: &KernelGraph, id: NodeId, ins: &[ValueId], rel: &Places, groups: &[Group]) -> bool {
-    let distinct: std::collections::HashSet<_> = ins.iter().collect();
+    let distinct: crate::HashSet<_> = ins.iter().collect();
     // Only where every slice is one contiguous interval (the product of the
     // dims before the axis is 1, e.g. channels at batch 1): kernels write
     // their output densely. At batch > 1 the concatenation is a copy; on the
@@ -100,13 +100,13 @@ fn aliasable(g: &KernelGraph, id: NodeId, ins: &[ValueId], rel: &Places, groups:
 pub fn build(
     g: &KernelGraph,
     schedule: &[NodeId],
-    copied: &std::collections::HashSet<NodeId>,
-) -> (Vec<Buffer>, HashMap<ValueId, Rel>, std::collections::HashSet<NodeId>) {
+    copied: &crate::HashSet<NodeId>,
+) -> (Vec<Buffer>, HashMap<ValueId, Rel>, crate::HashSet<NodeId>) {
     let mut copies = copied.clone();
     let n = schedule.len();
     let step: HashMap<NodeId, usize> = schedule.iter().enumerate().map(|(i, &id)| (id, i)).collect();
     // Last read of each value; graph outputs are read "at the end".
-    let mut last: HashMap<ValueId, usize> = HashMap::new();
+    let mut last: HashMap<ValueId, usize> = HashMap::default();
     for &id in schedule {
         for v in g.inputs_of(id) {
             let e = last.entry(v).or_insert(0);
@@ -116,8 +116,9 @@ pub fn build(
     for (_, v) in g.outputs() {
         last.insert(*v, n.saturating_sub(1));
     }
+    let outputs: crate::HashSet<ValueId> = g.outputs().iter().map(|(_, v)| *v).collect();
     // value -> (group, intervals relative to the group)
-    let mut rel: Places = HashMap::new();
+    let mut rel: Places = HashMap::default();
     let mut groups: Vec<Group> = Vec::new();
     let bytes = |v: ValueId| g.ty(v).bytes();
     for &id in schedule {
@@ -196,7 +197,7 @@ pub fn build(
                     let ok = ug != vg
                         && !groups[ug].input
                         && groups[ug].end == t
-                        && !g.outputs().iter().any(|(_, o)| rel.get(o).is_some_and(|r| r.0 == ug))
+                        && !groups[ug].members.iter().any(|m| outputs.contains(m))
                         && g.ty(u) == g.ty(v)
                         && uiv == [(0, bytes(u))]
                         && groups[ug].members.iter().all(|m| rel[m].1 == uiv)
@@ -217,7 +218,7 @@ pub fn build(
         }
     }
     // Non-empty groups become buffers.
-    let mut id_of: HashMap<usize, usize> = HashMap::new();
+    let mut id_of: HashMap<usize, usize> = HashMap::default();
     let mut bufs = Vec::new();
     for (i, gr) in groups.iter().enumerate() {
         if gr.members.is_empty() {

@@ -21,9 +21,9 @@
 //!    recomputation of it, and it runs after its original.
 
 use super::Plan;
+use crate::{HashMap, HashSet};
 use smelt_ir::traits::{InPlace, Kind};
 use smelt_ir::{KernelGraph, KernelOp, NodeId, OpSet, ValueId};
-use std::collections::{HashMap, HashSet};
 
 /// Sorted intervals with adjacent ones merged.
 fn normal(mut v: Vec<(usize, usize)>) -> Vec<(usize, usize)> {
@@ -68,7 +68,7 @@ pub fn check(g: &KernelGraph, plan: &Plan) -> Result<(), String> {
     }
     // Which values are backed by persistent data (views of weights, the
     // results of updates): not in the arena.
-    let mut constant = HashSet::new();
+    let mut constant = HashSet::default();
     for &id in &plan.schedule {
         let node = g.node(id);
         if node.op.is_view() && g.inputs_of(id).first().is_some_and(|s| g.node(s.node).op.is_persistent() || constant.contains(s)) {
@@ -184,7 +184,7 @@ pub fn check(g: &KernelGraph, plan: &Plan) -> Result<(), String> {
         }
     }
     // The kernel writes that put each value's bytes in place.
-    let mut writers_memo: HashMap<ValueId, Vec<ValueId>> = HashMap::new();
+    let mut writers_memo: HashMap<ValueId, Vec<ValueId>> = HashMap::default();
     // An in-place concatenation is written by its inputs' producers, unless
     // the plan copies it.
     let aliased = |id: NodeId| matches!(g.node(id).op, KernelOp::ConcatInPlace { .. }) && !plan.copied_concats.contains(&id);
@@ -204,7 +204,7 @@ pub fn check(g: &KernelGraph, plan: &Plan) -> Result<(), String> {
         w
     }
     // 3. Lifetimes in half steps: written at 2t+1, read at 2t.
-    let mut life: HashMap<ValueId, (usize, usize)> = HashMap::new();
+    let mut life: HashMap<ValueId, (usize, usize)> = HashMap::default();
     for &id in &plan.schedule {
         let node = g.node(id);
         if !node.op.is_view() && !aliased(id) && node.op.traits().kind != Kind::Update {
@@ -242,7 +242,7 @@ pub fn check(g: &KernelGraph, plan: &Plan) -> Result<(), String> {
     }
     // 4 and 5. Simulate: reads of a step, then its writes.
     let mut log: Vec<(usize, ValueId)> = Vec::new(); // (step, value written)
-    let mut when: HashMap<ValueId, usize> = HashMap::new();
+    let mut when: HashMap<ValueId, usize> = HashMap::default();
     let check_read = |v: ValueId,
                       t: usize,
                       log: &[(usize, ValueId)],

@@ -9,8 +9,8 @@ pub(crate) mod buffers;
 pub mod check;
 pub(crate) mod schedule;
 
+use crate::{HashMap, HashSet};
 use smelt_ir::{KernelGraph, KernelOp, NodeId, ValueId};
-use std::collections::{HashMap, HashSet};
 
 pub use buffers::Buffer;
 
@@ -133,23 +133,27 @@ fn plan_candidates(g: &KernelGraph, schedules: Vec<(&'static str, Vec<NodeId>)>,
     let concats: Vec<NodeId> = g.node_ids().filter(|&n| matches!(g.node(n).op, KernelOp::ConcatInPlace { .. })).collect();
     let mut best: Option<Best> = None;
     let mut candidates = Vec::new();
-    for (name, order) in schedules {
+    // Each schedule's buffers on the machine's cores, then compared in order.
+    let evaluated = crate::par_map(&schedules, |(_, order)| {
         // Alias every in-place concatenation, then copy those whose aliasing
         // raises the peak (greedily, one at a time).
-        let mut copied = HashSet::new();
-        let (mut bufs, mut rel, mut lb, mut peak, mut copies) = eval(&order, &copied);
+        let mut copied = HashSet::default();
+        let (mut bufs, mut rel, mut lb, mut peak, mut copies) = eval(order, &copied);
         for &c in &concats {
             if copies.contains(&c) {
                 continue; // already a copy (it cannot alias its inputs)
             }
             copied.insert(c);
-            let (b2, r2, lb2, p2, c2) = eval(&order, &copied);
+            let (b2, r2, lb2, p2, c2) = eval(order, &copied);
             if lb2 < lb {
                 (bufs, rel, lb, peak, copies) = (b2, r2, lb2, p2, c2);
             } else {
                 copied.remove(&c);
             }
         }
+        (bufs, rel, lb, peak, copies)
+    });
+    for ((name, order), (bufs, rel, lb, peak, copies)) in schedules.into_iter().zip(evaluated) {
         candidates.push(Candidate { name: name.to_string(), lower_bound: lb });
         if best.as_ref().is_none_or(|b| lb < b.lb) {
             best = Some(Best { name: name.to_string(), order, bufs, rel, lb, peak, copied: copies });

@@ -3,9 +3,9 @@
 //! The planner keeps the one with the lowest simulated peak, as XLA's
 //! memory scheduler does.
 
+use crate::{HashMap, HashSet};
 use smelt_ir::traits::Kind;
 use smelt_ir::{IrError, KernelGraph, NodeId, OpSet};
-use std::collections::{HashMap, HashSet};
 
 /// Every candidate schedule, by name. Each lists inputs first, then every
 /// other non-constant node in a topological order; `given` (such a
@@ -28,22 +28,21 @@ pub fn candidates(g: &KernelGraph, hint: Option<&[NodeId]>, given: Option<&[Node
         out.push(("given", o.to_vec()));
     }
     // Each again with the nodes that grow memory run as late as they can.
-    let sunk: Vec<(&'static str, Vec<NodeId>)> = out
-        .iter()
-        .filter_map(|(name, order)| {
-            let name = match *name {
-                "model" => "model+late",
-                "depth-first" => "depth-first+late",
-                "list" => "list+late",
-                "hint" => "hint+late",
-                _ => "given+late",
-            };
-            let late = sink_growing(g, order.clone());
-            (late != *order).then_some((name, late))
-        })
-        .collect();
-    out.extend(sunk);
-    Ok(out.into_iter().map(|(name, order)| (name, place_updates(g, sink_recomputes(g, order)))).collect())
+    // (Each schedule on the machine's cores, kept in order.)
+    let sunk = crate::par_map(&out, |(name, order)| {
+        let name = match *name {
+            "model" => "model+late",
+            "depth-first" => "depth-first+late",
+            "list" => "list+late",
+            "hint" => "hint+late",
+            _ => "given+late",
+        };
+        let late = sink_growing(g, order.clone());
+        (late != *order).then_some((name, late))
+    });
+    out.extend(sunk.into_iter().flatten());
+    let placed = crate::par_map(&out, |(_, order)| place_updates(g, sink_recomputes(g, order.clone())));
+    Ok(out.into_iter().zip(placed).map(|((name, _), order)| (name, order)).collect())
 }
 
 /// Moves each node whose output is larger than its operands in the arena
@@ -70,16 +69,60 @@ fn sink_growing(g: &KernelGraph, order: Vec<NodeId>) -> Vec<NodeId> {
 
 /// Moves each of `late` (in `order`'s order) to just before its first
 /// reader, later ones first; one without readers stays.
-fn sink(g: &KernelGraph, mut order: Vec<NodeId>, late: &[NodeId]) -> Vec<NodeId> {
-    for &n in late.iter().rev() {
-        let from = order.iter().position(|&m| m == n).expect("scheduled");
-        let users: HashSet<NodeId> = g.users_of(n).into_iter().collect();
-        // Its users come after it: it only moves later.
-        let Some(to) = order[from + 1..].iter().position(|m| users.contains(m)) else { continue };
-        order.remove(from);
-        order.insert(from + to, n);
+///
+/// The order is a linked list whose nodes carry increasing labels, so a
+/// node's first reader is the reader with the smallest label and a move is
+/// constant time (labels are spread again when a gap runs out): linear in
+/// the schedule and the readers, where moving in a vector was quadratic.
+fn sink(g: &KernelGraph, order: Vec<NodeId>, late: &[NodeId]) -> Vec<NodeId> {
+    if late.is_empty() {
+        return order;
     }
-    order
+    const GAP: u64 = 1 << 32;
+    let len = order.len();
+    let (head, tail) = (len, len + 1);
+    let slot: HashMap<NodeId, usize> = order.iter().enumerate().map(|(i, &m)| (m, i)).collect();
+    // head -> 0 -> 1 -> ... -> len - 1 -> tail, labelled in steps of GAP.
+    let chain: Vec<usize> = std::iter::once(head).chain(0..len).chain(std::iter::once(tail)).collect();
+    let (mut next, mut prev, mut label) = (vec![0; len + 2], vec![0; len + 2], vec![0u64; len + 2]);
+    for (k, w) in chain.windows(2).enumerate() {
+        (next[w[0]], prev[w[1]]) = (w[1], w[0]);
+        label[w[1]] = (k as u64 + 1) * GAP;
+    }
+    for &n in late.iter().rev() {
+        let i = slot[&n];
+        // Its readers come after it: it only moves later.
+        let first =
+            g.users_of(n).into_iter().filter_map(|u| slot.get(&u).copied()).filter(|&j| label[j] > label[i]).min_by_key(|&j| label[j]);
+        let Some(j) = first else { continue };
+        if next[i] == j {
+            continue;
+        }
+        // Unlink i; link it just before j.
+        let (p, q) = (prev[i], next[i]);
+        next[p] = q;
+        prev[q] = p;
+        let before = prev[j];
+        (next[before], prev[i], next[i], prev[j]) = (i, before, j, i);
+        if label[j] - label[before] < 2 {
+            // No room between them: spread every label again, in list order.
+            let (mut at, mut k) = (head, 0);
+            while at != tail {
+                label[at] = k * GAP;
+                (at, k) = (next[at], k + 1);
+            }
+            label[tail] = k * GAP;
+        } else {
+            label[i] = label[before] + (label[j] - label[before]) / 2;
+        }
+    }
+    let mut out = Vec::with_capacity(len);
+    let mut at = next[head];
+    while at != tail {
+        out.push(order[at]);
+        at = next[at];
+    }
+    out
 }
 
 /// Moves each recomputation (`Node::recomputes`) to just before its first
@@ -146,10 +189,17 @@ pub(crate) fn place_updates(g: &KernelGraph, order: Vec<NodeId>) -> Vec<NodeId> 
     after.sort_by_key(|&(_, late, _)| late);
     let mut out = Vec::with_capacity(rest.len() + updates.len());
     let (early, late): (Vec<_>, Vec<_>) = after.into_iter().partition(|a| !a.1);
-    out.extend(early.iter().filter(|a| a.0.is_none()).map(|a| a.2));
-    for (i, &n) in rest.iter().enumerate() {
+    // Each early update after its step, in their order (bucketed: one pass).
+    let mut after_step: Vec<Vec<NodeId>> = vec![Vec::new(); rest.len()];
+    for a in &early {
+        match a.0 {
+            None => out.push(a.2),
+            Some(i) => after_step[i].push(a.2),
+        }
+    }
+    for (&n, ups) in rest.iter().zip(after_step) {
         out.push(n);
-        out.extend(early.iter().filter(|a| a.0 == Some(i)).map(|a| a.2));
+        out.extend(ups);
     }
     out.extend(late.into_iter().map(|a| a.2));
     out
@@ -166,7 +216,7 @@ fn hinted(g: &KernelGraph, nodes: &[NodeId], hint: &[NodeId]) -> Vec<NodeId> {
     let pos: HashMap<NodeId, usize> = hint.iter().enumerate().rev().map(|(i, &n)| (n, i)).collect();
     let set: HashSet<NodeId> = nodes.iter().copied().collect();
     let rank: HashMap<NodeId, usize> = nodes.iter().enumerate().map(|(i, &n)| (n, i)).collect();
-    let mut prio: HashMap<NodeId, (usize, usize)> = HashMap::new();
+    let mut prio: HashMap<NodeId, (usize, usize)> = HashMap::default();
     for &n in nodes {
         let after_inputs = g.inputs_of(n).iter().filter_map(|v| prio.get(&v.node)).map(|p| p.0).max().unwrap_or(0);
         let p = g.origin(n).iter().filter_map(|o| pos.get(o)).copied().max().unwrap_or(after_inputs).max(after_inputs);
@@ -197,7 +247,7 @@ fn hinted(g: &KernelGraph, nodes: &[NodeId], hint: &[NodeId]) -> Vec<NodeId> {
 /// subgraph first (so its big intermediates die before the others start).
 fn depth_first(g: &KernelGraph, nodes: &[NodeId]) -> Vec<NodeId> {
     let set: HashSet<NodeId> = nodes.iter().copied().collect();
-    let mut size: HashMap<NodeId, usize> = HashMap::new();
+    let mut size: HashMap<NodeId, usize> = HashMap::default();
     for &n in nodes {
         // A tree count: shared operands count once per path, so it saturates
         // (a chain of diamonds doubles it at each step).
@@ -209,7 +259,7 @@ fn depth_first(g: &KernelGraph, nodes: &[NodeId]) -> Vec<NodeId> {
             .fold(1usize, usize::saturating_add);
         size.insert(n, s);
     }
-    let mut done = HashSet::new();
+    let mut done = HashSet::default();
     let mut out = Vec::with_capacity(nodes.len());
     for (_, v) in g.outputs() {
         // Iterative DFS: (node, expanded).
@@ -239,8 +289,8 @@ fn depth_first(g: &KernelGraph, nodes: &[NodeId]) -> Vec<NodeId> {
 fn list(g: &KernelGraph, nodes: &[NodeId]) -> Vec<NodeId> {
     let set: HashSet<NodeId> = nodes.iter().copied().collect();
     let rank: HashMap<NodeId, usize> = nodes.iter().enumerate().map(|(i, &n)| (n, i)).collect();
-    let mut remaining_users: HashMap<NodeId, usize> = HashMap::new();
-    let mut missing: HashMap<NodeId, usize> = HashMap::new();
+    let mut remaining_users: HashMap<NodeId, usize> = HashMap::default();
+    let mut missing: HashMap<NodeId, usize> = HashMap::default();
     for &n in nodes {
         let deps: HashSet<NodeId> = g.inputs_of(n).iter().map(|v| v.node).filter(|m| set.contains(m)).collect();
         missing.insert(n, deps.len());

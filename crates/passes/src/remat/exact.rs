@@ -26,8 +26,9 @@
 
 use super::{clone_cost, forward, needs, saved, walk, Outcome};
 use crate::memory::{self, buffers};
+use crate::{HashMap, HashSet};
 use smelt_ir::{IrError, KernelGraph, NodeId, OpSet};
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 /// What the exact solver found.
@@ -120,7 +121,7 @@ pub fn exact(
         items.push(Item { node: n, free: (last_fwd + 1, first_bwd), bytes, need, operands });
     }
     let index: HashMap<NodeId, usize> = items.iter().enumerate().map(|(i, it)| (it.node, i)).collect();
-    let mut price: HashMap<NodeId, f64> = HashMap::new();
+    let mut price: HashMap<NodeId, f64> = HashMap::default();
     let mut c = |m: NodeId| *price.entry(m).or_insert_with(|| cost(g, m));
     let costs: Vec<f64> = items.iter().map(|it| c(it.node)).collect();
     let need_nodes: BTreeSet<NodeId> = items.iter().flat_map(|it| it.need.iter().copied()).collect();
@@ -217,7 +218,7 @@ fn solve(
         for m in &it.need {
             p.add_constraint([(y[m], 1.0), (x[i], -1.0)], ComparisonOp::Ge, 0.0);
         }
-        let mut r: HashMap<usize, microlp::Variable> = HashMap::from([(i, x[i])]);
+        let mut r: HashMap<usize, microlp::Variable> = HashMap::from_iter([(i, x[i])]);
         let mut stack = vec![i];
         while let Some(q) = stack.pop() {
             for &a in &links[q] {

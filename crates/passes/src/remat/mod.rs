@@ -24,8 +24,9 @@ mod exact;
 pub use exact::{exact, Exact};
 
 use crate::memory::{self, buffers, schedule, Plan};
+use crate::{HashMap, HashSet};
 use smelt_ir::{IrError, KernelGraph, NodeId, OpSet, ValueId};
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::BTreeSet;
 
 /// What was recomputed, and the graph and plan that do it.
 #[derive(Clone, Debug)]
@@ -55,7 +56,7 @@ pub struct Unreachable {
 
 /// The forward nodes: the ancestors of the first output (the loss) and it.
 pub fn forward(g: &KernelGraph) -> HashSet<NodeId> {
-    let mut seen = HashSet::new();
+    let mut seen = HashSet::default();
     let mut stack: Vec<NodeId> = g.outputs().first().map(|(_, v)| v.node).into_iter().collect();
     while let Some(n) = stack.pop() {
         if seen.insert(n) {
@@ -105,20 +106,22 @@ pub fn apply(g: &KernelGraph, set: &BTreeSet<NodeId>) -> Result<(KernelGraph, Ha
     let topo = g.topo_order()?;
     // Which forward nodes the backward pass sees recomputed: those of the
     // set, and views of them.
-    let mut again: HashSet<NodeId> = HashSet::new();
+    let mut again: HashSet<NodeId> = HashSet::default();
     for &n in &topo {
         if set.contains(&n) || (fwd.contains(&n) && g.node(n).op.is_view() && g.inputs_of(n).iter().any(|v| again.contains(&v.node))) {
             again.insert(n);
         }
     }
-    let mut out = KernelGraph::new();
+    // Room for every node, a recomputation of each in the set, and their operands.
+    let nodes_at_most = g.len() + 2 * set.len();
+    let mut out = KernelGraph::with_capacity(nodes_at_most, 3 * nodes_at_most);
     out.set_tf32(g.tf32());
     let saved_set: HashSet<NodeId> = saved(g).into_iter().collect();
     // Recomputed and read by the backward pass itself (or a view of such).
     let saved_again = |n: NodeId| again.contains(&n) && (saved_set.contains(&n) || g.node(n).op.is_view());
-    let mut map: HashMap<ValueId, ValueId> = HashMap::new();
-    let mut redo: HashMap<ValueId, ValueId> = HashMap::new();
-    let mut nodes = HashMap::new();
+    let mut map: HashMap<ValueId, ValueId> = HashMap::default();
+    let mut redo: HashMap<ValueId, ValueId> = HashMap::default();
+    let mut nodes = HashMap::default();
     let slots = |n: NodeId| (0..g.node(n).outputs.len() as u32).map(move |slot| ValueId { node: n, slot });
     for &id in &topo {
         let late = !fwd.contains(&id) && !g.node(id).op.is_persistent() && !g.node(id).op.is_input();
@@ -131,7 +134,7 @@ pub fn apply(g: &KernelGraph, set: &BTreeSet<NodeId>) -> Result<(KernelGraph, Ha
             // An operand that is itself saved and recomputed gets a private
             // recomputation (from what is kept), so that its own, for its
             // backward readers, need not run this early.
-            let mut private = HashMap::new();
+            let mut private = HashMap::default();
             let ins: Vec<ValueId> = g
                 .inputs_of(id)
                 .iter()
@@ -275,7 +278,7 @@ fn walk(g: &KernelGraph, base: &[NodeId], set: &BTreeSet<NodeId>) -> Result<(Ker
         order.insert(after, r);
     }
     let order = schedule::place_updates(&g2, schedule::sink_recomputes(&g2, order));
-    let (bufs, _, _) = buffers::build(&g2, &order, &HashSet::new());
+    let (bufs, _, _) = buffers::build(&g2, &order, &HashSet::default());
     let live = buffers::live_bytes(&bufs, order.len());
     let (peak_step, peak) = live.iter().copied().enumerate().max_by_key(|&(i, b)| (b, std::cmp::Reverse(i))).unwrap_or((0, 0));
     Ok((g2, Walk { order, peak, peak_step, bufs, back }))
@@ -318,7 +321,7 @@ pub fn choose(
     let fwd = forward(g);
     let outs: HashSet<NodeId> = g.outputs().iter().map(|(_, v)| v.node).collect();
     let saved: HashSet<NodeId> = saved(g).into_iter().collect();
-    let mut cost_of: HashMap<NodeId, f64> = HashMap::new();
+    let mut cost_of: HashMap<NodeId, f64> = HashMap::default();
     let mut price = |m: NodeId| *cost_of.entry(m).or_insert_with(|| cost(g, m));
     let mut set: BTreeSet<NodeId> = BTreeSet::new();
     let mut total = 0.0;
@@ -362,10 +365,16 @@ pub fn choose(
         options.sort_by(|a, b| a.0.total_cmp(&b.0));
         // (cost per byte saved, or per byte held on a plateau; lowers the peak; cost; set; walk)
         let mut best: Option<(bool, f64, f64, BTreeSet<NodeId>, KernelGraph, Walk)> = None;
-        for (ratio, need) in options.into_iter().take(TRIES) {
+        // The trials are independent: walked on the machine's cores, then
+        // weighed in order (the answer does not depend on the threads).
+        let trials: Vec<(f64, BTreeSet<NodeId>)> = options.into_iter().take(TRIES).collect();
+        let walked = crate::par_map(&trials, |(_, need)| {
             let mut trial = set.clone();
             trial.extend(need.iter().copied());
-            let (tg, w) = walk(g, &base.schedule, &trial)?;
+            walk(g, &base.schedule, &trial)
+        });
+        for ((ratio, need), walked) in trials.into_iter().zip(walked) {
+            let (tg, w) = walked?;
             // What the trial adds, private recomputations included.
             let c = clone_cost(&tg, &w, &mut price) - total;
             let score = match w.peak.cmp(&now.peak) {

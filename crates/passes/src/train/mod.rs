@@ -11,8 +11,8 @@
 
 mod vjp;
 
+use crate::{HashMap, HashSet};
 use smelt_ir::{CompareOp, DType, Graph, IrError, NodeId, Op, OpSet, Optimizer, ReduceOp, Tensor, TensorType, ValueId};
-use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 /// The loss a step minimises.
@@ -377,7 +377,7 @@ fn ties(g: &Graph, floats: &[NodeId]) -> HashMap<NodeId, NodeId> {
         .collect();
     // A copy has the exporter's name; its source, a parameter's (two
     // parameters that happen to be transposes, as identity inits, stay two).
-    let mut out = HashMap::new();
+    let mut out = HashMap::default();
     for &(copy, vc, r, c) in mats.iter().filter(|m| named(&g.node(m.0).name) == Named::Other) {
         // Equal values everywhere (a fresh norm's ones) prove nothing.
         if vc.is_empty() || vc.iter().all(|&x| x.to_bits() == vc[0].to_bits()) {
@@ -408,7 +408,7 @@ fn ties(g: &Graph, floats: &[NodeId]) -> HashMap<NodeId, NodeId> {
 /// the module path its MatMul or Gemm node's name holds
 /// (`/model/layers.0/mlp/up_proj/MatMul`), and `.weight`.
 fn aliases(g: &Graph, floats: &[NodeId]) -> HashMap<NodeId, String> {
-    let mut modules: HashMap<NodeId, HashSet<String>> = HashMap::new();
+    let mut modules: HashMap<NodeId, HashSet<String>> = HashMap::default();
     for n in g.node_ids() {
         let node = g.node(n);
         if !matches!(node.op, Op::MatMul | Op::Gemm { .. }) || !node.name.starts_with('/') {
@@ -439,7 +439,7 @@ fn aliases(g: &Graph, floats: &[NodeId]) -> HashMap<NodeId, String> {
 fn merged(g: &Graph, floats: &[NodeId]) -> Vec<String> {
     // Readers through views: the exporter reads a merged initializer
     // through an Identity per use.
-    let mut readers: HashMap<NodeId, Vec<NodeId>> = HashMap::new();
+    let mut readers: HashMap<NodeId, Vec<NodeId>> = HashMap::default();
     for n in g.node_ids() {
         let op = &g.node(n).op;
         if op.traits().kind == smelt_ir::traits::Kind::View || matches!(op, Op::Transpose { .. }) {
@@ -593,7 +593,7 @@ pub fn training_step(model: &Graph, cfg: &TrainConfig) -> Result<TrainStep, Trai
     let norms: Vec<NodeId> = model.node_ids().filter(|&n| matches!(model.node(n).op, Op::BatchNorm { .. })).collect();
     let stat_reads: HashSet<ValueId> = norms.iter().flat_map(|&n| model.inputs_of(n)[3..].to_vec()).collect();
     // Every read but a batch norm's of its statistics, through views.
-    let mut other_reads: HashSet<NodeId> = HashSet::new();
+    let mut other_reads: HashSet<NodeId> = HashSet::default();
     for n in model.node_ids() {
         let op = &model.node(n).op;
         if op.traits().kind == smelt_ir::traits::Kind::View || matches!(op, Op::Transpose { .. }) {
@@ -630,10 +630,10 @@ pub fn training_step(model: &Graph, cfg: &TrainConfig) -> Result<TrainStep, Trai
         .collect();
     // The forward pass, trained initializers as parameters.
     let mut g = Graph::new();
-    let mut map: HashMap<ValueId, ValueId> = HashMap::new();
+    let mut map: HashMap<ValueId, ValueId> = HashMap::default();
     let mut params: Vec<(String, ValueId)> = Vec::new();
     // Batch norms in training mode: their running statistics become state.
-    let mut running: HashSet<NodeId> = HashSet::new();
+    let mut running: HashSet<NodeId> = HashSet::default();
     if let BatchNorm::Train { .. } = cfg.batch_norm {
         for n in model.node_ids().filter(|&n| matches!(model.node(n).op, Op::BatchNorm { .. })) {
             for v in &model.inputs_of(n)[3..] {
@@ -832,7 +832,7 @@ pub fn training_step(model: &Graph, cfg: &TrainConfig) -> Result<TrainStep, Trai
             }
         }
     }
-    let mut grads: HashMap<ValueId, Vec<ValueId>> = HashMap::new();
+    let mut grads: HashMap<ValueId, Vec<ValueId>> = HashMap::default();
     if cfg.loss_scale && cfg.optimizer.is_some_and(|o| o.accumulate() > 1) {
         return Err(TrainError::Usage("loss scaling with --accumulate is not supported yet: use --precision mixed-bf16, or f32".into()));
     }
@@ -845,9 +845,9 @@ pub fn training_step(model: &Graph, cfg: &TrainConfig) -> Result<TrainStep, Trai
         None => ad.g.add_constant("loss.seed", Tensor::from_f32(vec![], vec![1.0])),
     };
     grads.insert(loss, vec![seed]);
-    let mut total: HashMap<ValueId, ValueId> = HashMap::new();
+    let mut total: HashMap<ValueId, ValueId> = HashMap::default();
     // Convolutions differentiated with the batch norm that reads them.
-    let mut done: HashSet<NodeId> = HashSet::new();
+    let mut done: HashSet<NodeId> = HashSet::default();
     for &n in order.iter().rev() {
         if done.contains(&n) {
             continue;
