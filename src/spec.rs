@@ -323,6 +323,9 @@ impl StepSpec {
         use smelt_passes::train::{Loss, TrainConfig};
         let Some(opt) = self.optimizer else {
             return match self.step_options().as_slice() {
+                // A recipe names the optimizer; a command that does not
+                // apply recipes (compile, run) compiles the forward pass.
+                _ if self.recipe.is_some() => Ok(None),
                 [] => Ok(None),
                 given => Err(usage!("{} configure a training step: give its optimizer (sgd, adam or adamw)", given.join(", "))),
             };

@@ -139,8 +139,11 @@ impl<'a, 'py> Options<'a, 'py> {
             self.read("set", "a dict of lists of numbers by input name", |v| v.extract::<std::collections::BTreeMap<String, Vec<f64>>>())?;
         m.set = set.unwrap_or_default().into_iter().collect();
         m.no_fuse = self.bool("no_fuse")?;
-        if let Some(p) = self.string("precision")? {
-            m.precision = p.parse().map_err(Error::Usage)?;
+        // (`fit` reads "precision" first: a list to search, `auto` included.)
+        if !self.1.contains("precision") {
+            if let Some(p) = self.string("precision")? {
+                m.precision = p.parse().map_err(Error::Usage)?;
+            }
         }
         m.keep_f32 = self.strings("keep_f32")?;
         m.tf32 = self.string("tf32")?.map(|t| t.parse().map_err(Error::Usage)).transpose()?;

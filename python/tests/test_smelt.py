@@ -317,6 +317,10 @@ def test_fit_matches_the_cli_and_saves_a_recipe(tmp_path):
     assert json.loads((tmp_path / "r.json").read_text()) == c["recipe"]
     assert [x["verdict"] for x in f.candidates] == [x["verdict"] for x in c["candidates"]]
     assert "<table" in f._repr_html_()
+    # precision="auto" searches f32, mixed-bf16 and mixed-f16, as the CLI's.
+    a = m.fit(memory_limit="400MiB", batch=16, train="adam", precision="auto")
+    c = cli("fit", "zoo:mobilenet_v2", "--batch", 16, "--train", "adam", "--memory-limit", "400MiB", "--precision", "auto")
+    assert a.recipe == c["recipe"] and {x["precision"] for x in a.candidates} == {"f32", "mixed-bf16", "mixed-f16"}
     with pytest.raises(smelt.MemoryLimitError) as e:
         m.fit(memory_limit="1MiB", batch=16)
     assert e.value.fit is not None and e.value.fit.recipe is None and e.value.arena > smelt.parse_size("1MiB")

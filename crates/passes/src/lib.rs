@@ -14,7 +14,7 @@ pub type HashSet<K> = rustc_hash::FxHashSet<K>;
 
 /// `f` of each item, on up to the machine's cores, in the items' order:
 /// for independent work whose answer must not depend on the threads.
-pub(crate) fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+pub(crate) fn par_map<'a, T: Sync, R: Send>(items: &'a [T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(items.len());
     if threads <= 1 {
         return items.iter().map(f).collect();
@@ -22,8 +22,19 @@ pub(crate) fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync)
     let chunk = items.len().div_ceil(threads);
     let f = &f;
     std::thread::scope(|s| {
-        let handles: Vec<_> = items.chunks(chunk).map(|c| s.spawn(move || c.iter().map(f).collect::<Vec<R>>())).collect();
-        handles.into_iter().flat_map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).collect()
+        // As deep a stack as the main thread's and more: the work recurses
+        // along chains of the graph (recomputations of recomputations).
+        let spawn =
+            |c: &'a [T]| std::thread::Builder::new().stack_size(64 << 20).spawn_scoped(s, move || c.iter().map(f).collect::<Vec<R>>());
+        // A chunk whose thread cannot start runs here.
+        let handles: Vec<_> = items.chunks(chunk).map(|c| spawn(c).map_err(|_| c)).collect();
+        handles
+            .into_iter()
+            .flat_map(|h| match h {
+                Ok(h) => h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)),
+                Err(c) => c.iter().map(f).collect(),
+            })
+            .collect()
     })
 }
 

@@ -314,7 +314,11 @@ fn trainable(g: &Graph) -> HashSet<NodeId> {
         let ins = g.inputs_of(n);
         let picked: Vec<usize> = match &g.node(n).op {
             Op::Binary(smelt_ir::BinaryOp::Add) | Op::Sum => {
-                let layer = ins.iter().any(|&v| g.node(through_views(g, v)).op.traits().kind == smelt_ir::traits::Kind::Layer);
+                // A layer's output: an op with weights that is not a norm (conv, GEMM, matmul).
+                let layer = ins.iter().any(|&v| {
+                    use smelt_ir::traits::Operands as O;
+                    matches!(g.node(through_views(g, v)).op.cuts().operands, O::WeightsAfterFirst | O::Factors)
+                });
                 if layer {
                     (0..ins.len()).filter(|&i| bias_shaped(&g.ty(ins[i]).shape)).collect()
                 } else {
