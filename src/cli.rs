@@ -2,7 +2,7 @@
 //! fit` (clap), converted into the library's typed options
 //! ([`smelt::spec`]), where they are checked as Python's are.
 
-use clap::{Args, Parser};
+use clap::Args;
 use smelt::cost::Gpu;
 use smelt::fit::Shard;
 use smelt::spec::{self, BatchNormMode, Choice, FitSpec, LossKind, LossScale, ModelSpec, OptimizerKind, StepSpec};
@@ -269,22 +269,6 @@ impl TrainArgs {
 }
 
 impl ModelArgs {
-    /// The default model with default options.
-    pub fn default_model() -> ModelArgs {
-        ModelArgs::parse_from([smelt::DEFAULT_MODEL])
-    }
-
-    /// Parses `[MODEL, --flag, value, ...]` as every command's model flags do.
-    fn parse_from<const N: usize>(argv: [&str; N]) -> ModelArgs {
-        #[derive(Parser)]
-        #[command(no_binary_name = true)]
-        struct Line {
-            #[command(flatten)]
-            model: ModelArgs,
-        }
-        Line::parse_from(argv).model
-    }
-
     /// The library's typed options.
     pub fn spec(&self) -> Result<ModelSpec, smelt::Error> {
         Ok(ModelSpec {

@@ -461,7 +461,7 @@ fn main() {
         log::set_max_level(level);
     }
     let result = match Cli::parse().command {
-        None => cmd::inspect::default(&ModelArgs::default_model()),
+        None => cmd::inspect::default(&smelt::spec::ModelSpec::new(smelt::DEFAULT_MODEL)),
         Some(Command::Inspect(a)) => cmd::inspect::run(&a),
         Some(Command::Compile(a)) => cmd::compile::run(&a),
         Some(Command::Plan(a)) => cmd::plan::run(&a),

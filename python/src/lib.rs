@@ -131,10 +131,7 @@ impl<'a, 'py> Options<'a, 'py> {
         let mut m = ModelSpec::new(model);
         m.batch = self.usize("batch")?;
         let dims = self.read("dims", "a dict of sizes by name", |v| v.extract::<std::collections::BTreeMap<String, usize>>())?;
-        m.dims = dims.unwrap_or_default().into_iter().collect();
-        for (name, n) in &m.dims {
-            smelt::spec::check_dim(name, *n).map_err(Error::Usage)?;
-        }
+        m.dims = dims.unwrap_or_default().into_iter().collect(); // checked by `ModelSpec::options`
         let set =
             self.read("set", "a dict of lists of numbers by input name", |v| v.extract::<std::collections::BTreeMap<String, Vec<f64>>>())?;
         m.set = set.unwrap_or_default().into_iter().collect();

@@ -1,13 +1,12 @@
 //! `smelt inspect`, and `smelt` with no command (the built-in default).
 
+use crate::InspectArgs;
 use crate::Open as _;
-use crate::{InspectArgs, ModelArgs};
 use anyhow::Result;
 use smelt::report::{human_bytes, inspect, Inspect};
 
 /// `smelt` alone: inspect, plan and run the default model.
-pub fn default(model: &ModelArgs) -> Result<bool> {
-    let model = model.spec()?;
+pub fn default(model: &smelt::spec::ModelSpec) -> Result<bool> {
     let mut s = model.session_with_values()?;
     let compiled = s.compile()?;
     outln!("smelt: {} (built-in, deterministic random weights)\n", model.model);
